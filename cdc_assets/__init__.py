@@ -1,0 +1,1 @@
+"""Hash-based change data capture on PySpark, as a Dagster asset graph."""

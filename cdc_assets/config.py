@@ -1,0 +1,213 @@
+"""Table configuration: one YAML file per table in ``table_configs/``, validated with pydantic.
+
+A config is data, never code. Everything the factory builds for a table (assets, checks, schedule,
+sensor) derives from one validated :class:`TableConfig`, and every validation error names the file
+and the field that is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import date
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+TABLE_CONFIGS_ENV = "CDC_TABLE_CONFIGS"
+DEFAULT_TABLE_CONFIGS = Path(__file__).resolve().parent.parent / "table_configs"
+
+# Spark SQL type names a column may be cast to. Anything else is a config error, not a runtime one.
+_SIMPLE_TYPES = {"string", "int", "bigint", "smallint", "tinyint", "double", "float", "date", "timestamp", "boolean"}
+_DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# Column names end up in Parquet schemas and SQL; keep them to plain identifiers.
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Columns the pipeline adds itself; a configured column of the same name would be overwritten.
+RESERVED_COLUMNS = {"key_hash", "non_key_hash", "operation", "eff_start_date", "business_date"}
+
+
+class LoadType(str, Enum):
+    """How a key that is missing from the day's input is interpreted."""
+
+    full = "full"  # the extract is a full snapshot: a missing key was deleted (D)
+    delta = "delta"  # the extract holds changed rows only: a missing key was not supplied (X)
+
+
+class BadRecordPolicy(str, Enum):
+    """What to do with a record that is malformed, does not cast, or has a NULL/empty key."""
+
+    fail = "fail"
+    quarantine = "quarantine"
+
+
+class DuplicateKeyPolicy(str, Enum):
+    """What to do when a key appears more than once in one day's input."""
+
+    fail = "fail"
+    quarantine = "quarantine"
+
+
+class Column(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    type: str
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not _COLUMN.match(value):
+            raise ValueError(f"column name {value!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        if value.lower() in RESERVED_COLUMNS:
+            raise ValueError(f"column name {value!r} is reserved for a column the pipeline adds")
+        return value
+
+    @field_validator("type")
+    @classmethod
+    def _valid_type(cls, value: str) -> str:
+        normalized = value.strip().lower()
+        match = _DECIMAL.match(normalized)
+        if match:
+            precision, scale = int(match.group(1)), int(match.group(2))
+            if not (1 <= precision <= 38 and 0 <= scale <= precision):
+                raise ValueError(f"decimal({precision},{scale}) needs 1 <= precision <= 38 and 0 <= scale <= precision")
+            return f"decimal({precision},{scale})"
+        if normalized not in _SIMPLE_TYPES:
+            allowed = ", ".join(sorted(_SIMPLE_TYPES)) + ", decimal(p,s)"
+            raise ValueError(f"unknown type {value!r}; use one of: {allowed}")
+        return normalized
+
+
+class SourceFormat(str, Enum):
+    csv = "csv"
+    parquet = "parquet"
+    json = "json"
+
+
+class Source(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Annotated[str, Field(description="File, folder or glob with a {date} placeholder (YYYY-MM-DD).")]
+    format: SourceFormat = SourceFormat.csv
+    options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("path")
+    @classmethod
+    def _has_date_placeholder(cls, value: str) -> str:
+        if "{date}" not in value:
+            raise ValueError("path must contain the {date} placeholder, e.g. data/orders/{date}/")
+        try:
+            value.format(date="2000-01-01")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ValueError(f"path may contain only the {{date}} placeholder: {error}") from None
+        return value
+
+    def path_for(self, business_date: str) -> str:
+        """The source location for one business date; relative paths resolve against ``CDC_DATA_ROOT``."""
+        resolved = self.path.format(date=business_date)
+        if "://" in resolved or os.path.isabs(resolved):
+            return resolved
+        return str(Path(os.environ.get("CDC_DATA_ROOT", ".")).resolve() / resolved)
+
+
+class TableConfig(BaseModel):
+    """One operational table: where its daily extract lands and which columns mean what."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    start_date: date
+    load_type: LoadType
+    source: Source
+    keys: list[Column] = Field(min_length=1)
+    non_keys: list[Column] = Field(default_factory=list)
+    untracked_columns: list[Column] = Field(default_factory=list)
+    bad_records: BadRecordPolicy = BadRecordPolicy.quarantine
+    duplicate_keys: DuplicateKeyPolicy = DuplicateKeyPolicy.fail
+    max_delete_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    allow_extra_columns: bool = False
+    owners: list[str] = Field(default_factory=list)
+    description: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_table_name(cls, value: str) -> str:
+        # The name becomes a folder under the warehouse root and an asset key prefix:
+        # this pattern also rules out "..", "/" and absolute paths.
+        if not _NAME.match(value):
+            raise ValueError(f"name {value!r} must match [a-z][a-z0-9_]* (it is a folder name and asset key prefix)")
+        return value
+
+    @model_validator(mode="after")
+    def _columns_distinct(self) -> "TableConfig":
+        seen: dict[str, str] = {}
+        for group in ("keys", "non_keys", "untracked_columns"):
+            for column in getattr(self, group):
+                lowered = column.name.lower()  # Spark resolves column names case-insensitively
+                if lowered in seen:
+                    where = "twice in " + group if seen[lowered] == group else f"in both {seen[lowered]} and {group}"
+                    raise ValueError(f"column {column.name!r} is listed {where}")
+                seen[lowered] = group
+        return self
+
+    @property
+    def columns(self) -> list[Column]:
+        """All configured columns in output order: keys, non-keys, untracked."""
+        return [*self.keys, *self.non_keys, *self.untracked_columns]
+
+    @property
+    def key_names(self) -> list[str]:
+        return [column.name for column in self.keys]
+
+
+class TableConfigError(ValueError):
+    """A table config file that cannot be used; the message names the file and the field."""
+
+
+def _format_validation_error(path: Path, error: ValidationError) -> str:
+    lines = [f"{path}: invalid table config"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"  field '{field}': {message}")
+    return "\n".join(lines)
+
+
+def load_table_config(path: str | Path) -> TableConfig:
+    """Read and validate one table config file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise TableConfigError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise TableConfigError(f"{path}: expected a mapping of fields at the top level, got {type(raw).__name__}")
+    try:
+        return TableConfig.model_validate(raw)
+    except ValidationError as error:
+        raise TableConfigError(_format_validation_error(path, error)) from None
+
+
+def table_configs_dir() -> Path:
+    configured = os.environ.get(TABLE_CONFIGS_ENV)
+    return Path(configured).resolve() if configured else DEFAULT_TABLE_CONFIGS
+
+
+def load_table_configs(folder: str | Path | None = None) -> list[TableConfig]:
+    """Every ``*.yaml``/``*.yml`` table config in ``folder`` (default: ``CDC_TABLE_CONFIGS``), sorted by name."""
+    folder = Path(folder) if folder is not None else table_configs_dir()
+    if not folder.is_dir():
+        raise TableConfigError(f"{folder}: table config folder does not exist (set {TABLE_CONFIGS_ENV})")
+    files = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
+    configs = [load_table_config(path) for path in files]
+    by_name: dict[str, Path] = {}
+    for path, config in zip(files, configs):
+        if config.name in by_name:
+            raise TableConfigError(f"{path}: field 'name': table {config.name!r} is also defined in {by_name[config.name]}")
+        by_name[config.name] = path
+    return sorted(configs, key=lambda config: config.name)
+

@@ -1,0 +1,107 @@
+"""Classifying a day's rows against the previous state, and building current state and history.
+
+Only the hash columns take part in the full outer join (they are small and shuffle cheaply); the full
+payload is re-joined afterwards, from the incoming rows for I/U/N and from the previous current state
+for D/X. Every function here is a plain DataFrame transformation: nothing runs until it is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from cdc_assets.config import LoadType
+from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
+
+OPERATION = "operation"
+EFF_START_DATE = "eff_start_date"
+
+INSERT, UPDATE, DELETE, NOT_SUPPLIED, UNCHANGED = "I", "U", "D", "X", "N"
+OPERATIONS = (INSERT, UPDATE, DELETE, NOT_SUPPLIED, UNCHANGED)
+# Which operations each output holds.
+CURRENT_OPERATIONS = (INSERT, UPDATE, UNCHANGED, NOT_SUPPLIED)
+HISTORY_OPERATIONS = (INSERT, UPDATE, DELETE)
+REMOVED_OPERATIONS = (DELETE, NOT_SUPPLIED)  # keys missing from the day's input
+_FROM_INCOMING = (INSERT, UPDATE, UNCHANGED)
+
+CLASSIFICATION_COLUMNS = (KEY_HASH, NON_KEY_HASH, OPERATION, EFF_START_DATE)
+
+
+def classify_changes(
+    incoming: DataFrame, previous_current: DataFrame | None, business_date: date, load_type: LoadType
+) -> DataFrame:
+    """One row per key_hash: ``key_hash``, ``non_key_hash``, ``operation``, ``eff_start_date``.
+
+    ``incoming`` FULL OUTER JOIN ``previous_current`` ON key_hash, using only their hash columns (and
+    the previous eff_start_date, which unchanged and not-supplied rows keep). A key only in the incoming
+    rows is an insert; only in the previous state a delete (full load) or not supplied (delta load); in
+    both, an update when the non-key hashes differ, else unchanged. ``non_key_hash`` is the incoming one
+    for I/U/N and the stored one for D/X. With no previous state every row is an insert.
+    """
+    day = F.lit(business_date).cast("date")
+    incoming_hashes = incoming.select(KEY_HASH, F.col(NON_KEY_HASH).alias("_incoming_nkh"))
+    if previous_current is None:
+        return incoming_hashes.select(
+            KEY_HASH, F.col("_incoming_nkh").alias(NON_KEY_HASH), F.lit(INSERT).alias(OPERATION), day.alias(EFF_START_DATE)
+        )
+    previous_hashes = previous_current.select(
+        KEY_HASH, F.col(NON_KEY_HASH).alias("_previous_nkh"), F.col(EFF_START_DATE).alias("_previous_eff")
+    )
+    missing = DELETE if load_type is LoadType.full else NOT_SUPPLIED
+    joined = incoming_hashes.join(previous_hashes, on=KEY_HASH, how="full_outer")
+    operation = (
+        F.when(F.col("_previous_nkh").isNull(), F.lit(INSERT))
+        .when(F.col("_incoming_nkh").isNull(), F.lit(missing))
+        .when(F.col("_incoming_nkh") == F.col("_previous_nkh"), F.lit(UNCHANGED))
+        .otherwise(F.lit(UPDATE))
+    )
+    return joined.select(
+        KEY_HASH,
+        F.coalesce("_incoming_nkh", "_previous_nkh").alias(NON_KEY_HASH),
+        operation.alias(OPERATION),
+        # Unchanged and not-supplied rows keep the date their current version started.
+        F.when(operation.isin(UNCHANGED, NOT_SUPPLIED), F.col("_previous_eff")).otherwise(day).alias(EFF_START_DATE),
+    )
+
+
+def join_payload(
+    classification: DataFrame, incoming: DataFrame, previous_current: DataFrame | None, payload_columns: Sequence[str]
+) -> DataFrame:
+    """Every classified key with its full payload: from the incoming rows for I/U/N, the previous current for D/X.
+
+    Output columns: ``payload_columns``, then key_hash, non_key_hash, operation, eff_start_date.
+    """
+    output = [*payload_columns, *CLASSIFICATION_COLUMNS]
+    ops = classification.select(KEY_HASH, OPERATION, EFF_START_DATE)
+    from_incoming = incoming.join(ops.filter(F.col(OPERATION).isin(*_FROM_INCOMING)), on=KEY_HASH, how="inner")
+    if previous_current is None:
+        return from_incoming.select(*output)
+    from_previous = previous_current.drop(OPERATION, EFF_START_DATE).join(
+        ops.filter(F.col(OPERATION).isin(*REMOVED_OPERATIONS)), on=KEY_HASH, how="inner"
+    )
+    return from_incoming.select(*output).unionByName(from_previous.select(*output))
+
+
+def with_operations(changes: DataFrame, operations: Sequence[str]) -> DataFrame:
+    return changes.filter(F.col(OPERATION).isin(*operations))
+
+
+def build_current(changes: DataFrame) -> DataFrame:
+    """State as of the date: I + U + N (incoming payload) + X (previous payload); deleted keys leave."""
+    return with_operations(changes, CURRENT_OPERATIONS)
+
+
+def build_history(changes: DataFrame) -> DataFrame:
+    """The date's net changes: I + U + D, each with eff_start_date = the date (D carries its last payload)."""
+    return with_operations(changes, HISTORY_OPERATIONS)
+
+
+def count_operations(classification: DataFrame) -> dict[str, int]:
+    """Rows per operation (all five, zeros included); collects at most five rows."""
+    counts = {operation: 0 for operation in OPERATIONS}
+    for row in classification.groupBy(OPERATION).count().collect():
+        counts[row[OPERATION]] = row["count"]
+    return counts

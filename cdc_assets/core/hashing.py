@@ -1,0 +1,58 @@
+"""Deterministic, injective MD5 hashes of typed key and non-key values.
+
+The encoding is a contract: hashes are computed once when a row arrives, stored with it forever and
+compared with hashes computed on later days, possibly by another Spark version or another tool.
+README.md ("Hash encoding") documents it byte for byte; change it only with a migration.
+
+Each value is rendered to a canonical text by its *type* (so "3.1E-4" and "0.00031" in a CSV, once
+cast to double, give the same text), then framed as ``<length>:<text>``, where length counts
+characters; NULL is framed as ``~``. The frames of the columns, in config order, are concatenated and
+the MD5 of the UTF-8 bytes is the hash. Length framing makes the encoding injective: ("ab", "c") and
+("a", "bc") give ``2:ab1:c`` and ``1:a2:bc``; NULL (``~``) differs from "" (``0:``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+KEY_HASH = "key_hash"
+NON_KEY_HASH = "non_key_hash"
+NULL_FRAME = "~"
+
+
+def canonical_text(column: SparkColumn, spark_type: str) -> SparkColumn:
+    """The canonical text of a typed value, independent of how it was written in the source."""
+    if spark_type in ("double", "float"):
+        as_double = column.cast("double")
+        # -0.0 == 0.0 as values, so they must hash alike; %.16e keeps all 17 significant digits.
+        return F.format_string("%.16e", F.when(as_double == 0, F.lit(0.0)).otherwise(as_double))
+    if spark_type == "date":
+        return F.unix_date(column).cast("string")  # days since 1970-01-01: no calendar or time zone formatting
+    if spark_type == "timestamp":
+        return F.unix_micros(column).cast("string")  # microseconds since the epoch, UTC by definition
+    # string as is; integers, booleans ("true"/"false") and decimals (plain notation, fixed scale) by cast.
+    return column.cast("string")
+
+
+def framed(column: SparkColumn, spark_type: str) -> SparkColumn:
+    """``<length>:<text>`` for a value, ``~`` for NULL."""
+    text = canonical_text(column, spark_type)
+    return F.when(column.isNull(), F.lit(NULL_FRAME)).otherwise(F.concat(F.length(text).cast("string"), F.lit(":"), text))
+
+
+def hash_columns(columns: Sequence[tuple[str, str]]) -> SparkColumn:
+    """MD5 (32 lowercase hex characters) of the framed values of ``(name, type)`` columns, in order."""
+    if not columns:
+        return F.md5(F.lit(""))
+    return F.md5(F.concat(*(framed(F.col(name), spark_type) for name, spark_type in columns)))
+
+
+def add_hashes(
+    typed: DataFrame, keys: Sequence[tuple[str, str]], non_keys: Sequence[tuple[str, str]]
+) -> DataFrame:
+    """``typed`` plus ``key_hash`` over the keys and ``non_key_hash`` over the tracked non-keys."""
+    return typed.withColumns({KEY_HASH: hash_columns(keys), NON_KEY_HASH: hash_columns(non_keys)})

@@ -1,0 +1,146 @@
+"""Reading one business date's extract and turning it into typed, validated rows.
+
+Every row that is read comes out of :func:`validate_records` exactly once, either accepted (typed
+values) or rejected (raw record, reason, source file), so rows read = accepted + rejected always holds.
+"""
+
+from __future__ import annotations
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc_assets.config import SourceFormat, TableConfig
+
+SOURCE_FILE = "_source_file"
+RAW_RECORD = "_raw_record"
+REJECT_REASON = "_reject_reason"
+RECORD_ID = "_record_id"  # increases in file order within each file; ranks give record numbers
+_CORRUPT = "_corrupt_record"
+# RFC 4180 doubles quotes inside quoted fields; Spark's CSV reader escapes with a backslash by default.
+CSV_DEFAULTS = {"header": "true", "escape": '"', "mode": "PERMISSIVE"}
+
+
+class SourceError(RuntimeError):
+    """The day's input cannot be used as a whole: missing, or its columns do not match the config."""
+
+
+def _reader(spark: SparkSession, config: TableConfig):
+    options = {**CSV_DEFAULTS, **config.source.options} if config.source.format is SourceFormat.csv else config.source.options
+    return spark.read.format(config.source.format.value).options(**{k: str(v) for k, v in options.items()})
+
+
+def _header_columns(spark: SparkSession, config: TableConfig, path: str) -> list[str]:
+    try:
+        return _reader(spark, config).load(path).columns
+    except AnalysisException as error:
+        if "PATH_NOT_FOUND" in str(error) or "Path does not exist" in str(error):
+            raise SourceError(
+                f"table {config.name}: no input at {path}. A missing extract is never treated as an empty one; "
+                "land the file or fix source.path."
+            ) from None
+        raise
+
+
+def check_columns(config: TableConfig, found: list[str], path: str) -> None:
+    """Configured columns must be present (matched by name); unexpected extra columns are an error."""
+    found_lower = {name.lower() for name in found}
+    configured = [column.name for column in config.columns]
+    missing = [name for name in configured if name.lower() not in found_lower]
+    configured_lower = {name.lower() for name in configured}
+    extra = [name for name in found if name.lower() not in configured_lower]
+    problems = []
+    if missing:
+        problems.append(f"missing configured column(s) {missing}")
+    if extra and not config.allow_extra_columns:
+        problems.append(f"unexpected column(s) {extra} (set allow_extra_columns: true to ignore them)")
+    if problems:
+        raise SourceError(f"table {config.name}: input {path}: " + "; ".join(problems) + f"; found columns {found}")
+
+
+def read_source(spark: SparkSession, config: TableConfig, business_date: str) -> DataFrame:
+    """The day's records as read, with the source file of each row in ``_source_file``.
+
+    CSV columns are read as strings and matched to the config by header name, not position; records
+    with the wrong number of fields keep their raw text in ``_corrupt_record``.
+    """
+    path = config.source.path_for(business_date)
+    found = _header_columns(spark, config, path)
+    if config.source.format is SourceFormat.csv:
+        if str(config.source.options.get("header", "true")).lower() == "true":
+            check_columns(config, found, path)
+        else:
+            # Without a header the fields are positional, in config order; a record with another
+            # number of fields is malformed.
+            found = [column.name for column in config.columns]
+        schema = ", ".join(f"`{name}` string" for name in found) + f", `{_CORRUPT}` string"
+        frame = _reader(spark, config).option("columnNameOfCorruptRecord", _CORRUPT).schema(schema).load(path)
+    else:
+        check_columns(config, found, path)
+        frame = _reader(spark, config).load(path)
+    return frame.withColumns({SOURCE_FILE: F.col("_metadata.file_path"), RECORD_ID: F.monotonically_increasing_id()})
+
+
+def _first_reason(candidates: list[tuple[F.Column, F.Column]]) -> F.Column:
+    """The reason of the first failing condition, or NULL when none fails."""
+    reason = F.lit(None).cast("string")
+    for condition, text in reversed(candidates):
+        reason = F.when(condition, text).otherwise(reason)
+    return reason
+
+
+def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
+    """Typed configured columns plus ``_reject_reason`` (NULL for a good row), ``_raw_record``, ``_source_file``.
+
+    A record is bad when it has the wrong number of fields, a value that does not cast to its configured
+    type (``try_cast``, so ANSI mode does not abort the whole job on the first one), or a NULL or empty
+    key column.
+    """
+    raw_columns = [name for name in raw.columns if name not in (SOURCE_FILE, RECORD_ID, _CORRUPT)]
+    by_lower = {name.lower(): name for name in raw_columns}
+    candidates: list[tuple[F.Column, F.Column]] = []
+    if _CORRUPT in raw.columns:
+        candidates.append(
+            (F.col(_CORRUPT).isNotNull(), F.lit(f"malformed record: expected {len(raw_columns)} fields"))
+        )
+    typed: dict[str, F.Column] = {}
+    for column in config.columns:
+        source = F.col(f"`{by_lower[column.name.lower()]}`")
+        value = F.expr(f"try_cast(`{by_lower[column.name.lower()]}` AS {column.type})")
+        typed[column.name] = value
+        candidates.append(
+            (
+                source.isNotNull() & value.isNull(),
+                F.concat(F.lit(f"column {column.name}: value '"), source.cast("string"), F.lit(f"' is not a valid {column.type}")),
+            )
+        )
+    for key in config.keys:
+        source = F.col(f"`{by_lower[key.name.lower()]}`")
+        candidates.append(
+            (source.isNull() | (F.trim(source.cast("string")) == ""), F.lit(f"key column {key.name} is NULL or empty"))
+        )
+    raw_record = (
+        F.col(_CORRUPT)
+        if _CORRUPT in raw.columns
+        else F.lit(None).cast("string")
+    )
+    raw_json = F.to_json(F.struct(*(F.col(f"`{name}`") for name in raw_columns)))
+    reason = _first_reason(candidates)
+    return raw.select(
+        *(value.alias(name) for name, value in typed.items()),
+        reason.alias(REJECT_REASON),
+        # Only rejected rows keep their raw text; good rows would just carry it around.
+        F.when(reason.isNotNull(), F.coalesce(raw_record, raw_json)).alias(RAW_RECORD),
+        F.col(SOURCE_FILE),
+        F.col(RECORD_ID),
+    )
+
+
+def accepted_records(validated: DataFrame) -> DataFrame:
+    return validated.filter(F.col(REJECT_REASON).isNull()).drop(REJECT_REASON, RAW_RECORD, SOURCE_FILE, RECORD_ID)
+
+
+def rejected_records(validated: DataFrame) -> DataFrame:
+    return validated.filter(F.col(REJECT_REASON).isNotNull()).select(
+        F.col(RAW_RECORD).alias("raw_record"), F.col(REJECT_REASON).alias("reason"), F.col(SOURCE_FILE).alias("source_file")
+    )

@@ -1,0 +1,40 @@
+"""Print a table's counts by operation, as the seed's ``df.groupBy(df.operation).count().show()`` does.
+
+    python -m cdc_assets.report synthetic [YYYY-MM-DD]
+
+Reads the warehouse (``CDC_WAREHOUSE``) directly; for current_table it reports the latest date (or the
+one given), for history_partition every date.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pyspark.sql import functions as F
+
+from resources.parquet_io_manager import PARTITION_COLUMN, warehouse_root
+from resources.spark import build_spark_session
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table")
+    parser.add_argument("business_date", nargs="?", help="date of the current state to show (default: latest)")
+    args = parser.parse_args(argv)
+    spark = build_spark_session(app_name="cdc_report")
+    spark.sparkContext.setLogLevel("ERROR")
+    root = f"{warehouse_root()}/{args.table}"
+
+    current = spark.read.parquet(f"{root}/current_table")
+    as_of = args.business_date or current.agg(F.max(PARTITION_COLUMN)).first()[0].isoformat()
+    print(f"current_table of {args.table} as of {as_of}:")
+    current.filter(F.col(PARTITION_COLUMN) == as_of).groupBy("operation").count().orderBy("operation").show()
+
+    history = spark.read.parquet(f"{root}/history_partition")
+    print(f"history_partition of {args.table}, every date:")
+    history.groupBy(PARTITION_COLUMN, "operation").count().orderBy(PARTITION_COLUMN, "operation").show()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,206 @@
+"""The Parquet IO manager: owns every warehouse path, writes partitions atomically, reads them lazily.
+
+Layout: ``{warehouse}/{table}/{asset}/business_date=YYYY-MM-DD/part-*.parquet``, the asset key being
+``[table, asset]``. Reading ``{warehouse}/{table}/{asset}/`` as one dataset (Spark, DuckDB, pyarrow)
+yields every date with a ``business_date`` column.
+
+A partition is written to ``{warehouse}/{table}/_staging/`` first and renamed into place only once
+Spark has finished writing it, so a killed run never leaves a half-written partition where readers
+look; leftovers in ``_staging`` are invisible to readers (underscore folders are skipped by Spark's and
+pyarrow's partition discovery, and they sit outside the asset folders) and are swept on the next write.
+"""
+
+
+
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+
+from dagster import ConfigurableIOManager, InputContext, MetadataValue, OutputContext, ResourceDependency
+from pyspark.sql import DataFrame, SparkSession
+
+from resources.spark import SparkResource
+
+WAREHOUSE_ENV = "CDC_WAREHOUSE"
+PARTITION_COLUMN = "business_date"
+STAGING_FOLDER = "_staging"
+
+
+def warehouse_root() -> str:
+    """``CDC_WAREHOUSE`` (any Hadoop-FS URI, e.g. s3a://bucket/cdc) or ``./warehouse``."""
+    configured = os.environ.get(WAREHOUSE_ENV, "").strip()
+    if not configured:
+        return os.path.abspath("warehouse")
+    return configured if "://" in configured else os.path.abspath(configured)
+
+
+class MissingPartitionError(RuntimeError):
+    """An upstream partition the step needs has never been written."""
+
+
+class HadoopFileSystem:
+    """The few Hadoop FileSystem calls a commit needs, through the JVM the session already runs."""
+
+    def __init__(self, spark: SparkSession, path: str):
+        jvm = spark.sparkContext._jvm  # classic (non-Connect) sessions only; see _commit
+        self._jvm = jvm
+        self._fs = jvm.org.apache.hadoop.fs.Path(path).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def _path(self, path: str):
+        return self._jvm.org.apache.hadoop.fs.Path(path)
+
+    def exists(self, path: str) -> bool:
+        return bool(self._fs.exists(self._path(path)))
+
+    def rename(self, source: str, target: str) -> None:
+        parent = self._path(target).getParent()
+        if parent is not None and not self._fs.exists(parent):
+            self._fs.mkdirs(parent)
+        if not self._fs.rename(self._path(source), self._path(target)):
+            raise OSError(f"could not rename {source} to {target}")
+
+    def delete(self, path: str) -> None:
+        self._fs.delete(self._path(path), True)
+
+    def list_names(self, path: str) -> list[str]:
+        if not self.exists(path):
+            return []
+        return [status.getPath().getName() for status in self._fs.listStatus(self._path(path))]
+
+
+def _is_connect(spark: SparkSession) -> bool:
+    return not hasattr(spark, "sparkContext") or type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+class LazyPartitions(Mapping[str, DataFrame]):
+    """``{business_date: DataFrame}`` that reads a partition only when it is looked up."""
+
+    def __init__(self, manager: "PartitionedParquetIOManager", table: str, asset: str, dates: list[str]):
+        self._manager, self._table, self._asset, self._dates = manager, table, asset, list(dates)
+
+    def __getitem__(self, business_date: str) -> DataFrame:
+        if business_date not in self._dates:
+            raise KeyError(business_date)
+        return self._manager.read_partition(self._table, self._asset, business_date)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dates)
+
+    def __len__(self) -> int:
+        return len(self._dates)
+
+
+class PartitionedParquetIOManager(ConfigurableIOManager):
+    """Stores each daily partition of a ``[table, asset]`` asset as a Parquet folder under the warehouse root.
+
+    ``handle_output`` takes a DataFrame (one partition) or a ``{business_date: DataFrame}`` mapping (a
+    range, as a single-run backfill produces); ``load_input`` returns a :class:`LazyPartitions` mapping,
+    or ``None`` when no upstream partition exists (the day before ``start_date``).
+    """
+
+    pyspark: ResourceDependency[SparkResource]
+    warehouse: str | None = None
+
+    @property
+    def root(self) -> str:
+        return (self.warehouse or warehouse_root()).rstrip("/")
+
+    def asset_path(self, table: str, asset: str) -> str:
+        return f"{self.root}/{table}/{asset}"
+
+    def partition_path(self, table: str, asset: str, business_date: str) -> str:
+        return f"{self.asset_path(table, asset)}/{PARTITION_COLUMN}={business_date}"
+
+    # -- reading -------------------------------------------------------------------------------
+    def read_partition(self, table: str, asset: str, business_date: str) -> DataFrame:
+        spark = self.pyspark.spark_session
+        path = self.partition_path(table, asset, business_date)
+        if not _is_connect(spark):
+            self._restore_retired(HadoopFileSystem(spark, self.root), table, asset, business_date)
+        if not self._exists(spark, path):
+            raise MissingPartitionError(
+                f"{table}/{asset} has no partition for {business_date} (looked in {path}). "
+                "Materialize the dates in order: each date needs the previous date's outputs."
+            )
+        return spark.read.parquet(path)
+
+    def load_input(self, context: InputContext) -> LazyPartitions | DataFrame | None:
+        table, asset = _table_and_asset(context.asset_key.path)
+        if not context.has_asset_partitions:
+            raise ValueError(f"{table}/{asset}: this IO manager stores daily partitions only")
+        dates = list(context.asset_partition_keys)
+        if not dates:
+            return None  # the date before start_date: there is no previous state
+        return LazyPartitions(self, table, asset, dates)
+
+    # -- writing -------------------------------------------------------------------------------
+    def handle_output(self, context: OutputContext, obj: DataFrame | Mapping[str, DataFrame]) -> None:
+        table, asset = _table_and_asset(context.asset_key.path)
+        dates = list(context.asset_partition_keys)
+        frames = obj if isinstance(obj, Mapping) else {dates[0]: obj} if len(dates) == 1 else None
+        if frames is None or sorted(frames) != sorted(dates):
+            raise ValueError(
+                f"{table}/{asset}: expected one DataFrame per partition {dates}, got "
+                f"{sorted(frames) if isinstance(frames, Mapping) else type(obj).__name__}"
+            )
+        spark = self.pyspark.spark_session
+        for business_date in sorted(frames):
+            path = self.partition_path(table, asset, business_date)
+            self.write_partition(spark, frames[business_date], table, asset, business_date)
+            row_count = spark.read.parquet(path).count()  # from the Parquet footers, no data scan
+            metadata = {"row_count": MetadataValue.int(row_count), "path": MetadataValue.path(path)}
+            if len(frames) == 1:
+                context.add_output_metadata(metadata)
+            else:
+                # One materialization per date, each with its own figures.
+                context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=business_date)
+
+    def write_partition(self, spark: SparkSession, frame: DataFrame, table: str, asset: str, business_date: str) -> None:
+        """Write one partition so that readers see the old version or the new one, never a mix."""
+        final = self.partition_path(table, asset, business_date)
+        if _is_connect(spark):
+            # No JVM handle to rename with; Spark's overwrite is the best available here.
+            frame.write.mode("overwrite").parquet(final)
+            return
+        fs = HadoopFileSystem(spark, self.root)
+        staging_root = f"{self.root}/{table}/{STAGING_FOLDER}/{asset}"
+        stem = f"{PARTITION_COLUMN}={business_date}"
+        self._restore_retired(fs, table, asset, business_date)
+        for leftover in fs.list_names(staging_root):  # from runs killed mid-write
+            if leftover.startswith(stem + "."):
+                fs.delete(f"{staging_root}/{leftover}")
+        token = uuid.uuid4().hex
+        staged, retired = f"{staging_root}/{stem}.{token}.new", f"{staging_root}/{stem}.{token}.old"
+        frame.write.mode("errorifexists").parquet(staged)
+        if fs.exists(final):
+            fs.rename(final, retired)
+        fs.rename(staged, final)
+        fs.delete(retired)
+
+    def _restore_retired(self, fs: HadoopFileSystem, table: str, asset: str, business_date: str) -> None:
+        """Undo a commit that was killed between its two renames: put the retired version back."""
+        final = self.partition_path(table, asset, business_date)
+        if fs.exists(final):
+            return
+        staging_root = f"{self.root}/{table}/{STAGING_FOLDER}/{asset}"
+        stem = f"{PARTITION_COLUMN}={business_date}."
+        for name in fs.list_names(staging_root):
+            if name.startswith(stem) and name.endswith(".old"):
+                fs.rename(f"{staging_root}/{name}", final)
+                return
+
+    @staticmethod
+    def _exists(spark: SparkSession, path: str) -> bool:
+        if _is_connect(spark):
+            try:
+                spark.read.parquet(path).schema  # noqa: B018 - resolving the relation checks the path
+                return True
+            except Exception:  # noqa: BLE001 - Connect reports a missing path as a generic error
+                return False
+        return HadoopFileSystem(spark, path).exists(path)
+
+
+def _table_and_asset(path: list[str]) -> tuple[str, str]:
+    if len(path) != 2:
+        raise ValueError(f"asset key {path} must be [table, asset] to map onto the warehouse layout")
+    return path[0], path[1]
