@@ -1,0 +1,203 @@
+"""The asset graph end to end: real Dagster runs, the project's IO manager, real Spark, Parquet on disk."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pytest
+from dagster import AssetKey, DagsterInstance
+
+from cdc_assets.generator import generate
+from tests.pipeline import (
+    definitions_for,
+    operation_counts,
+    partition_dir,
+    run_dates,
+    run_range,
+    sorted_rows,
+    write_table_config,
+)
+
+DAY1, DAY2, DAY3 = "2019-06-18", "2019-06-19", "2019-06-20"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def seed_data(tmp_path_factory) -> Path:
+    """The seed's scenario: 10,000 + 10,000 rows, 5 keys, 10 non-keys, 20% deleted, 40% updated, 40% unchanged.
+
+    A third day is derived from day 2: 500 rows deleted, 1,000 updated, 700 inserted.
+    """
+    root = tmp_path_factory.mktemp("source")
+    generate(10_000, 10_000, 5, 10, 0.2, 0.4, 0.4, root / DAY1, root / DAY2, seed=11)
+    day2 = pacsv.read_csv(root / DAY2 / "part-00000.csv", convert_options=pacsv.ConvertOptions(strings_can_be_null=False))
+    kept = day2.slice(500)  # the first 500 are deleted
+    updated = kept.slice(0, 1000).set_column(
+        kept.schema.get_field_index("nonkey_1"), "nonkey_1", pc.add(kept.slice(0, 1000)["nonkey_1"], 1.0)
+    )
+    new_rows = day2.slice(0, 700)
+    for i in range(1, 6):  # fresh keys for the inserted rows
+        index = new_rows.schema.get_field_index(f"key_{i}")
+        new_rows = new_rows.set_column(index, f"key_{i}", pc.binary_join_element_wise(new_rows[f"key_{i}"], "-day3", ""))
+    day3 = pa.concat_tables([updated, kept.slice(1000), new_rows])
+    (root / DAY3).mkdir()
+    pacsv.write_csv(day3, root / DAY3 / "part-00000.csv")
+    return root
+
+
+def _config(tmp_path: Path, seed_data: Path, name: str = "synthetic", **fields):
+    return write_table_config(tmp_path / "configs", name, f"{seed_data}/{{date}}/", **fields)
+
+
+def test_seed_scenario_full_load(spark, warehouse, tmp_path, seed_data):
+    defs = definitions_for(_config(tmp_path, seed_data))
+    instance = DagsterInstance.ephemeral()
+    results = run_dates(defs, [DAY1, DAY2], instance)
+    assert all(result.success for result in results)
+
+    current = partition_dir(warehouse, "synthetic", "current_table", DAY2)
+    assert operation_counts(spark, current) == {"U": 4000, "N": 4000, "I": 2000}
+    unchanged_dates = spark.read.parquet(str(current)).filter("operation = 'N'").select("eff_start_date").distinct().collect()
+    assert [row[0].isoformat() for row in unchanged_dates] == [DAY1]
+    assert operation_counts(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY2)) == {
+        "I": 2000,
+        "U": 4000,
+        "D": 2000,
+    }
+    # Day 1 stays readable as it was: every row an insert.
+    assert operation_counts(spark, partition_dir(warehouse, "synthetic", "current_table", DAY1)) == {"I": 10000}
+
+    # Materialization metadata: each asset reports its own counts for the date.
+    def metadata(asset: str) -> dict:
+        event = instance.get_latest_materialization_event(AssetKey(["synthetic", asset]))
+        assert event.asset_materialization.partition == DAY2
+        return {key: value.value for key, value in event.asset_materialization.metadata.items()}
+
+    assert metadata("inserts")["row_count"] == 2000
+    assert metadata("updates")["row_count"] == 4000
+    assert metadata("deletes")["row_count"] == 2000
+    assert metadata("current_table")["row_count"] == 10000
+    assert metadata("current_table")["unchanged"] == 4000
+    assert metadata("history_partition")["row_count"] == 8000
+    assert metadata("hash_join_classification")["row_count"] == 12000
+    assert metadata("hashed_incoming")["rows_read"] == 10000
+    assert metadata("rejects")["row_count"] == 0
+
+
+def test_output_schema_and_history_as_one_dataset(spark, warehouse, tmp_path, seed_data):
+    defs = definitions_for(_config(tmp_path, seed_data))
+    run_dates(defs, [DAY1, DAY2])
+
+    current = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "current_table", DAY2)))
+    expected = [f"key_{i}" for i in range(1, 6)] + [f"nonkey_{i}" for i in range(1, 11)]
+    assert current.columns == [*expected, "key_hash", "non_key_hash", "operation", "eff_start_date"]
+    types = dict(current.dtypes)
+    assert types["nonkey_1"] == "double" and types["eff_start_date"] == "date"
+    assert current.filter("key_hash not rlike '^[0-9a-f]{32}$' or non_key_hash not rlike '^[0-9a-f]{32}$'").count() == 0
+
+    history_root = warehouse / "synthetic" / "history_partition"
+    history = spark.read.parquet(str(history_root))
+    by_date = {(row[0].isoformat(), row[1]): row[2] for row in history.groupBy("business_date", "operation").count().collect()}
+    assert by_date == {(DAY1, "I"): 10000, (DAY2, "I"): 2000, (DAY2, "U"): 4000, (DAY2, "D"): 2000}
+    # The same folder read outside Spark, as a hive-partitioned dataset.
+    duck = duckdb.sql(
+        f"select cast(business_date as varchar), count(*) from read_parquet('{history_root}/*/*.parquet', hive_partitioning=true) "
+        "group by 1 order by 1"
+    ).fetchall()
+    assert duck == [(DAY1, 10000), (DAY2, 8000)]
+
+
+def test_seed_scenario_delta_load(spark, warehouse, tmp_path, seed_data):
+    defs = definitions_for(_config(tmp_path, seed_data, name="synthetic_delta", load_type="delta"))
+    run_dates(defs, [DAY1, DAY2])
+
+    current = partition_dir(warehouse, "synthetic_delta", "current_table", DAY2)
+    assert operation_counts(spark, current) == {"U": 4000, "N": 4000, "I": 2000, "X": 2000}
+    not_supplied = spark.read.parquet(str(current)).filter("operation = 'X'")
+    assert [row[0].isoformat() for row in not_supplied.select("eff_start_date").distinct().collect()] == [DAY1]
+    assert operation_counts(spark, partition_dir(warehouse, "synthetic_delta", "history_partition", DAY2)) == {
+        "I": 2000,
+        "U": 4000,
+    }
+    assert operation_counts(spark, partition_dir(warehouse, "synthetic_delta", "deletes", DAY2)) == {"X": 2000}
+
+
+def _snapshot(spark, warehouse: Path, table: str) -> dict[tuple[str, str], list[tuple]]:
+    snapshot = {}
+    for asset_dir in sorted((warehouse / table).iterdir()):
+        if asset_dir.name.startswith("_"):
+            continue
+        for part in sorted(asset_dir.iterdir()):
+            snapshot[(asset_dir.name, part.name)] = sorted_rows(spark, part)
+    return snapshot
+
+
+def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, warehouse, tmp_path, seed_data):
+    defs = definitions_for(_config(tmp_path, seed_data))
+    instance = DagsterInstance.ephemeral()
+    run_dates(defs, [DAY1, DAY2, DAY3], instance)
+
+    assert operation_counts(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY3)) == {
+        "D": 500,
+        "U": 1000,
+        "I": 700,
+    }
+    current3 = operation_counts(spark, partition_dir(warehouse, "synthetic", "current_table", DAY3))
+    assert current3 == {"U": 1000, "I": 700, "N": 10000 - 500 - 1000}
+    before = _snapshot(spark, warehouse, "synthetic")
+    day3_files = sorted(p.name for p in partition_dir(warehouse, "synthetic", "current_table", DAY3).iterdir())
+
+    run_dates(defs, [DAY2], instance)
+
+    after = _snapshot(spark, warehouse, "synthetic")
+    assert after.keys() == before.keys()
+    for key in before:
+        assert after[key] == before[key], f"{key} changed after re-running {DAY2}"
+    # Re-running day 2 rewrote day 2 only: day 3's files are the very same files.
+    assert sorted(p.name for p in partition_dir(warehouse, "synthetic", "current_table", DAY3).iterdir()) == day3_files
+    assert not any((warehouse / "synthetic" / "_staging").rglob("*.parquet")), "no staging leftovers after a clean run"
+
+
+def test_range_in_one_run_equals_day_by_day(spark, tmp_path, seed_data, monkeypatch):
+    config = _config(tmp_path, seed_data)
+    by_day, by_range = tmp_path / "by_day", tmp_path / "by_range"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(by_day))
+    run_dates(definitions_for(config), [DAY1, DAY2, DAY3])
+    monkeypatch.setenv("CDC_WAREHOUSE", str(by_range))
+    instance = DagsterInstance.ephemeral()
+    result = run_range(definitions_for(config), DAY1, DAY3, instance)
+    assert result.success
+
+    assert _snapshot(spark, by_range, "synthetic") == _snapshot(spark, by_day, "synthetic")
+    # One materialization per date, each with that date's own counts.
+    records = instance.fetch_materializations(AssetKey(["synthetic", "history_partition"]), limit=10).records
+    counts = {r.asset_materialization.partition: r.asset_materialization.metadata["row_count"].value for r in records}
+    assert counts == {DAY1: 10000, DAY2: 8000, DAY3: 2200}
+
+
+def test_a_date_whose_previous_state_is_missing_fails_clearly(spark, warehouse, tmp_path, seed_data):
+    defs = definitions_for(_config(tmp_path, seed_data))
+    [result] = run_dates(defs, [DAY2], raise_on_error=False)
+    assert not result.success
+    failure = next(event for event in result.all_events if event.event_type_value == "STEP_FAILURE")
+    message = failure.step_failure_data.error.to_string()
+    assert "current_table has no partition for 2019-06-18" in message
+    assert not partition_dir(warehouse, "synthetic", "current_table", DAY2).exists()
+
+
+def test_definitions_load_from_workspace_yaml():
+    completed = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "Validation successful" in completed.stdout + completed.stderr
