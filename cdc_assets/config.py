@@ -177,11 +177,22 @@ def _format_validation_error(path: Path, error: ValidationError) -> str:
     return "\n".join(lines)
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader that leaves YAML timestamps as strings: pydantic parses dates, so an unquoted invalid
+    date (``start_date: 2024-13-45``) is reported against its field instead of escaping as a bare ValueError."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def load_table_config(path: str | Path) -> TableConfig:
     """Read and validate one table config file."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as error:
         raise TableConfigError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):

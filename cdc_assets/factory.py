@@ -36,23 +36,29 @@ from dagster import (
 )
 from pyspark import StorageLevel
 
+from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
+from cdc_assets.checks import build_table_checks
 from cdc_assets.config import TableConfig
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.incoming import prepare_incoming
+from cdc_assets.names import (
+    CDC_OUTPUTS,
+    CLASSIFICATION,
+    CURRENT,
+    DELETES,
+    HASHED_INCOMING,
+    HISTORY,
+    INSERTS,
+    REJECTS,
+    UPDATES,
+    asset_key,
+    day_before,
+)
 from resources.parquet_io_manager import LazyPartitions
 from resources.spark import SparkResource
 
 IO_MANAGER_KEY = "parquet_io_manager"
 KINDS = {"spark", "parquet"}
-
-HASHED_INCOMING = "hashed_incoming"
-REJECTS = "rejects"
-CLASSIFICATION = "hash_join_classification"
-INSERTS = "inserts"
-DELETES = "deletes"
-UPDATES = "updates"
-CURRENT = "current_table"
-HISTORY = "history_partition"
 
 DESCRIPTIONS = {
     HASHED_INCOMING: (
@@ -86,7 +92,6 @@ DESCRIPTIONS = {
         "their last payload). Read the asset folder as one dataset for the whole history."
     ),
 }
-CDC_OUTPUTS = (CLASSIFICATION, INSERTS, DELETES, UPDATES, CURRENT, HISTORY)
 
 
 @dataclass
@@ -100,10 +105,6 @@ class TableDefinitions:
     schedules: list = field(default_factory=list)
     sensors: list = field(default_factory=list)
     jobs: list = field(default_factory=list)
-
-
-def asset_key(config: TableConfig, name: str) -> AssetKey:
-    return AssetKey([config.name, name])
 
 
 @contextmanager
@@ -194,7 +195,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         previous_current: LazyPartitions | None,
     ):
         days = list(context.partition_keys)  # oldest first
-        first_previous = _day_before(days[0])
+        first_previous = day_before(days[0])
         previous = previous_current[first_previous] if previous_current and first_previous in previous_current else None
         outputs: dict[str, dict] = {name: {} for name in CDC_OUTPUTS}
         cached = []
@@ -243,13 +244,18 @@ def _add_count_metadata(context: AssetExecutionContext, keys: dict[str, AssetKey
         context.add_asset_metadata(by_operation, asset_key=keys[name], partition_key=day)
 
 
-def _day_before(day: str) -> str:
-    return date.fromordinal(date.fromisoformat(day).toordinal() - 1).isoformat()
-
-
 def build_table_definitions(config: TableConfig) -> TableDefinitions:
     """Assets (and, as they are added, checks, schedule and sensor) for one table."""
     partitions_def = DailyPartitionsDefinition(start_date=config.start_date.isoformat(), timezone="UTC")
     assets = [build_incoming_asset(config, partitions_def), build_cdc_assets(config, partitions_def)]
-    return TableDefinitions(config=config, partitions_def=partitions_def, assets=assets)
+    job = build_table_job(config, partitions_def)
+    return TableDefinitions(
+        config=config,
+        partitions_def=partitions_def,
+        assets=assets,
+        asset_checks=build_table_checks(config, partitions_def),
+        jobs=[job],
+        schedules=[build_daily_schedule(config, job)],
+        sensors=[build_landing_sensor(config, job, partitions_def)],
+    )
 

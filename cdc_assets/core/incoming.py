@@ -136,7 +136,9 @@ def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: da
         duplicated = validated.join(duplicates.select(KEY_HASH), on=KEY_HASH, how="left_semi")
         rejected = rejected.unionByName(
             duplicated.filter(F.col(REJECT_REASON).isNull()).select(
-                F.to_json(F.struct(*(F.col(column.name).cast("string") for column in config.columns))).alias("raw_record"),
+                F.to_json(
+                    F.struct(*(F.col(column.name).cast("string").alias(column.name) for column in config.columns))
+                ).alias("raw_record"),
                 F.lit("duplicate key: the key occurs more than once in this date's input").alias("reason"),
                 F.col(SOURCE_FILE).alias("source_file"),
             )

@@ -34,7 +34,8 @@ def _header_columns(spark: SparkSession, config: TableConfig, path: str) -> list
     try:
         return _reader(spark, config).load(path).columns
     except AnalysisException as error:
-        if "PATH_NOT_FOUND" in str(error) or "Path does not exist" in str(error):
+        # An empty folder (or only empty files) cannot have its schema inferred: no input either.
+        if any(marker in str(error) for marker in ("PATH_NOT_FOUND", "Path does not exist", "UNABLE_TO_INFER_SCHEMA")):
             raise SourceError(
                 f"table {config.name}: no input at {path}. A missing extract is never treated as an empty one; "
                 "land the file or fix source.path."

@@ -1,0 +1,26 @@
+"""Asset names and keys shared by the factory, the checks, the schedule and the sensor."""
+
+from datetime import date, timedelta
+
+from dagster import AssetKey
+
+from cdc_assets.config import TableConfig
+
+HASHED_INCOMING = "hashed_incoming"
+REJECTS = "rejects"
+CLASSIFICATION = "hash_join_classification"
+INSERTS = "inserts"
+DELETES = "deletes"
+UPDATES = "updates"
+CURRENT = "current_table"
+HISTORY = "history_partition"
+CDC_OUTPUTS = (CLASSIFICATION, INSERTS, DELETES, UPDATES, CURRENT, HISTORY)
+
+
+def asset_key(config: TableConfig, name: str) -> AssetKey:
+    """Every asset of a table is keyed ``[table, name]``; the IO manager maps that onto the warehouse."""
+    return AssetKey([config.name, name])
+
+
+def day_before(day: str) -> str:
+    return (date.fromisoformat(day) - timedelta(days=1)).isoformat()
