@@ -28,8 +28,9 @@ def canonical_text(column: SparkColumn, spark_type: str) -> SparkColumn:
     """The canonical text of a typed value, independent of how it was written in the source."""
     if spark_type in ("double", "float"):
         as_double = column.cast("double")
-        # -0.0 == 0.0 as values, so they must hash alike; %.16e keeps all 17 significant digits.
-        return F.format_string("%.16e", F.when(as_double == 0, F.lit(0.0)).otherwise(as_double))
+        # %a is Java's Double.toHexString: exact and specified bit for bit, so it does not depend on a
+        # JDK's decimal-printing algorithm. -0.0 == 0.0 as values, so they must hash alike.
+        return F.format_string("%a", F.when(as_double == 0, F.lit(0.0)).otherwise(as_double))
     if spark_type == "date":
         return F.unix_date(column).cast("string")  # days since 1970-01-01: no calendar or time zone formatting
     if spark_type == "timestamp":

@@ -1,0 +1,149 @@
+"""Each reconciliation check passes on good data and fails on a partition broken on purpose in storage."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, AssetSelection, DagsterInstance, define_asset_job
+from pyspark.sql import functions as F
+
+from cdc_assets.config import load_table_config
+from cdc_assets.definitions import build_definitions
+from cdc_assets.factory import build_table_definitions
+from tests.pipeline import partition_dir, run_dates
+
+REPO = Path(__file__).resolve().parent.parent
+DAY1, DAY2 = "2024-01-01", "2024-01-02"
+ALL_CHECKS = {
+    ("hashed_incoming", "rows_read_reconcile"),
+    ("hashed_incoming", "keys_unique"),
+    ("hash_join_classification", "incoming_reconciles"),
+    ("hash_join_classification", "previous_state_reconciles"),
+    ("current_table", "row_count_reconciles"),
+    ("current_table", "key_hash_unique"),
+    ("current_table", "keys_not_null"),
+    ("history_partition", "row_count_reconciles"),
+}
+
+
+@pytest.fixture(scope="module")
+def orders_warehouse(spark, tmp_path_factory):
+    """Two good days of the shipped orders table, materialized once; tests work on copies."""
+    root = tmp_path_factory.mktemp("checks_good")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CDC_DATA_ROOT", str(REPO))
+        patch.setenv("CDC_WAREHOUSE", str(root))
+        instance = DagsterInstance.ephemeral()
+        results = run_dates(_defs(), [DAY1, DAY2], instance)
+    evaluations = [e.event_specific_data for r in results for e in r.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    return root, instance, evaluations
+
+
+def _defs():
+    table = build_table_definitions(load_table_config(REPO / "table_configs" / "orders.yaml"))
+    checks_only = define_asset_job(
+        "checks_only", selection=AssetSelection.all_asset_checks(), partitions_def=table.partitions_def
+    )
+    # The intake checks and the CDC step, without re-reading the source: a failed blocking check must stop the step.
+    gated = define_asset_job(
+        "gated_cdc",
+        selection=AssetSelection.checks_for_assets(AssetKey(["orders", "hashed_incoming"]))
+        | AssetSelection.assets(AssetKey(["orders", "current_table"])).required_multi_asset_neighbors(),
+        partitions_def=table.partitions_def,
+    )
+    table.jobs += [checks_only, gated]
+    return build_definitions([table])
+
+
+def test_every_check_passes_on_good_data(orders_warehouse):
+    _, _, evaluations = orders_warehouse
+    seen = {(e.asset_key.path[1], e.check_name, e.partition) for e in evaluations if e.passed}
+    assert seen == {(asset, name, day) for asset, name in ALL_CHECKS for day in (DAY1, DAY2)}
+    assert all(e.passed for e in evaluations)
+
+
+def _duplicate_a_row(frame):
+    return frame.unionByName(frame.limit(1))
+
+
+def _null_a_key(frame):
+    first = frame.limit(1).withColumn("store_code", F.lit(None).cast("string"))
+    return frame.exceptAll(frame.limit(1)).unionByName(first)
+
+
+def _drop_a_row(frame):
+    return frame.exceptAll(frame.limit(1))
+
+
+def _drop_an_update(frame):
+    return frame.exceptAll(frame.filter("operation = 'U'").limit(1))
+
+
+BREAKAGES = [
+    # (asset, date, how, checks that must fail)
+    ("current_table", DAY2, _duplicate_a_row, {("current_table", "row_count_reconciles"), ("current_table", "key_hash_unique")}),
+    ("current_table", DAY2, _null_a_key, {("current_table", "keys_not_null")}),
+    ("history_partition", DAY2, _drop_a_row, {("history_partition", "row_count_reconciles")}),
+    ("hash_join_classification", DAY2, _drop_an_update, {
+        ("hash_join_classification", "incoming_reconciles"),
+        ("hash_join_classification", "previous_state_reconciles"),
+        ("current_table", "row_count_reconciles"),
+        ("history_partition", "row_count_reconciles"),
+    }),
+    ("current_table", DAY1, _drop_a_row, {("hash_join_classification", "previous_state_reconciles")}),
+    ("hashed_incoming", DAY2, _duplicate_a_row, {
+        ("hashed_incoming", "rows_read_reconcile"),
+        ("hashed_incoming", "keys_unique"),
+        ("hash_join_classification", "incoming_reconciles"),
+    }),
+    ("rejects", DAY2, lambda frame: frame.unionByName(
+        frame.sparkSession.createDataFrame([("x", "made up", "f")], frame.schema)), {("hashed_incoming", "rows_read_reconcile")}),
+]
+
+
+def _break(spark, warehouse: Path, asset: str, day: str, how) -> None:
+    path = partition_dir(warehouse, "orders", asset, day)
+    broken = how(spark.read.parquet(str(path))).localCheckpoint()  # materialize before the source is replaced
+    shutil.rmtree(path)
+    broken.write.parquet(str(path))
+
+
+@pytest.mark.parametrize("asset, day, how, failing", BREAKAGES, ids=[f"{b[0]}-{b[1]}-{b[2].__name__}" for b in BREAKAGES])
+def test_check_fails_on_a_broken_partition(spark, orders_warehouse, tmp_path, monkeypatch, asset, day, how, failing):
+    good, instance, _ = orders_warehouse
+    warehouse = tmp_path / "warehouse"
+    shutil.copytree(good, warehouse)
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    _break(spark, warehouse, asset, day, how)
+
+    result = _defs().resolve_job_def("checks_only").execute_in_process(tags={"dagster/partition": DAY2}, instance=instance, raise_on_error=False)
+
+    evaluations = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert {e.partition for e in evaluations} == {DAY2}
+    failed = {(e.asset_key.path[1], e.check_name) for e in evaluations if not e.passed}
+    assert failed == failing
+    assert not result.success  # blocking ERROR checks fail their step
+    for evaluation in evaluations:
+        if not evaluation.passed:  # both sides of the equation are shown
+            assert {"left", "right", "equation"} <= set(evaluation.metadata)
+            assert evaluation.metadata["left"].value != evaluation.metadata["right"].value
+
+
+def test_failed_blocking_intake_check_stops_the_cdc_step(spark, orders_warehouse, tmp_path, monkeypatch):
+    good, instance, _ = orders_warehouse
+    warehouse = tmp_path / "warehouse"
+    shutil.copytree(good, warehouse)
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    _break(spark, warehouse, "hashed_incoming", DAY2, _duplicate_a_row)
+    current = partition_dir(warehouse, "orders", "current_table", DAY2)
+    before = sorted(p.name for p in current.iterdir())
+
+    result = _defs().resolve_job_def("gated_cdc").execute_in_process(tags={"dagster/partition": DAY2}, instance=instance, raise_on_error=False)
+
+    assert not result.success
+    step_events = {(e.step_key, e.event_type_value) for e in result.all_events if e.step_key}
+    assert ("orders__intake_checks", "STEP_FAILURE") in step_events
+    assert not any(key == "orders__cdc" and kind == "STEP_START" for key, kind in step_events)
+    assert sorted(p.name for p in current.iterdir()) == before  # the CDC step never wrote

@@ -1,0 +1,410 @@
+"""The code location as an operator runs it: ``dagster dev`` (webserver + daemon), a backfill launched
+through GraphQL, the daemon turning it into one single-run backfill, Parquet on disk and every check passed.
+
+Runs in the normal suite: it starts real servers on a free port with a throwaway DAGSTER_HOME and
+warehouse, and stops every process it started (by process group, then by the unique DAGSTER_HOME in
+each process's environment), whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import requests
+from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance
+
+REPO = Path(__file__).resolve().parent.parent
+DAGSTER = Path(sys.executable).parent / "dagster"
+TABLE = "orders"
+DATES = ["2024-01-01", "2024-01-02", "2024-01-03"]
+ASSETS = [
+    "hashed_incoming",
+    "rejects",
+    "hash_join_classification",
+    "inserts",
+    "deletes",
+    "updates",
+    "current_table",
+    "history_partition",
+]
+CHECKS = {
+    ("hashed_incoming", "rows_read_reconcile"),
+    ("hashed_incoming", "keys_unique"),
+    ("hash_join_classification", "incoming_reconciles"),
+    ("hash_join_classification", "previous_state_reconciles"),
+    ("current_table", "row_count_reconciles"),
+    ("current_table", "key_hash_unique"),
+    ("current_table", "keys_not_null"),
+    ("history_partition", "row_count_reconciles"),
+}
+EXPECTED = {
+    ("current_table", "2024-01-01"): {"I": 6},
+    ("history_partition", "2024-01-01"): {"I": 6},
+    ("current_table", "2024-01-02"): {"I": 1, "U": 2, "N": 1, "X": 3},
+    ("history_partition", "2024-01-02"): {"I": 1, "U": 2},
+    ("current_table", "2024-01-03"): {"U": 2, "I": 1, "X": 5},
+    ("history_partition", "2024-01-03"): {"U": 2, "I": 1},
+}
+
+SERVER_TIMEOUT = 180
+LOCATION_TIMEOUT = 180
+BACKFILL_TIMEOUT = 15 * 60
+
+WORKSPACE_QUERY = """
+query {
+  workspaceOrError {
+    __typename
+    ... on Workspace {
+      locationEntries {
+        name
+        loadStatus
+        locationOrLoadError {
+          __typename
+          ... on RepositoryLocation { repositories { name } }
+          ... on PythonError { message stack }
+        }
+      }
+    }
+    ... on PythonError { message }
+  }
+}
+"""
+
+LAUNCH_BACKFILL = """
+mutation LaunchBackfill($backfillParams: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $backfillParams) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId launchedRunIds }
+    ... on PythonError { message stack }
+    ... on PartitionSetNotFoundError { message }
+    ... on PartitionKeysNotFoundError { message }
+    ... on InvalidSubsetError { message }
+    ... on UnauthorizedError { message }
+  }
+}
+"""
+
+BACKFILL_STATUS = """
+query BackfillStatus($backfillId: String!) {
+  partitionBackfillOrError(backfillId: $backfillId) {
+    __typename
+    ... on PartitionBackfill {
+      id
+      status
+      error { message stack }
+      runs { runId status tags { key value } }
+    }
+    ... on BackfillNotFoundError { message }
+    ... on PythonError { message }
+  }
+}
+"""
+
+RUN_FAILURES = """
+query RunFailures($runId: ID!) {
+  logsForRun(runId: $runId) {
+    __typename
+    ... on EventConnection {
+      events {
+        __typename
+        ... on ExecutionStepFailureEvent { stepKey error { message } }
+        ... on RunFailureEvent { message }
+      }
+    }
+  }
+}
+"""
+
+
+_STARTED = time.monotonic()
+
+
+def _progress(message: str) -> None:
+    """Phase timings, shown by pytest when the test fails (or with -s)."""
+    print(f"[{time.monotonic() - _STARTED:7.1f}s] {message}", flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 80) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _graphql(url: str, query: str, variables: dict | None = None, timeout: float = 60) -> dict:
+    response = requests.post(url, json={"query": query, "variables": variables or {}}, timeout=timeout)
+    response.raise_for_status()
+    body = response.json()
+    assert not body.get("errors"), f"GraphQL errors: {body['errors']}"
+    return body["data"]
+
+
+def _our_processes(root: psutil.Process | None, dagster_home: str) -> list[psutil.Process]:
+    """Processes this test started: descendants of dagster dev, plus anything with our unique DAGSTER_HOME."""
+    found: dict[int, psutil.Process] = {}
+    if root is not None:
+        try:
+            for proc in [root, *root.children(recursive=True)]:
+                found[proc.pid] = proc
+        except psutil.NoSuchProcess:
+            pass
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me or proc.pid in found:
+            continue
+        try:
+            if proc.environ().get("DAGSTER_HOME") == dagster_home:
+                found[proc.pid] = proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return list(found.values())
+
+
+def _stop(process: subprocess.Popen, dagster_home: str, known: dict[int, psutil.Process]) -> None:
+    try:
+        root = psutil.Process(process.pid)
+    except psutil.NoSuchProcess:
+        root = None
+    for proc in _our_processes(root, dagster_home):
+        known.setdefault(proc.pid, proc)
+    try:
+        pgid = os.getpgid(process.pid)
+    except ProcessLookupError:
+        pgid = None
+    if pgid is not None:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+    # Anything that left the group (run workers, code servers, JVMs): terminate, then kill.
+    for proc in _our_processes(None, dagster_home):
+        known.setdefault(proc.pid, proc)
+    survivors = [proc for proc in known.values() if proc.is_running() and proc.pid != os.getpid()]
+    for proc in survivors:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(survivors, timeout=10)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+
+
+def test_dagster_dev_backfill_of_orders(tmp_path):
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    # Only the orders table: the test does not depend on (or load) whatever other configs exist.
+    configs = tmp_path / "table_configs"
+    configs.mkdir()
+    shutil.copy(REPO / "table_configs" / "orders.yaml", configs / "orders.yaml")
+    log_path = tmp_path / "dagster_dev.log"
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    url = f"{base}/graphql"
+
+    env = dict(os.environ)
+    env.update(
+        {
+            "DAGSTER_HOME": str(dagster_home),
+            "CDC_WAREHOUSE": str(warehouse),
+            "CDC_DATA_ROOT": str(REPO),
+            "CDC_TABLE_CONFIGS": str(configs),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            # A small local JVM: three tiny CSV files do not need the 4g default.
+            "CDC_SPARK_CONF": '{"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}',
+        }
+    )
+    for name in ("CDC_SPARK_MASTER", "SPARK_REMOTE"):
+        env.pop(name, None)
+
+    global _STARTED
+    _STARTED = time.monotonic()
+    known: dict[int, psutil.Process] = {}
+    log_file = open(log_path, "wb")  # noqa: SIM115 - closed in finally
+    process = subprocess.Popen(
+        [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def fail(message: str) -> None:
+        raise AssertionError(f"{message}\n--- dagster dev log (tail) ---\n{_tail(log_path)}")
+
+    def remember_children() -> None:
+        try:
+            for proc in psutil.Process(process.pid).children(recursive=True):
+                known.setdefault(proc.pid, proc)
+        except psutil.NoSuchProcess:
+            pass
+
+    backfill = None
+    finished = False
+    try:
+        # 1. The webserver answers.
+        deadline = time.monotonic() + SERVER_TIMEOUT
+        while True:
+            if process.poll() is not None:
+                fail(f"dagster dev exited with {process.returncode} before serving")
+            try:
+                if requests.get(f"{base}/server_info", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                fail(f"webserver did not answer on {base} within {SERVER_TIMEOUT}s")
+            time.sleep(1)
+        _progress("webserver answers")
+
+        # 2. The code location has loaded (a load error fails at once, with its message).
+        deadline = time.monotonic() + LOCATION_TIMEOUT
+        while True:
+            remember_children()
+            workspace = _graphql(url, WORKSPACE_QUERY)["workspaceOrError"]
+            entries = workspace.get("locationEntries", []) if workspace["__typename"] == "Workspace" else []
+            entry = next((e for e in entries if e["name"] == "cdc_assets"), None)
+            if entry and entry["loadStatus"] == "LOADED":
+                location = entry["locationOrLoadError"]
+                if location is None or location["__typename"] == "PythonError":
+                    fail(f"code location failed to load: {location}")
+                if location["repositories"]:
+                    break
+            if time.monotonic() > deadline:
+                fail(f"code location did not load within {LOCATION_TIMEOUT}s: {workspace}")
+            time.sleep(1)
+        _progress("code location loaded")
+
+        # 3. Launch the backfill of every orders asset over the three dates.
+        params = {
+            "assetSelection": [{"path": [TABLE, asset]} for asset in ASSETS],
+            "partitionNames": DATES,
+            "title": "test_dagster_dev",
+        }
+        launched = _graphql(url, LAUNCH_BACKFILL, {"backfillParams": params})["launchPartitionBackfill"]
+        if launched["__typename"] != "LaunchBackfillSuccess":
+            fail(f"launchPartitionBackfill returned {launched}")
+        backfill_id = launched["backfillId"]
+        assert backfill_id
+        _progress(f"backfill {backfill_id} launched")
+
+        # 4. The daemon runs it to completion.
+        deadline = time.monotonic() + BACKFILL_TIMEOUT
+        while True:
+            remember_children()
+            if process.poll() is not None:
+                fail(f"dagster dev exited with {process.returncode} during the backfill")
+            result = _graphql(url, BACKFILL_STATUS, {"backfillId": backfill_id})["partitionBackfillOrError"]
+            if result["__typename"] != "PartitionBackfill":
+                fail(f"partitionBackfillOrError returned {result}")
+            if backfill is None or (result["status"], [r["status"] for r in result["runs"]]) != (
+                backfill["status"],
+                [r["status"] for r in backfill["runs"]],
+            ):
+                _progress(f"backfill {result['status']}, runs {[r['status'] for r in result['runs']]}")
+            backfill = result
+            if backfill["status"] in ("COMPLETED", "COMPLETED_SUCCESS"):
+                break
+            if backfill["status"] in ("FAILED", "COMPLETED_FAILED", "CANCELED", "FAILING", "CANCELING"):
+                failures = [
+                    (run["runId"], run["status"], _graphql(url, RUN_FAILURES, {"runId": run["runId"]})["logsForRun"])
+                    for run in backfill["runs"]
+                    if run["status"] != "SUCCESS"
+                ]
+                fail(f"backfill ended {backfill['status']}: {backfill['error']}; failed runs: {failures}")
+            if time.monotonic() > deadline:
+                fail(f"backfill still {backfill['status']} after {BACKFILL_TIMEOUT}s; runs: {backfill['runs']}")
+            time.sleep(3)
+
+        runs = backfill["runs"]
+        assert runs, "the backfill completed without launching a run"
+        assert all(run["status"] == "SUCCESS" for run in runs), f"not every run succeeded: {runs}"
+        # BackfillPolicy.single_run: the whole range in one run.
+        assert len(runs) == 1, f"expected one single-run backfill run, got {len(runs)}: {runs}"
+        run_tags = {tag["key"]: tag["value"] for tag in runs[0]["tags"]}
+        assert run_tags.get("dagster/backfill") == backfill_id, run_tags
+        assert run_tags.get("dagster/asset_partition_range_start") == DATES[0], run_tags
+        assert run_tags.get("dagster/asset_partition_range_end") == DATES[-1], run_tags
+        finished = True
+    finally:
+        _stop(process, str(dagster_home), known)
+        log_file.close()
+        _progress("servers stopped")
+    leftovers = [proc for proc in known.values() if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]
+    assert not leftovers, f"processes left behind: {[(p.pid, p.name()) for p in leftovers]}"
+    assert finished
+
+    # 5. The outputs on disk, read with pyarrow (no Spark in the test process).
+    for asset in ASSETS:
+        for day in DATES:
+            assert (warehouse / TABLE / asset / f"business_date={day}").is_dir(), f"{asset} {day} was not written"
+    for (asset, day), expected in EXPECTED.items():
+        table = pq.read_table(warehouse / TABLE / asset / f"business_date={day}")
+        counts = dict(Counter(table.column("operation").to_pylist()))
+        assert counts == expected, f"{asset} {day}: {counts} != {expected}"
+
+    # 6. Every asset check passed, once per date, in the backfill's run.
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        evaluations = []
+        for run in runs:
+            records = instance.get_records_for_run(run["runId"], of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+            for record in records:
+                data = record.event_log_entry.dagster_event.event_specific_data
+                evaluations.append((data.asset_key.path[-1], data.check_name, data.partition, data.passed))
+        # The check state the UI shows: one SUCCEEDED execution per check and date, none left planned.
+        statuses = {
+            (asset, name): sorted(
+                (record.partition, record.status.value)
+                for record in instance.event_log_storage.get_asset_check_execution_history(
+                    AssetCheckKey(AssetKey([TABLE, asset]), name), limit=100
+                )
+            )
+            for asset, name in CHECKS
+        }
+    assert len(evaluations) == len(CHECKS) * len(DATES), f"{len(evaluations)} evaluations: {sorted(evaluations)}"
+    assert {(asset, name, day) for asset, name, day, _ in evaluations} == {
+        (asset, name, day) for asset, name in CHECKS for day in DATES
+    }, sorted(evaluations)
+    failed = [evaluation for evaluation in evaluations if not evaluation[3]]
+    assert not failed, f"failed checks: {failed}"
+    expected_statuses = [(day, "SUCCEEDED") for day in DATES]
+    assert all(value == expected_statuses for value in statuses.values()), statuses
