@@ -79,15 +79,21 @@ def test_seed_scenario_full_load(spark, warehouse, tmp_path, seed_data):
         assert event.asset_materialization.partition == DAY2
         return {key: value.value for key, value in event.asset_materialization.metadata.items()}
 
-    assert metadata("inserts")["row_count"] == 2000
-    assert metadata("updates")["row_count"] == 4000
-    assert metadata("deletes")["row_count"] == 2000
-    assert metadata("current_table")["row_count"] == 10000
+    assert metadata("inserts")["dagster/row_count"] == 2000
+    assert metadata("updates")["dagster/row_count"] == 4000
+    assert metadata("deletes")["dagster/row_count"] == 2000
+    assert metadata("current_table")["dagster/row_count"] == 10000
     assert metadata("current_table")["unchanged"] == 4000
-    assert metadata("history_partition")["row_count"] == 8000
-    assert metadata("hash_join_classification")["row_count"] == 12000
+    assert metadata("history_partition")["dagster/row_count"] == 8000
+    assert metadata("hash_join_classification")["dagster/row_count"] == 12000
     assert metadata("hashed_incoming")["rows_read"] == 10000
-    assert metadata("rejects")["row_count"] == 0
+    assert metadata("rejects")["dagster/row_count"] == 0
+    current_metadata = metadata("current_table")
+    assert [column.name for column in current_metadata["dagster/column_schema"].columns][-4:] == [
+        "key_hash", "non_key_hash", "operation", "eff_start_date"
+    ]
+    assert current_metadata["preview"].count("\n") == 1 + 5  # header, separator and five rows
+    assert current_metadata["path"].endswith("synthetic/current_table/business_date=2019-06-19")
 
 
 def test_output_schema_and_history_as_one_dataset(spark, warehouse, tmp_path, seed_data):
@@ -177,7 +183,7 @@ def test_range_in_one_run_equals_day_by_day(spark, tmp_path, seed_data, monkeypa
     assert _snapshot(spark, by_range, "synthetic") == _snapshot(spark, by_day, "synthetic")
     # One materialization per date, each with that date's own counts.
     records = instance.fetch_materializations(AssetKey(["synthetic", "history_partition"]), limit=10).records
-    counts = {r.asset_materialization.partition: r.asset_materialization.metadata["row_count"].value for r in records}
+    counts = {r.asset_materialization.partition: r.asset_materialization.metadata["dagster/row_count"].value for r in records}
     assert counts == {DAY1: 10000, DAY2: 8000, DAY3: 2200}
 
 
