@@ -18,10 +18,11 @@ $(BIN)/dagster: pyproject.toml
 
 install: $(BIN)/dagster
 
-$(DAGSTER_HOME):
+$(DAGSTER_HOME)/dagster.yaml: instance/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
+	cp instance/dagster.yaml $@
 
-demo: install $(DAGSTER_HOME)
+demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/cdc-generate 10000 10000 5 10 0.2 0.4 0.4 data/synthetic/2019-06-18 data/synthetic/2019-06-19 --seed 42
 	for date in $(DEMO_DATES); do \
 		$(BIN)/dagster asset materialize -m cdc_assets.definitions --select 'group:synthetic' --partition $$date || exit 1; \
@@ -37,7 +38,7 @@ test-fast: install
 validate: install
 	$(BIN)/dagster definitions validate -w workspace.yaml
 
-ui: install $(DAGSTER_HOME)
+ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 benchmark: install

@@ -32,6 +32,7 @@ from cdc_assets.names import (
     REJECTS,
     asset_key,
     day_before,
+    pool_name,
 )
 from resources.parquet_io_manager import PartitionedParquetIOManager
 
@@ -95,6 +96,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         name=f"{table}__intake_checks",
         specs=_specs(config, partitions_def, INCOMING_CHECKS),
         can_subset=True,
+        pool=pool_name(config),
     )
     def intake_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
         for day in context.partition_keys:
@@ -108,6 +110,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         name=f"{table}__cdc_checks",
         specs=_specs(config, partitions_def, CDC_CHECKS),
         can_subset=True,
+        pool=pool_name(config),
     )
     def cdc_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
         for day in context.partition_keys:

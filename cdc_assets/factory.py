@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import date
 
 from dagster import (
+    Config,
     AssetDep,
     AssetExecutionContext,
     AssetIn,
@@ -40,6 +41,7 @@ from cdc_assets.automation import build_daily_schedule, build_landing_sensor, bu
 from cdc_assets.checks import build_table_checks
 from cdc_assets.config import TableConfig
 from cdc_assets.core import changes as cdc
+from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.incoming import prepare_incoming
 from cdc_assets.names import (
     CDC_OUTPUTS,
@@ -53,6 +55,7 @@ from cdc_assets.names import (
     UPDATES,
     asset_key,
     day_before,
+    pool_name,
 )
 from resources.parquet_io_manager import LazyPartitions
 from resources.spark import SparkResource
@@ -94,6 +97,17 @@ DESCRIPTIONS = {
 }
 
 
+class ApplyChangesConfig(Config):
+    """Run config of the CDC step (Launchpad: ops -> <table>__cdc -> config)."""
+
+    allow_mass_delete: bool = False
+    """Accept a full extract that is empty or would delete more than max_delete_fraction of the
+    current rows. Only for a source that really did delete them; the run is tagged when used."""
+
+
+MASS_DELETE_OVERRIDE_TAG = "cdc/mass_delete_override"
+
+
 @dataclass
 class TableDefinitions:
     """What the factory builds for one table; definitions.py merges these across tables."""
@@ -126,6 +140,7 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
         ],
         backfill_policy=BackfillPolicy.single_run(),
         can_subset=False,
+        pool=pool_name(config),
     )
     def read_incoming(context: AssetExecutionContext, pyspark: SparkResource):
         spark = pyspark.spark_session
@@ -164,7 +179,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
     hashed_key = asset_key(config, HASHED_INCOMING)
     previous_day = TimeWindowPartitionMapping(start_offset=-1, end_offset=-1, allow_nonexistent_upstream_partitions=True)
     # Each output has a single parent inside the graph; current_table also depends on its own
-    # previous partition. See docs/graph-shape.md for why this exact shape (and no other) backfills.
+    # previous partition. README.md, "Graph shape", says why this shape and no other backfills.
     specs = [
         AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=DESCRIPTIONS[CLASSIFICATION], **common),
         *(
@@ -180,6 +195,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
     ]
     specs = [spec.with_io_manager_key(IO_MANAGER_KEY) for spec in specs]
     payload_columns = [column.name for column in config.columns]
+    table = config  # inside the step, `config` is the run config (Dagster's naming)
 
     @multi_asset(
         name=f"{config.name}__cdc",
@@ -187,9 +203,11 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         ins={"incoming": AssetIn(hashed_key), "previous_current": AssetIn(keys[CURRENT])},
         backfill_policy=BackfillPolicy.single_run(),
         can_subset=False,
+        pool=pool_name(config),
     )
     def apply_changes(
         context: AssetExecutionContext,
+        config: ApplyChangesConfig,
         pyspark: SparkResource,
         incoming: LazyPartitions,
         previous_current: LazyPartitions | None,
@@ -201,16 +219,18 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         cached = []
         try:
             for day in days:
-                business_date = date.fromisoformat(day)
-                with _timed(context, config.name, "classification", day):
+                with _timed(context, table.name, "classification", day):
                     classification = cdc.classify_changes(
-                        incoming[day], previous, business_date, config.load_type
+                        incoming[day], previous, date.fromisoformat(day), table.load_type
                     ).persist(StorageLevel.MEMORY_AND_DISK)
                     counts = cdc.count_operations(classification)
+                cached.append(classification)
+                context.log.info(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in counts.items()))
+                _guard_deletions(context, table, day, counts, config.allow_mass_delete)
                 changed = cdc.join_payload(classification, incoming[day], previous, payload_columns).persist(
                     StorageLevel.MEMORY_AND_DISK
                 )
-                cached += [classification, changed]
+                cached.append(changed)
                 current = cdc.build_current(changed)
                 outputs[CLASSIFICATION][day] = classification
                 outputs[INSERTS][day] = cdc.with_operations(changed, [cdc.INSERT])
@@ -219,17 +239,35 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
                 outputs[CURRENT][day] = current
                 outputs[HISTORY][day] = cdc.build_history(changed)
                 _add_count_metadata(context, keys, day, counts)
-                context.log.info(f"{config.name} {day}: " + ", ".join(f"{op}={n}" for op, n in counts.items()))
                 previous = current  # the next date classifies against this date's state
+            # Nothing is written until every date of the range has passed its guards.
             for name in CDC_OUTPUTS:
-                started = time.perf_counter()
-                yield Output(outputs[name], output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
-                context.log.info(f"{config.name}: wrote {name} for {len(days)} date(s) in {time.perf_counter() - started:.2f}s")
+                with _timed(context, table.name, f"write {name}", f"{days[0]}..{days[-1]}"):
+                    yield Output(outputs[name], output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
         finally:
             for frame in cached:
                 frame.unpersist()
 
     return apply_changes
+
+
+def _guard_deletions(
+    context: AssetExecutionContext, table: TableConfig, day: str, counts: dict[str, int], allowed: bool
+) -> None:
+    problem = deletion_problem(table, day, counts)
+    if problem is None:
+        return
+    if not allowed:
+        raise MassDeleteError(
+            f"{problem}. Nothing was written. If the source really deleted these rows, re-run with run config "
+            f"ops: {{{table.name}__cdc: {{config: {{allow_mass_delete: true}}}}}}."
+        )
+    context.log.warning(f"{problem}; accepted because the run sets allow_mass_delete")
+    context.instance.add_run_tags(context.run_id, {MASS_DELETE_OVERRIDE_TAG: "true"})
+    for name in (CURRENT, HISTORY, DELETES):
+        context.add_asset_metadata(
+            {"mass_delete_override": MetadataValue.text(problem)}, asset_key=asset_key(table, name), partition_key=day
+        )
 
 
 def _add_count_metadata(context: AssetExecutionContext, keys: dict[str, AssetKey], day: str, counts: dict[str, int]) -> None:

@@ -24,3 +24,8 @@ def asset_key(config: TableConfig, name: str) -> AssetKey:
 
 def day_before(day: str) -> str:
     return (date.fromisoformat(day) - timedelta(days=1)).isoformat()
+
+
+def pool_name(config: TableConfig) -> str:
+    """One concurrency pool per table; instance/dagster.yaml makes it one run per table at a time."""
+    return f"cdc_{config.name}"

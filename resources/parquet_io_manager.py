@@ -13,6 +13,7 @@ pyarrow's partition discovery, and they sit outside the asset folders) and are s
 
 
 import os
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 
@@ -179,6 +180,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         token = uuid.uuid4().hex
         staged, retired = f"{staging_root}/{stem}.{token}.new", f"{staging_root}/{stem}.{token}.old"
         frame.write.mode("errorifexists").parquet(staged)
+        _pause_if_requested(table, asset)
         if fs.exists(final):
             fs.rename(final, retired)
         fs.rename(staged, final)
@@ -205,6 +207,24 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             except Exception:  # noqa: BLE001 - Connect reports a missing path as a generic error
                 return False
         return HadoopFileSystem(spark, path).exists(path)
+
+
+PAUSE_ENV, PAUSE_MARKER_ENV = "CDC_PAUSE_BEFORE_COMMIT", "CDC_PAUSE_MARKER"
+
+
+def _pause_if_requested(table: str, asset: str) -> None:
+    """Fault-injection hook for tests: hold a staged, uncommitted partition so a test can kill -9 the run.
+
+    Set ``CDC_PAUSE_BEFORE_COMMIT=<table>/<asset>`` and ``CDC_PAUSE_MARKER=<file>``; the run touches
+    the marker and waits there. Unset (always, outside tests), it does nothing.
+    """
+    if os.environ.get(PAUSE_ENV) != f"{table}/{asset}":
+        return
+    marker = os.environ.get(PAUSE_MARKER_ENV)
+    if marker:
+        with open(marker, "w") as handle:
+            handle.write(str(os.getpid()))
+    time.sleep(600)
 
 
 PREVIEW_ROWS = 5
