@@ -12,8 +12,6 @@ Both multi-assets take a whole date range in one run (``BackfillPolicy.single_ru
 dates oldest first, feeding each date's new current state into the next date.
 """
 
-
-
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import date
 
 from dagster import (
-    Config,
     AssetDep,
     AssetExecutionContext,
     AssetIn,
@@ -29,6 +26,7 @@ from dagster import (
     AssetSpec,
     AssetsDefinition,
     BackfillPolicy,
+    Config,
     DailyPartitionsDefinition,
     MetadataValue,
     Output,

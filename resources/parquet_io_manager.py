@@ -10,8 +10,6 @@ look; leftovers in ``_staging`` are invisible to readers (underscore folders are
 pyarrow's partition discovery, and they sit outside the asset folders) and are swept on the next write.
 """
 
-
-
 import os
 import time
 import uuid

@@ -5,8 +5,6 @@ per run, not once per step. The same code runs on a cluster or through Spark Con
 ``CDC_SPARK_MASTER`` / ``SPARK_REMOTE`` and ``CDC_SPARK_CONF``; nothing in the pipeline assumes local mode.
 """
 
-
-
 import json
 import os
 from typing import Any
