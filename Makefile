@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
+# The UI listens on loopback only unless you ask otherwise, e.g. `make ui UI_HOST=0.0.0.0`.
+UI_HOST ?= 127.0.0.1
+UI_PORT ?= 3000
+
 # The demo: the seed's scenario (10,000 + 10,000 rows, 5 keys, 10 non-keys, 20% deleted, 40% updated, 40% unchanged).
 DEMO_DATES := 2019-06-18 2019-06-19
 
@@ -39,7 +43,7 @@ validate: install
 	$(BIN)/dagster definitions validate -w workspace.yaml
 
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(BIN)/dagster dev -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
 
 benchmark: install
 	$(BIN)/python benchmarks/bench_pipeline.py
