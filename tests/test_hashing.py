@@ -39,21 +39,21 @@ def _text(value, spark_type: str) -> str:
         scale = int(spark_type.rstrip(")").split(",")[1])
         return str(Decimal(value).quantize(Decimal(1).scaleb(-scale)))
     if spark_type == "double":
-        return java_hex_string(0.0 if value == 0 else value)
+        return java_double_to_string(0.0 if value == 0 else value)
     raise AssertionError(spark_type)
 
 
-def java_hex_string(value: float) -> str:
-    """Java's Double.toHexString, from Python's float.hex: trailing zeros of the fraction dropped, no '+'."""
-    if value != value:
-        return "NaN"
-    if value in (float("inf"), float("-inf")):
-        return "Infinity" if value > 0 else "-Infinity"
-    text = float.hex(value)
-    sign, text = ("-", text[1:]) if text.startswith("-") else ("", text)
-    mantissa, exponent = text.split("p")
-    whole, fraction = mantissa.split(".")
-    return f"{sign}{whole}.{fraction.rstrip('0') or '0'}p{int(exponent)}"
+def java_double_to_string(value: float) -> str:
+    """Java's Double.toString from Python's shortest repr: plain for 1e-3 <= |x| < 1e7, else d.dddE<n>."""
+    if value == 0:
+        return "0.0"
+    sign, exact = ("-" if value < 0 else ""), Decimal(repr(abs(value)))
+    if Decimal("1e-3") <= exact < Decimal("1e7"):
+        text = format(exact, "f")
+        return sign + (text if "." in text else text + ".0")
+    significand, exponent = f"{exact:e}".split("e")
+    digits = significand.replace(".", "").rstrip("0") or "0"
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{int(exponent)}"
 
 
 def encode(values, types) -> str:
@@ -214,7 +214,7 @@ def test_typed_values_match_reference(spark):
     ]
     assert key_hashes(spark, rows, columns) == [reference_md5(row, types) for row in rows]
     # Spot-check the framing itself, byte for byte.
-    assert encode(rows[0], types) == "4:true5:1978216:17041646451234564:1.508:0x1.0p-1"
+    assert encode(rows[0], types) == "4:true5:1978216:17041646451234564:1.503:0.5"
 
 
 def test_double_canonicalisation_of_different_spellings(spark):
@@ -228,7 +228,7 @@ def test_double_canonicalisation_of_different_spellings(spark):
     assert hashes[0] == hashes[1] == hashes[2]
     assert hashes[3] == hashes[4] == hashes[5]
     assert hashes[3] == reference_md5((0.0,), ["double"])
-    # Not exactly representable in binary: the hex encoding still lets any tool recompute the hash.
+    # Not exactly representable in binary: the documented text still lets any tool recompute the hash.
     assert hashes[0] == reference_md5((0.00031,), ["double"])
     assert hashes[6] != hashes[0]
     assert hashes[0] != hashes[3]

@@ -27,10 +27,10 @@ NULL_FRAME = "~"
 def canonical_text(column: SparkColumn, spark_type: str) -> SparkColumn:
     """The canonical text of a typed value, independent of how it was written in the source."""
     if spark_type in ("double", "float"):
+        # Java's Double.toString (shortest round-trip digits). Exact hex (%a) would not depend on the
+        # JDK, but a Java Formatter call per value made hashing 15x slower; see README "Hash encoding".
         as_double = column.cast("double")
-        # %a is Java's Double.toHexString: exact and specified bit for bit, so it does not depend on a
-        # JDK's decimal-printing algorithm. -0.0 == 0.0 as values, so they must hash alike.
-        return F.format_string("%a", F.when(as_double == 0, F.lit(0.0)).otherwise(as_double))
+        return F.when(as_double == 0, F.lit("0.0")).otherwise(as_double.cast("string"))
     if spark_type == "date":
         return F.unix_date(column).cast("string")  # days since 1970-01-01: no calendar or time zone formatting
     if spark_type == "timestamp":
