@@ -9,9 +9,8 @@ from __future__ import annotations
 from dagster import Definitions, in_process_executor
 
 from cdc_assets.config import load_table_configs
-from cdc_assets.factory import TableDefinitions, build_table_definitions
+from cdc_assets.factory import IO_MANAGER_KEY, TableDefinitions, build_table_definitions
 from resources import PartitionedParquetIOManager, SparkResource
-from cdc_assets.factory import IO_MANAGER_KEY
 
 
 def build_definitions(tables: list[TableDefinitions]) -> Definitions:
