@@ -257,7 +257,8 @@ def _guard_deletions(
         return
     if not allowed:
         raise MassDeleteError(
-            f"{problem}. No CDC output was written for this date (hashed_incoming holds the extract as read). If the source really deleted these rows, re-run with run config "
+            f"{problem}. No CDC output was written for this date (hashed_incoming holds the extract as "
+            "read). If the source really deleted these rows, re-run with run config "
             f"ops: {{{table.name}__cdc: {{config: {{allow_mass_delete: true}}}}}}."
         )
     context.log.warning(f"{problem}; accepted because the run sets allow_mass_delete")
