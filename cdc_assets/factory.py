@@ -225,10 +225,9 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
                 cached.append(classification)
                 context.log.info(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in counts.items()))
                 _guard_deletions(context, table, day, counts, config.allow_mass_delete)
-                changed = cdc.join_payload(classification, incoming[day], previous, payload_columns).persist(
-                    StorageLevel.MEMORY_AND_DISK
-                )
-                cached.append(changed)
+                # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from
+                # this date's rows instead of nesting every earlier date's plan (a 10-day range failed).
+                changed = cdc.join_payload(classification, incoming[day], previous, payload_columns).localCheckpoint()
                 current = cdc.build_current(changed)
                 outputs[CLASSIFICATION][day] = classification
                 outputs[INSERTS][day] = cdc.with_operations(changed, [cdc.INSERT])
