@@ -39,7 +39,7 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"
 
-validate: install
+validate: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster definitions validate -w workspace.yaml
 
 ui: install $(DAGSTER_HOME)/dagster.yaml

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -197,10 +198,14 @@ def test_a_date_whose_previous_state_is_missing_fails_clearly(spark, warehouse, 
     assert not partition_dir(warehouse, "synthetic", "current_table", DAY2).exists()
 
 
-def test_definitions_load_from_workspace_yaml():
+def test_definitions_load_from_workspace_yaml(tmp_path):
+    # A throwaway instance: the CLI refuses a DAGSTER_HOME that does not exist (as in a fresh clone).
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
     completed = subprocess.run(
         [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
         cwd=REPO,
+        env={**os.environ, "DAGSTER_HOME": str(dagster_home)},
         capture_output=True,
         text=True,
         timeout=300,
