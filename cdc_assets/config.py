@@ -28,6 +28,9 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Columns the pipeline adds itself; a configured column of the same name would be overwritten.
 RESERVED_COLUMNS = {"key_hash", "non_key_hash", "operation", "eff_start_date", "business_date"}
+# Working columns of the intake stage (core/source.py, core/hashing.py); a source column may not shadow them.
+INTERNAL_COLUMNS = {"_source_file", "_raw_record", "_reject_reason", "_record_id", "_corrupt_record"}
+INTERNAL_PREFIX = "__cdc_"
 
 
 class LoadType(str, Enum):
@@ -64,6 +67,8 @@ class Column(BaseModel):
             raise ValueError(f"column name {value!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
         if value.lower() in RESERVED_COLUMNS:
             raise ValueError(f"column name {value!r} is reserved for a column the pipeline adds")
+        if value.lower() in INTERNAL_COLUMNS or value.lower().startswith(INTERNAL_PREFIX):
+            raise ValueError(f"column name {value!r} is reserved for the pipeline's working columns")
         return value
 
     @field_validator("type")

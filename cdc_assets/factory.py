@@ -33,12 +33,12 @@ from dagster import (
     TimeWindowPartitionMapping,
     multi_asset,
 )
-from pyspark import StorageLevel
 
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.checks import build_table_checks
 from cdc_assets.config import TableConfig
 from cdc_assets.core import changes as cdc
+from cdc_assets.core.caching import CACHE_LEVEL
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.incoming import prepare_incoming
 from cdc_assets.names import (
@@ -220,14 +220,16 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
                 with _timed(context, table.name, "classification", day):
                     classification = cdc.classify_changes(
                         incoming[day], previous, date.fromisoformat(day), table.load_type
-                    ).persist(StorageLevel.MEMORY_AND_DISK)
+                    ).persist(CACHE_LEVEL)
                     counts = cdc.count_operations(classification)
                 cached.append(classification)
                 context.log.info(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in counts.items()))
                 _guard_deletions(context, table, day, counts, config.allow_mass_delete)
                 # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from
                 # this date's rows instead of nesting every earlier date's plan (a 10-day range failed).
-                changed = cdc.join_payload(classification, incoming[day], previous, payload_columns).localCheckpoint()
+                changed = cdc.join_payload(
+                    classification, incoming[day], previous, payload_columns, counts
+                ).localCheckpoint()
                 current = cdc.build_current(changed)
                 outputs[CLASSIFICATION][day] = classification
                 outputs[INSERTS][day] = cdc.with_operations(changed, [cdc.INSERT])

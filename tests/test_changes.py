@@ -251,3 +251,26 @@ def test_count_operations_returns_all_five_keys(spark):
     counts = count_operations(classify_changes(incoming, previous, DAY, LoadType.full))
     assert counts == {"I": 0, "U": 0, "D": 0, "X": 0, "N": 1}
     assert tuple(counts) == OPERATIONS
+
+
+@pytest.mark.parametrize("load_type", [LoadType.full, LoadType.delta])
+def test_broadcast_and_shuffled_payload_joins_give_the_same_rows(spark, load_type):
+    incoming = incoming_frame(spark, INCOMING)
+    previous = previous_frame(spark, PREVIOUS)
+    # Another day than the other tests': their cached frames must not stand in for these plans.
+    classification = classify_changes(incoming, previous, date(2024, 1, 6), load_type).cache()
+    counts = count_operations(classification)
+    # Spark would broadcast these tiny sides by itself; the threshold turns that off for the shuffled run.
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    try:
+        broadcast = join_payload(classification, incoming, previous, PAYLOAD, counts)
+        shuffled = join_payload(classification, incoming, previous, PAYLOAD, counts, broadcast_max_keys=0)
+        broadcast_plan = broadcast._jdf.queryExecution().executedPlan().toString()
+        shuffled_plan = shuffled._jdf.queryExecution().executedPlan().toString()
+        assert "BroadcastHashJoin" in broadcast_plan
+        assert "BroadcastHashJoin" not in shuffled_plan
+        assert sorted(broadcast.collect()) == sorted(shuffled.collect())
+        assert broadcast.count() == len(INCOMING) + counts["D"] + counts["X"]
+    finally:
+        spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
+        classification.unpersist()

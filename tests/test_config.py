@@ -138,6 +138,8 @@ INVALID = {
         variant(untracked_columns=[{"name": "Eff_Start_Date", "type": "date"}]),
         "untracked_columns.0.name",
     ),
+    "pipeline working column name": (variant(non_keys=[{"name": "_source_file", "type": "string"}]), "non_keys.0.name"),
+    "pipeline working column prefix": (variant(keys=[{"name": "__cdc_typed_0", "type": "string"}]), "keys.0.name"),
     "column name not an identifier": (variant(non_keys=[{"name": "amount usd", "type": "double"}]), "non_keys.0.name"),
     "max_delete_fraction above 1": (variant(max_delete_fraction=1.5), "max_delete_fraction"),
     "max_delete_fraction negative": (variant(max_delete_fraction=-0.1), "max_delete_fraction"),

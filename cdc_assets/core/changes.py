@@ -7,7 +7,7 @@ for D/X. Every function here is a plain DataFrame transformation: nothing runs u
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date
 
 from pyspark.sql import DataFrame
@@ -67,20 +67,41 @@ def classify_changes(
     )
 
 
+# Up to this many classified keys on one side of the payload re-join, that side is broadcast, so the
+# wide payload rows are joined where they lie instead of being shuffled. A broadcast key costs about
+# 100 bytes of memory in the driver and each executor (2M keys: ~200 MB). On the 1M-row benchmark it
+# halved the re-join (12-14 s -> 6-7 s).
+BROADCAST_MAX_KEYS = 2_000_000
+
+
 def join_payload(
-    classification: DataFrame, incoming: DataFrame, previous_current: DataFrame | None, payload_columns: Sequence[str]
+    classification: DataFrame,
+    incoming: DataFrame,
+    previous_current: DataFrame | None,
+    payload_columns: Sequence[str],
+    counts: Mapping[str, int] | None = None,
+    broadcast_max_keys: int = BROADCAST_MAX_KEYS,
 ) -> DataFrame:
     """Every classified key with its full payload: from the incoming rows for I/U/N, the previous current for D/X.
 
     Output columns: ``payload_columns``, then key_hash, non_key_hash, operation, eff_start_date.
+    ``counts`` (from :func:`count_operations`) lets a side with at most ``broadcast_max_keys`` keys be
+    broadcast; without them Spark plans the joins itself.
     """
     output = [*payload_columns, *CLASSIFICATION_COLUMNS]
     ops = classification.select(KEY_HASH, OPERATION, EFF_START_DATE)
-    from_incoming = incoming.join(ops.filter(F.col(OPERATION).isin(*_FROM_INCOMING)), on=KEY_HASH, how="inner")
+
+    def keys_with(operations: Sequence[str]) -> DataFrame:
+        selected = ops.filter(F.col(OPERATION).isin(*operations))
+        if counts is not None and sum(counts[op] for op in operations) <= broadcast_max_keys:
+            return F.broadcast(selected)
+        return selected
+
+    from_incoming = incoming.join(keys_with(_FROM_INCOMING), on=KEY_HASH, how="inner")
     if previous_current is None:
         return from_incoming.select(*output)
     from_previous = previous_current.drop(OPERATION, EFF_START_DATE).join(
-        ops.filter(F.col(OPERATION).isin(*REMOVED_OPERATIONS)), on=KEY_HASH, how="inner"
+        keys_with(REMOVED_OPERATIONS), on=KEY_HASH, how="inner"
     )
     return from_incoming.select(*output).unionByName(from_previous.select(*output))
 

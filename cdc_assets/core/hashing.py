@@ -19,6 +19,8 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from cdc_assets.config import INTERNAL_PREFIX
+
 KEY_HASH = "key_hash"
 NON_KEY_HASH = "non_key_hash"
 NULL_FRAME = "~"
@@ -39,21 +41,38 @@ def canonical_text(column: SparkColumn, spark_type: str) -> SparkColumn:
     return column.cast("string")
 
 
-def framed(column: SparkColumn, spark_type: str) -> SparkColumn:
-    """``<length>:<text>`` for a value, ``~`` for NULL."""
-    text = canonical_text(column, spark_type)
-    return F.when(column.isNull(), F.lit(NULL_FRAME)).otherwise(F.concat(F.length(text).cast("string"), F.lit(":"), text))
+def framed(text: SparkColumn) -> SparkColumn:
+    """``<length>:<text>`` for a canonical text, ``~`` for NULL (a value's text is NULL exactly when it is)."""
+    return F.when(text.isNull(), F.lit(NULL_FRAME)).otherwise(F.concat(F.length(text).cast("string"), F.lit(":"), text))
 
 
 def hash_columns(columns: Sequence[tuple[str, str]]) -> SparkColumn:
-    """MD5 (32 lowercase hex characters) of the framed values of ``(name, type)`` columns, in order."""
+    """MD5 (32 lowercase hex characters) of the framed values of ``(name, type)`` columns, in order.
+
+    Self-contained (each text is written out twice inside the frame); :func:`add_hashes` is the fast path.
+    """
     if not columns:
         return F.md5(F.lit(""))
-    return F.md5(F.concat(*(framed(F.col(name), spark_type) for name, spark_type in columns)))
+    return F.md5(F.concat(*(framed(canonical_text(F.col(name), spark_type)) for name, spark_type in columns)))
 
 
 def add_hashes(
     typed: DataFrame, keys: Sequence[tuple[str, str]], non_keys: Sequence[tuple[str, str]]
 ) -> DataFrame:
-    """``typed`` plus ``key_hash`` over the keys and ``non_key_hash`` over the tracked non-keys."""
-    return typed.withColumns({KEY_HASH: hash_columns(keys), NON_KEY_HASH: hash_columns(non_keys)})
+    """``typed`` plus ``key_hash`` over the keys and ``non_key_hash`` over the tracked non-keys.
+
+    Same hashes as :func:`hash_columns`, computed in two projections: the canonical texts first, then
+    the frames over them. A frame refers to its text three times; Spark keeps the projections apart
+    rather than repeat a non-trivial expression (CollapseProject), so each text (a double's
+    ``Double.toString`` above all) is computed once per row instead of twice.
+    """
+    texts = {f"{INTERNAL_PREFIX}text_{index}": (name, spark_type) for index, (name, spark_type) in enumerate([*keys, *non_keys])}
+    with_texts = typed.withColumns({alias: canonical_text(F.col(name), spark_type) for alias, (name, spark_type) in texts.items()})
+    aliases = list(texts)
+
+    def digest(names: list[str]) -> SparkColumn:
+        return F.md5(F.concat(*(framed(F.col(alias)) for alias in names))) if names else F.md5(F.lit(""))
+
+    return with_texts.withColumns(
+        {KEY_HASH: digest(aliases[: len(keys)]), NON_KEY_HASH: digest(aliases[len(keys) :])}
+    ).drop(*aliases)

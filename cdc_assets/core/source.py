@@ -10,7 +10,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc_assets.config import SourceFormat, TableConfig
+from cdc_assets.config import INTERNAL_PREFIX, SourceFormat, TableConfig
 
 SOURCE_FILE = "_source_file"
 RAW_RECORD = "_raw_record"
@@ -96,42 +96,53 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
     A record is bad when it has the wrong number of fields, a value that does not cast to its configured
     type (``try_cast``, so ANSI mode does not abort the whole job on the first one), or a NULL or empty
     key column.
+
+    Built in projections that refer to each other's columns: every value is cast once, a cheap boolean
+    decides whether a row is bad, and only bad rows pay for the wording of their reason and their raw
+    text. Spark keeps projections apart rather than repeat a non-trivial expression, so nothing below
+    is evaluated twice per row.
     """
     raw_columns = [name for name in raw.columns if name not in (SOURCE_FILE, RECORD_ID, _CORRUPT)]
     by_lower = {name.lower(): name for name in raw_columns}
+    has_corrupt = _CORRUPT in raw.columns
+    source = {column.name: F.col(f"`{by_lower[column.name.lower()]}`") for column in config.columns}
+    typed_alias = {column.name: f"{INTERNAL_PREFIX}typed_{index}" for index, column in enumerate(config.columns)}
+    typed = raw.withColumns(
+        {
+            typed_alias[column.name]: F.expr(f"try_cast(`{by_lower[column.name.lower()]}` AS {column.type})")
+            for column in config.columns
+        }
+    )
     candidates: list[tuple[F.Column, F.Column]] = []
-    if _CORRUPT in raw.columns:
-        candidates.append(
-            (F.col(_CORRUPT).isNotNull(), F.lit(f"malformed record: expected {len(raw_columns)} fields"))
-        )
-    typed: dict[str, F.Column] = {}
+    if has_corrupt:
+        candidates.append((F.col(_CORRUPT).isNotNull(), F.lit(f"malformed record: expected {len(raw_columns)} fields")))
     for column in config.columns:
-        source = F.col(f"`{by_lower[column.name.lower()]}`")
-        value = F.expr(f"try_cast(`{by_lower[column.name.lower()]}` AS {column.type})")
-        typed[column.name] = value
+        value = F.col(typed_alias[column.name])
         candidates.append(
             (
-                source.isNotNull() & value.isNull(),
-                F.concat(F.lit(f"column {column.name}: value '"), source.cast("string"), F.lit(f"' is not a valid {column.type}")),
+                source[column.name].isNotNull() & value.isNull(),
+                F.concat(
+                    F.lit(f"column {column.name}: value '"),
+                    source[column.name].cast("string"),
+                    F.lit(f"' is not a valid {column.type}"),
+                ),
             )
         )
     for key in config.keys:
-        source = F.col(f"`{by_lower[key.name.lower()]}`")
-        candidates.append(
-            (source.isNull() | (F.trim(source.cast("string")) == ""), F.lit(f"key column {key.name} is NULL or empty"))
-        )
-    raw_record = (
-        F.col(_CORRUPT)
-        if _CORRUPT in raw.columns
-        else F.lit(None).cast("string")
-    )
+        text = source[key.name].cast("string")
+        candidates.append((text.isNull() | (F.trim(text) == ""), F.lit(f"key column {key.name} is NULL or empty")))
+    is_bad = F.lit(False)
+    for condition, _ in candidates:
+        is_bad = is_bad | condition
+    bad_alias = f"{INTERNAL_PREFIX}is_bad"
+    flagged = typed.withColumn(bad_alias, is_bad)
+    raw_record = F.col(_CORRUPT) if has_corrupt else F.lit(None).cast("string")
     raw_json = F.to_json(F.struct(*(F.col(f"`{name}`") for name in raw_columns)))
-    reason = _first_reason(candidates)
-    return raw.select(
-        *(value.alias(name) for name, value in typed.items()),
-        reason.alias(REJECT_REASON),
+    return flagged.select(
+        *(F.col(typed_alias[name]).alias(name) for name in typed_alias),
+        F.when(F.col(bad_alias), _first_reason(candidates)).alias(REJECT_REASON),
         # Only rejected rows keep their raw text; good rows would just carry it around.
-        F.when(reason.isNotNull(), F.coalesce(raw_record, raw_json)).alias(RAW_RECORD),
+        F.when(F.col(bad_alias), F.coalesce(raw_record, raw_json)).alias(RAW_RECORD),
         F.col(SOURCE_FILE),
         F.col(RECORD_ID),
     )
