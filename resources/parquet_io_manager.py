@@ -24,7 +24,8 @@ from dagster import (
     TableColumn,
     TableSchema,
 )
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 
 from resources.spark import SparkResource
 
@@ -153,21 +154,26 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         spark = self.pyspark.spark_session
         for business_date in sorted(frames):
             path = self.partition_path(table, asset, business_date)
-            self.write_partition(spark, frames[business_date], table, asset, business_date)
-            metadata = describe_partition(spark.read.parquet(path), path)
+            rows_written = self.write_partition(spark, frames[business_date], table, asset, business_date)
+            metadata = describe_partition(spark.read.parquet(path), path, rows_written)
             if len(frames) == 1:
                 context.add_output_metadata(metadata)
             else:
                 # One materialization per date, each with its own figures.
                 context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=business_date)
 
-    def write_partition(self, spark: SparkSession, frame: DataFrame, table: str, asset: str, business_date: str) -> None:
-        """Write one partition so that readers see the old version or the new one, never a mix."""
+    def write_partition(self, spark: SparkSession, frame: DataFrame, table: str, asset: str, business_date: str) -> int:
+        """Write one partition so that readers see the old version or the new one, never a mix; returns its rows.
+
+        The rows are counted while they are written (an observed metric), not by a second job.
+        """
         final = self.partition_path(table, asset, business_date)
+        observation = Observation(f"rows_written_{uuid.uuid4().hex}")
+        frame = frame.observe(observation, F.count(F.lit(1)).alias(ROWS_METRIC))
         if _is_connect(spark):
             # No JVM handle to rename with; Spark's overwrite is the best available here.
             frame.write.mode("overwrite").parquet(final)
-            return
+            return int(observation.get[ROWS_METRIC])
         fs = HadoopFileSystem(spark, self.root)
         staging_root = f"{self.root}/{table}/{STAGING_FOLDER}/{asset}"
         stem = f"{PARTITION_COLUMN}={business_date}"
@@ -183,6 +189,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             fs.rename(final, retired)
         fs.rename(staged, final)
         fs.delete(retired)
+        return int(observation.get[ROWS_METRIC])
 
     def _restore_retired(self, fs: HadoopFileSystem, table: str, asset: str, business_date: str) -> None:
         """Undo a commit that was killed between its two renames: put the retired version back."""
@@ -226,11 +233,14 @@ def _pause_if_requested(table: str, asset: str) -> None:
 
 
 PREVIEW_ROWS = 5
+ROWS_METRIC = "rows"
 
 
-def describe_partition(written: DataFrame, path: str) -> dict:
-    """What the UI shows for a stored partition: row count (plotted across partitions), schema, preview, path."""
-    row_count = written.count()  # answered from the Parquet footers, no data scan
+def describe_partition(written: DataFrame, path: str, row_count: int) -> dict:
+    """What the UI shows for a stored partition: row count (plotted across partitions), schema, preview, path.
+
+    ``written`` is the partition as stored; ``row_count`` was counted as it was written.
+    """
     preview = written.limit(PREVIEW_ROWS).collect()  # a handful of rows, never the data
     header = "| " + " | ".join(written.columns) + " |\n|" + "---|" * len(written.columns)
     body = "\n".join("| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in preview)

@@ -114,10 +114,19 @@ def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: da
     raw = read_source(spark, config, business_date.isoformat())
     # Hash while the typed values are at hand; the cache spares a second parse of the source.
     validated = add_hashes(validate_records(raw, config), keys, non_keys).persist(CACHE_LEVEL)
-    totals = validated.agg(
-        F.count(F.lit(1)).alias("read"), F.count(F.col(REJECT_REASON)).alias("rejected")
+    # One job fills the cache and yields every figure: rows read, rows rejected, and the keys that
+    # occur more than once among the accepted rows (with their rows).
+    accepted_flag = F.col(REJECT_REASON).isNull()
+    per_key = validated.groupBy(accepted_flag.alias("accepted"), KEY_HASH).count()
+    duplicated_group = F.col("accepted") & (F.col("count") > 1)
+    totals = per_key.agg(
+        F.sum("count").alias("read"),
+        F.sum(F.when(~F.col("accepted"), F.col("count"))).alias("rejected"),
+        F.count(F.when(duplicated_group, F.lit(1))).alias("duplicate_keys"),
+        F.sum(F.when(duplicated_group, F.col("count"))).alias("duplicate_rows"),
     ).first()
-    rows_read, rows_rejected = totals["read"], totals["rejected"]
+    rows_read, rows_rejected = totals["read"] or 0, totals["rejected"] or 0
+    duplicate_keys, duplicate_rows = totals["duplicate_keys"], totals["duplicate_rows"] or 0
     if rows_rejected and config.bad_records is BadRecordPolicy.fail:
         message = _describe_bad_records(validated, config, business_date, rows_rejected)
         validated.unpersist()
@@ -125,10 +134,8 @@ def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: da
 
     accepted = accepted_records(validated)
     rejected = rejected_records(validated)
-    duplicates = accepted.groupBy(KEY_HASH).count().filter(F.col("count") > 1)
-    duplicate_totals = duplicates.agg(F.count(F.lit(1)).alias("keys"), F.sum("count").alias("rows")).first()
-    duplicate_keys, duplicate_rows = duplicate_totals["keys"], duplicate_totals["rows"] or 0
     if duplicate_keys:
+        duplicates = accepted.groupBy(KEY_HASH).count().filter(F.col("count") > 1)
         if config.duplicate_keys is DuplicateKeyPolicy.fail:
             message = _describe_duplicates(duplicates, accepted, config, business_date, duplicate_keys)
             validated.unpersist()

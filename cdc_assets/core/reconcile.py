@@ -38,8 +38,8 @@ def _rule(asset: str, name: str, left_label: str, left: int, right_label: str, r
 
 def reconcile_incoming(rows_read: int, accepted: DataFrame, rejected_rows: int) -> list[Reconciliation]:
     """Nothing lost at intake (rows read = accepted + rejected), and no key twice in hashed_incoming."""
-    accepted_rows = accepted.count()
-    accepted_keys = accepted.select(KEY_HASH).distinct().count()
+    totals = accepted.agg(F.count(F.lit(1)).alias("rows"), F.count_distinct(KEY_HASH).alias("keys")).first()
+    accepted_rows, accepted_keys = totals["rows"], totals["keys"]
     return [
         _rule("hashed_incoming", "rows_read_reconcile", "rows read", rows_read, "accepted + rejected",
               accepted_rows + rejected_rows, rows_read=rows_read, rows_accepted=accepted_rows, rows_rejected=rejected_rows),
@@ -61,9 +61,14 @@ def reconcile_changes(
     counts = {"inserts": i, "updates": u, "deletes": d, "not_supplied": x, "unchanged": n}
     incoming_rows = incoming.count()
     previous_rows = previous_current.count() if previous_current is not None else 0
-    current_rows = current.count()
-    current_keys = current.select(KEY_HASH).distinct().count()
-    null_key_rows = current.filter(" OR ".join(f"`{name}` IS NULL" for name in key_columns)).count()
+    any_key_null = F.expr(" OR ".join(f"`{name}` IS NULL" for name in key_columns))
+    # One pass over current_table for its three figures.
+    totals = current.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.count_distinct(KEY_HASH).alias("keys"),
+        F.count(F.when(any_key_null, F.lit(1))).alias("null_key_rows"),
+    ).first()
+    current_rows, current_keys, null_key_rows = totals["rows"], totals["keys"], totals["null_key_rows"]
     return [
         # A full snapshot accounts for every incoming key as I, U or N; so does a delta (its keys are
         # the changed ones), so this rule holds for both load types.
