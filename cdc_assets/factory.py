@@ -211,6 +211,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         previous_current: LazyPartitions | None,
     ):
         days = list(context.partition_keys)  # oldest first
+        max_partitions = int(pyspark.spark_session.conf.get("spark.sql.shuffle.partitions"))
         first_previous = day_before(days[0])
         previous = previous_current[first_previous] if previous_current and first_previous in previous_current else None
         outputs: dict[str, dict] = {name: {} for name in CDC_OUTPUTS}
@@ -227,9 +228,13 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
                 _guard_deletions(context, table, day, counts, config.allow_mass_delete)
                 # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from
                 # this date's rows instead of nesting every earlier date's plan (a 10-day range failed).
-                changed = cdc.join_payload(
-                    classification, incoming[day], previous, payload_columns, counts
-                ).localCheckpoint()
+                # A broadcast re-join keeps both inputs' partitions, and the next date reads this
+                # date's state, so without the cap a range would add partitions (and files) every date.
+                changed = (
+                    cdc.join_payload(classification, incoming[day], previous, payload_columns, counts)
+                    .coalesce(max_partitions)
+                    .localCheckpoint()
+                )
                 current = cdc.build_current(changed)
                 outputs[CLASSIFICATION][day] = classification
                 outputs[INSERTS][day] = cdc.with_operations(changed, [cdc.INSERT])
