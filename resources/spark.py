@@ -21,6 +21,10 @@ PIPELINE_DEFAULTS: dict[str, str] = {
     # Reading one partition folder directly must not pick up a stray sibling's schema.
     "spark.sql.parquet.mergeSchema": "false",
 }
+# How many dates of a range run submit their Spark jobs at once (intake, writes, checks; never the
+# CDC step, whose dates depend on each other). Small days cost job latency rather than work, and
+# Spark takes jobs from several threads; an 8-date range of 10k-row days went from 87.7 s to 67.0 s.
+DATES_IN_PARALLEL = 4
 # Only for the embedded local default: a single JVM holds driver and executors.
 LOCAL_DEFAULTS: dict[str, str] = {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8"}
 
