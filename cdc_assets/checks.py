@@ -7,8 +7,6 @@ evaluation per date (a single-run backfill checks every date of its range), with
 equation in the metadata.
 """
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 
 from dagster import (
@@ -37,7 +35,7 @@ from cdc_assets.names import (
     pool_name,
 )
 from resources.parquet_io_manager import PartitionedParquetIOManager
-from resources.spark import DATES_IN_PARALLEL
+from resources.spark import map_dates
 
 CHECK_DESCRIPTIONS = {
     (HASHED_INCOMING, "rows_read_reconcile"): "Nothing lost at intake: rows read = rows in hashed_incoming + rows in rejects.",
@@ -92,14 +90,6 @@ def _rows_read(context: AssetCheckExecutionContext, key: AssetKey, day: str) -> 
     return int(records[0].asset_materialization.metadata["rows_read"].value)
 
 
-def _per_date(reconcile: Callable[[str], list[Reconciliation]], days: list[str]) -> list[list[Reconciliation]]:
-    """``reconcile`` for each date, in date order; a range's dates side by side (small jobs are latency-bound)."""
-    if len(days) == 1:
-        return [reconcile(days[0])]
-    with ThreadPoolExecutor(max_workers=min(len(days), DATES_IN_PARALLEL)) as pool:
-        return list(pool.map(reconcile, days))
-
-
 def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> list:
     table = config.name
 
@@ -118,7 +108,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
             rejected = parquet_io_manager.read_partition(table, REJECTS, day).count()
             return reconcile_incoming(rows_read[day], accepted, rejected)
 
-        for day, outcomes in zip(days, _per_date(reconcile, days)):
+        for day, outcomes in zip(days, map_dates(reconcile, days)):
             for outcome in outcomes:
                 yield _evaluation(config, day, outcome)
 
@@ -146,7 +136,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
             )
 
         days = list(context.partition_keys)
-        for day, outcomes in zip(days, _per_date(reconcile, days)):
+        for day, outcomes in zip(days, map_dates(reconcile, days)):
             for outcome in outcomes:
                 yield _evaluation(config, day, outcome)
             context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))

@@ -14,7 +14,6 @@ dates oldest first, feeding each date's new current state into the next date.
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
@@ -34,12 +33,12 @@ from dagster import (
     TimeWindowPartitionMapping,
     multi_asset,
 )
+from pyspark import StorageLevel
 
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.checks import build_table_checks
 from cdc_assets.config import TableConfig
 from cdc_assets.core import changes as cdc
-from cdc_assets.core.caching import CACHE_LEVEL
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.incoming import IncomingBatch, prepare_incoming
 from cdc_assets.names import (
@@ -57,7 +56,7 @@ from cdc_assets.names import (
     pool_name,
 )
 from resources.parquet_io_manager import LazyPartitions
-from resources.spark import DATES_IN_PARALLEL, SparkResource
+from resources.spark import SparkResource, map_dates
 
 IO_MANAGER_KEY = "parquet_io_manager"
 KINDS = {"spark", "parquet"}
@@ -175,31 +174,25 @@ def _prepare_dates(spark, config: TableConfig, days: list[str]) -> list[tuple[In
     """Each date's intake with its seconds, in date order; a range's dates are read side by side.
 
     The dates of a range do not depend on each other at intake, and for small days the time goes to
-    Spark job latency rather than work, so up to ``DATES_IN_PARALLEL`` run at once (Spark takes jobs
-    from several threads). If any date fails, the first failing date (oldest) is raised and the
-    others' cached rows are released.
+    Spark job latency rather than work (see ``map_dates``). If any date fails, the oldest failing
+    date's error is raised and the other dates' cached rows are released.
     """
 
-    def prepare(day: str) -> tuple[IncomingBatch, float]:
+    def prepare(day: str) -> tuple[IncomingBatch | None, float, Exception | None]:
         started = time.perf_counter()
-        batch = prepare_incoming(spark, config, date.fromisoformat(day))
-        return batch, time.perf_counter() - started
+        try:
+            return prepare_incoming(spark, config, date.fromisoformat(day)), time.perf_counter() - started, None
+        except Exception as error:  # noqa: BLE001 - re-raised below, once the other dates are cleaned up
+            return None, 0.0, error
 
-    if len(days) == 1:
-        return [prepare(days[0])]
-    with ThreadPoolExecutor(max_workers=min(len(days), DATES_IN_PARALLEL)) as pool:
-        futures = [pool.submit(prepare, day) for day in days]
-    done, failure = [], None
-    for future in futures:
-        if future.exception() is None:
-            done.append(future.result())
-        elif failure is None:
-            failure = future.exception()
+    results = map_dates(prepare, days)
+    failure = next((error for _, _, error in results if error is not None), None)
     if failure is not None:
-        for batch, _ in done:
-            batch.release()
+        for batch, _, _ in results:
+            if batch is not None:
+                batch.release()
         raise failure
-    return done
+    return [(batch, seconds) for batch, seconds, _ in results]
 
 
 def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:
@@ -252,7 +245,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
                 with _timed(context, table.name, "classification", day):
                     classification = cdc.classify_changes(
                         incoming[day], previous, date.fromisoformat(day), table.load_type
-                    ).persist(CACHE_LEVEL)
+                    ).persist(StorageLevel.MEMORY_AND_DISK)
                     counts = cdc.count_operations(classification)
                 cached.append(classification)
                 context.log.info(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in counts.items()))

@@ -13,7 +13,6 @@ pyarrow's partition discovery, and they sit outside the asset folders) and are s
 import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping
 
 from dagster import (
@@ -28,7 +27,7 @@ from dagster import (
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from resources.spark import DATES_IN_PARALLEL, SparkResource
+from resources.spark import SparkResource, map_dates
 
 WAREHOUSE_ENV = "CDC_WAREHOUSE"
 PARTITION_COLUMN = "business_date"
@@ -163,11 +162,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         # A range's dates are independent files: write them side by side (Spark takes jobs from
         # several threads), since small partitions cost job latency rather than work. Each date is
         # still committed on its own; a failure is raised once the other writes have finished.
-        if len(days) == 1:
-            described = [store(days[0])]
-        else:
-            with ThreadPoolExecutor(max_workers=min(len(days), DATES_IN_PARALLEL)) as pool:
-                described = list(pool.map(store, days))
+        described = map_dates(store, days)
         for business_date, metadata in zip(days, described):
             if len(frames) == 1:
                 context.add_output_metadata(metadata)

@@ -14,7 +14,7 @@ from decimal import Decimal
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH, add_hashes, hash_columns
+from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH, add_hashes
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 EPOCH_DATE = date(1970, 1, 1)
@@ -111,6 +111,11 @@ def spark_hashes(spark, rows, columns: list[tuple[str, str]], non_keys: list[tup
     return [(r[KEY_HASH], r[NON_KEY_HASH]) for r in collected]
 
 
+def with_hash(frame, specs, name="h"):
+    """``frame`` plus ``name``: the key_hash that add_hashes (the pipeline's path) gives over ``specs``."""
+    return add_hashes(frame, specs, []).drop(NON_KEY_HASH).withColumnRenamed(KEY_HASH, name)
+
+
 def key_hashes(spark, rows, columns):
     return [key for key, _ in spark_hashes(spark, rows, columns)]
 
@@ -188,10 +193,9 @@ def test_matches_independent_python_reimplementation_strings_and_ints(spark):
 
 def test_column_order_matters(spark):
     frame = local_frame(spark, [("x", "y")], [("a", "string"), ("b", "string")])
-    (row,) = frame.select(
-        hash_columns([("a", "string"), ("b", "string")]).alias("forward"),
-        hash_columns([("b", "string"), ("a", "string")]).alias("backward"),
-    ).collect()
+    forward = with_hash(frame, [("a", "string"), ("b", "string")], "forward")
+    both = with_hash(forward, [("b", "string"), ("a", "string")], "backward")
+    (row,) = both.select("forward", "backward").collect()
     forward, backward = row["forward"], row["backward"]
     assert forward == reference_md5(("x", "y"), ["string", "string"])
     assert backward == reference_md5(("y", "x"), ["string", "string"])
@@ -223,7 +227,7 @@ def test_double_canonicalisation_of_different_spellings(spark):
         [(0, "3.1E-4"), (1, "0.00031"), (2, "3.10e-4"), (3, "-0.0"), (4, "0.0"), (5, "0"), (6, "0.00032")],
         [("_id", "int"), ("raw", "string")],
     ).select("_id", F.col("raw").cast("double").alias("x"))
-    rows = sorted(frame.withColumn("h", hash_columns([("x", "double")])).collect(), key=lambda r: r["_id"])
+    rows = sorted(with_hash(frame, [("x", "double")]).collect(), key=lambda r: r["_id"])
     hashes = [row["h"] for row in rows]
     assert hashes[0] == hashes[1] == hashes[2]
     assert hashes[3] == hashes[4] == hashes[5]
@@ -243,7 +247,7 @@ def test_decimal_scale_canonicalisation(spark):
     frame = local_frame(spark, [(0, "1.5"), (1, "1.50"), (2, "1.51")], [("_id", "int"), ("raw", "string")]).select(
         "_id", F.col("raw").cast("decimal(10,2)").alias("amount")
     )
-    rows = sorted(frame.withColumn("h", hash_columns([("amount", "decimal(10,2)")])).collect(), key=lambda r: r["_id"])
+    rows = sorted(with_hash(frame, [("amount", "decimal(10,2)")]).collect(), key=lambda r: r["_id"])
     assert rows[0]["h"] == rows[1]["h"] == hashlib.md5(b"4:1.50").hexdigest()
     assert rows[2]["h"] != rows[0]["h"]
 
@@ -252,7 +256,7 @@ def test_small_decimal_uses_plain_notation(spark):
     frame = local_frame(spark, [("0.00000001",)], [("raw", "string")]).select(
         F.col("raw").cast("decimal(10,8)").alias("amount")
     )
-    (row,) = frame.select(hash_columns([("amount", "decimal(10,8)")]).alias("h")).collect()
+    (row,) = with_hash(frame, [("amount", "decimal(10,8)")]).select("h").collect()
     assert row["h"] == hashlib.md5(b"10:0.00000001").hexdigest()
 
 
@@ -260,11 +264,10 @@ def test_date_and_timestamp_round_trip(spark):
     frame = local_frame(spark, [("2024-02-29", "2024-01-02 03:04:05.123456")], [("d", "string"), ("ts", "string")]).select(
         F.col("d").cast("date").alias("d"), F.col("ts").cast("timestamp").alias("ts")
     )
-    (row,) = frame.select(
-        hash_columns([("d", "date")]).alias("hd"),
-        hash_columns([("ts", "timestamp")]).alias("ht"),
-        hash_columns([("d", "date"), ("ts", "timestamp")]).alias("both"),
-    ).collect()
+    hashed = with_hash(frame, [("d", "date")], "hd")
+    hashed = with_hash(hashed, [("ts", "timestamp")], "ht")
+    hashed = with_hash(hashed, [("d", "date"), ("ts", "timestamp")], "both")
+    (row,) = hashed.select("hd", "ht", "both").collect()
     days = (date(2024, 2, 29) - EPOCH_DATE).days
     micros = (datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc) - EPOCH_TS) // timedelta(microseconds=1)
     assert row["hd"] == hashlib.md5(f"{len(str(days))}:{days}".encode()).hexdigest()
@@ -282,7 +285,7 @@ def test_timestamp_hash_independent_of_session_time_zone(spark):
         results = {}
         for zone in ("UTC", "America/Los_Angeles", "Asia/Kolkata", "Pacific/Kiritimati"):
             spark.conf.set("spark.sql.session.timeZone", zone)
-            (row,) = frame.select(hash_columns(specs).alias("h")).collect()
+            (row,) = with_hash(frame, specs).select("h").collect()
             results[zone] = row["h"]
     finally:
         spark.conf.set("spark.sql.session.timeZone", "UTC")

@@ -46,25 +46,15 @@ def framed(text: SparkColumn) -> SparkColumn:
     return F.when(text.isNull(), F.lit(NULL_FRAME)).otherwise(F.concat(F.length(text).cast("string"), F.lit(":"), text))
 
 
-def hash_columns(columns: Sequence[tuple[str, str]]) -> SparkColumn:
-    """MD5 (32 lowercase hex characters) of the framed values of ``(name, type)`` columns, in order.
-
-    Self-contained (each text is written out twice inside the frame); :func:`add_hashes` is the fast path.
-    """
-    if not columns:
-        return F.md5(F.lit(""))
-    return F.md5(F.concat(*(framed(canonical_text(F.col(name), spark_type)) for name, spark_type in columns)))
-
-
 def add_hashes(
     typed: DataFrame, keys: Sequence[tuple[str, str]], non_keys: Sequence[tuple[str, str]]
 ) -> DataFrame:
     """``typed`` plus ``key_hash`` over the keys and ``non_key_hash`` over the tracked non-keys.
 
-    Same hashes as :func:`hash_columns`, computed in two projections: the canonical texts first, then
-    the frames over them. A frame refers to its text three times; Spark keeps the projections apart
-    rather than repeat a non-trivial expression (CollapseProject), so each text (a double's
-    ``Double.toString`` above all) is computed once per row instead of twice.
+    Computed in two projections: the canonical texts first, then the frames over them. A frame
+    refers to its text three times; Spark keeps the projections apart rather than repeat a
+    non-trivial expression (CollapseProject), so each text (a double's ``Double.toString`` above
+    all) is computed once per row instead of twice.
     """
     texts = {f"{INTERNAL_PREFIX}text_{index}": (name, spark_type) for index, (name, spark_type) in enumerate([*keys, *non_keys])}
     with_texts = typed.withColumns({alias: canonical_text(F.col(name), spark_type) for alias, (name, spark_type) in texts.items()})

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from cdc_assets.config import BadRecordPolicy, DuplicateKeyPolicy, TableConfig
-from cdc_assets.core.caching import CACHE_LEVEL
 from cdc_assets.core.hashing import KEY_HASH, add_hashes
 from cdc_assets.core.source import (
     RAW_RECORD,
@@ -113,7 +113,7 @@ def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: da
     keys, non_keys = _hash_specs(config)
     raw = read_source(spark, config, business_date.isoformat())
     # Hash while the typed values are at hand; the cache spares a second parse of the source.
-    validated = add_hashes(validate_records(raw, config), keys, non_keys).persist(CACHE_LEVEL)
+    validated = add_hashes(validate_records(raw, config), keys, non_keys).persist(StorageLevel.MEMORY_AND_DISK)
     # One job fills the cache and yields every figure: rows read, rows rejected, and the keys that
     # occur more than once among the accepted rows (with their rows).
     accepted_flag = F.col(REJECT_REASON).isNull()
