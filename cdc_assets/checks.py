@@ -4,7 +4,7 @@ Two check steps per table. The intake checks run after ``hashed_incoming`` and, 
 the CDC step of the same run when rows were lost or a key is duplicated. The CDC checks run after the
 CDC step. Both read what the IO manager stored, not what the step held in memory, and report one
 evaluation per date (a single-run backfill checks every date of its range), with both sides of each
-equation in the metadata.
+equation in the metadata. A range is measured in one aggregation per dataset, grouped by date.
 """
 
 from datetime import date
@@ -23,7 +23,16 @@ from dagster import (
 )
 
 from cdc_assets.config import TableConfig
-from cdc_assets.core.reconcile import Reconciliation, reconcile_changes, reconcile_incoming
+from cdc_assets.core.reconcile import (
+    KeyedFigures,
+    Reconciliation,
+    keyed_figures_by_date,
+    no_operations,
+    operations_by_date,
+    reconcile_changes,
+    reconcile_incoming,
+    rows_by_date,
+)
 from cdc_assets.names import (
     CLASSIFICATION,
     CURRENT,
@@ -34,8 +43,8 @@ from cdc_assets.names import (
     day_before,
     pool_name,
 )
-from resources.parquet_io_manager import PartitionedParquetIOManager
-from resources.spark import map_dates
+from resources.parquet_io_manager import PARTITION_COLUMN, PartitionedParquetIOManager
+from resources.spark import side_by_side
 
 CHECK_DESCRIPTIONS = {
     (HASHED_INCOMING, "rows_read_reconcile"): "Nothing lost at intake: rows read = rows in hashed_incoming + rows in rejects.",
@@ -102,14 +111,13 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
     def intake_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
         days = list(context.partition_keys)
         rows_read = {day: _rows_read(context, asset_key(config, HASHED_INCOMING), day) for day in days}
-
-        def reconcile(day: str):
-            accepted = parquet_io_manager.read_partition(table, HASHED_INCOMING, day)
-            rejected = parquet_io_manager.read_partition(table, REJECTS, day).count()
-            return reconcile_incoming(rows_read[day], accepted, rejected)
-
-        for day, outcomes in zip(days, map_dates(reconcile, days)):
-            for outcome in outcomes:
+        # Every date of the range in one aggregation per dataset.
+        accepted, rejected = side_by_side(
+            lambda: keyed_figures_by_date(parquet_io_manager.read_partitions(table, HASHED_INCOMING, days), PARTITION_COLUMN),
+            lambda: rows_by_date(parquet_io_manager.read_partitions(table, REJECTS, days), PARTITION_COLUMN),
+        )
+        for day in days:
+            for outcome in reconcile_incoming(rows_read[day], accepted.get(day, KeyedFigures()), rejected.get(day, 0)):
                 yield _evaluation(config, day, outcome)
 
     @multi_asset_check(
@@ -119,24 +127,27 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         pool=pool_name(config),
     )
     def cdc_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
-        def reconcile(day: str):
-            previous_day = day_before(day)
-            previous = (
-                parquet_io_manager.read_partition(table, CURRENT, previous_day)
-                if date.fromisoformat(previous_day) >= config.start_date
-                else None
-            )
-            return reconcile_changes(
-                classification=parquet_io_manager.read_partition(table, CLASSIFICATION, day),
-                incoming=parquet_io_manager.read_partition(table, HASHED_INCOMING, day),
-                previous_current=previous,
-                current=parquet_io_manager.read_partition(table, CURRENT, day),
-                history=parquet_io_manager.read_partition(table, HISTORY, day),
-                key_columns=config.key_names,
-            )
-
         days = list(context.partition_keys)
-        for day, outcomes in zip(days, map_dates(reconcile, days)):
+        # The state the first date was classified against is read with the range's own current_table
+        # partitions: the previous state of every later date is one of them.
+        first_previous = day_before(days[0])
+        current_days = ([first_previous] if date.fromisoformat(first_previous) >= config.start_date else []) + days
+        operations, incoming, current, history = side_by_side(
+            lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), PARTITION_COLUMN),
+            lambda: rows_by_date(parquet_io_manager.read_partitions(table, HASHED_INCOMING, days), PARTITION_COLUMN),
+            lambda: keyed_figures_by_date(
+                parquet_io_manager.read_partitions(table, CURRENT, current_days), PARTITION_COLUMN, config.key_names
+            ),
+            lambda: rows_by_date(parquet_io_manager.read_partitions(table, HISTORY, days), PARTITION_COLUMN),
+        )
+        for day in days:
+            outcomes = reconcile_changes(
+                operations=operations.get(day, no_operations()),
+                incoming_rows=incoming.get(day, 0),
+                previous_rows=current.get(day_before(day), KeyedFigures()).rows,
+                current=current.get(day, KeyedFigures()),
+                history_rows=history.get(day, 0),
+            )
             for outcome in outcomes:
                 yield _evaluation(config, day, outcome)
             context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))

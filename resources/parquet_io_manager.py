@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 
 from dagster import (
     ConfigurableIOManager,
+    InitResourceContext,
     InputContext,
     MetadataValue,
     OutputContext,
@@ -24,8 +25,10 @@ from dagster import (
     TableColumn,
     TableSchema,
 )
+from pydantic import PrivateAttr
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
 
 from resources.spark import SparkResource, map_dates
 
@@ -109,6 +112,14 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     pyspark: ResourceDependency[SparkResource]
     warehouse: str | None = None
 
+    # Partitions this run committed: path -> (schema written, file names committed). Reading one of
+    # them back (previews, checks, the next step's input) skips Spark's schema inference, a job per
+    # read; a range run reads back dozens of partitions. See _read.
+    _committed: dict[str, tuple[StructType, frozenset[str]]] = PrivateAttr(default_factory=dict)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._committed = {}
+
     @property
     def root(self) -> str:
         return (self.warehouse or warehouse_root()).rstrip("/")
@@ -122,6 +133,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     # -- reading -------------------------------------------------------------------------------
     def read_partition(self, table: str, asset: str, business_date: str) -> DataFrame:
         spark = self.pyspark.spark_session
+        return self._read(spark, self._stored_path(spark, table, asset, business_date))
+
+    def _stored_path(self, spark: SparkSession, table: str, asset: str, business_date: str) -> str:
+        """The partition's folder, after undoing an interrupted commit; raises if it was never written."""
         path = self.partition_path(table, asset, business_date)
         if not _is_connect(spark):
             self._restore_retired(HadoopFileSystem(spark, self.root), table, asset, business_date)
@@ -130,7 +145,37 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 f"{table}/{asset} has no partition for {business_date} (looked in {path}). "
                 "Materialize the dates in order: each date needs the previous date's outputs."
             )
-        return spark.read.parquet(path)
+        return path
+
+    def read_partitions(self, table: str, asset: str, business_dates: list[str]) -> DataFrame:
+        """Several stored partitions as one DataFrame with a ``business_date`` column (a DateType).
+
+        One scan instead of one per date, so a range's figures come from one job. Raises
+        :class:`MissingPartitionError` naming the first date that was never written.
+        """
+        if not business_dates:
+            raise ValueError(f"{table}/{asset}: no dates to read")
+        spark = self.pyspark.spark_session
+        paths = [self._stored_path(spark, table, asset, business_date) for business_date in business_dates]
+        reader = spark.read.option("basePath", self.asset_path(table, asset))
+        schemas = {self._committed_schema(spark, path) for path in paths}
+        if len(schemas) == 1 and None not in schemas:
+            reader = reader.schema(schemas.pop())
+        return reader.parquet(*paths)
+
+    def _committed_schema(self, spark: SparkSession, path: str) -> StructType | None:
+        """The schema this run wrote to ``path``, if the folder still holds exactly the files it committed."""
+        committed = self._committed.get(path)
+        if committed is None or _is_connect(spark):
+            return None
+        if frozenset(HadoopFileSystem(spark, path).list_names(path)) != committed[1]:
+            return None
+        return committed[0]
+
+    def _read(self, spark: SparkSession, path: str) -> DataFrame:
+        """The stored partition; with the schema it was written with if this run committed exactly these files."""
+        schema = self._committed_schema(spark, path)
+        return (spark.read.schema(schema) if schema is not None else spark.read).parquet(path)
 
     def load_input(self, context: InputContext) -> LazyPartitions | DataFrame | None:
         table, asset = _table_and_asset(context.asset_key.path)
@@ -156,7 +201,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         def store(business_date: str) -> dict:
             path = self.partition_path(table, asset, business_date)
             rows_written = self.write_partition(spark, frames[business_date], table, asset, business_date)
-            return describe_partition(spark.read.parquet(path), path, rows_written)
+            return describe_partition(self._read(spark, path), path, rows_written)
 
         days = sorted(frames)
         # A range's dates are independent files: write them side by side (Spark takes jobs from
@@ -195,8 +240,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         _pause_if_requested(table, asset)
         if fs.exists(final):
             fs.rename(final, retired)
+        self._committed.pop(final, None)
         fs.rename(staged, final)
         fs.delete(retired)
+        self._committed[final] = (_as_stored(frame.schema), frozenset(fs.list_names(final)))
         return int(observation.get[ROWS_METRIC])
 
     def _restore_retired(self, fs: HadoopFileSystem, table: str, asset: str, business_date: str) -> None:
@@ -260,6 +307,11 @@ def describe_partition(written: DataFrame, path: str, row_count: int) -> dict:
         "preview": MetadataValue.md(header + ("\n" + body if body else "")),
         "path": MetadataValue.path(path),
     }
+
+
+def _as_stored(schema: StructType) -> StructType:
+    """The schema as Parquet files written by Spark declare it: every column nullable."""
+    return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema.fields])
 
 
 def _table_and_asset(path: list[str]) -> tuple[str, str]:

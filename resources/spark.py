@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -34,13 +35,25 @@ DATES_IN_PARALLEL = 4
 def map_dates(work: Callable[[str], T], days: Sequence[str]) -> list[T]:
     """``work(day)`` for every date, results in date order; up to ``DATES_IN_PARALLEL`` at once.
 
-    One date runs in the calling thread. A failure is raised (the oldest failing date's) once the
-    dates already started have finished.
+    A failure is raised (the oldest failing date's) once every date has finished.
     """
-    if len(days) == 1:
-        return [work(days[0])]
-    with ThreadPoolExecutor(max_workers=min(len(days), DATES_IN_PARALLEL)) as pool:
-        return list(pool.map(work, days))
+    return side_by_side(*(partial(work, day) for day in days))
+
+
+def side_by_side(*work: Callable[[], T]) -> list[T]:
+    """Each ``work()``, up to ``DATES_IN_PARALLEL`` at once; results in argument order.
+
+    For independent Spark jobs too small to keep the cores busy on their own. A single piece of work
+    runs in the calling thread. A failure is raised (the first failing argument's) once all of it has
+    finished.
+    """
+    if len(work) == 1:
+        return [work[0]()]
+    with ThreadPoolExecutor(max_workers=min(len(work), DATES_IN_PARALLEL)) as pool:
+        futures = [pool.submit(item) for item in work]
+        return [future.result() for future in futures]
+
+
 # Only for the embedded local default: a single JVM holds driver and executors.
 LOCAL_DEFAULTS: dict[str, str] = {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8"}
 

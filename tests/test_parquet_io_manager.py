@@ -1,0 +1,51 @@
+"""The Parquet IO manager's reads: several partitions as one DataFrame, and schemas it remembers from its writes."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+
+from resources import PartitionedParquetIOManager, SparkResource
+from resources.parquet_io_manager import MissingPartitionError
+
+D1, D2, D3 = "2024-01-01", "2024-01-02", "2024-01-03"
+
+
+@pytest.fixture()
+def manager(spark, tmp_path) -> PartitionedParquetIOManager:
+    return PartitionedParquetIOManager(pyspark=SparkResource(), warehouse=str(tmp_path / "warehouse"))
+
+
+def test_read_partitions_returns_every_date_with_its_business_date(spark, manager):
+    frame = spark.createDataFrame([("a", 1), ("b", 2)], "key_hash string, amount int")
+    assert manager.write_partition(spark, frame, "t", "asset", D1) == 2
+    assert manager.write_partition(spark, frame.limit(1), "t", "asset", D2) == 1
+
+    both = manager.read_partitions("t", "asset", [D1, D2])
+    assert both.columns == ["key_hash", "amount", "business_date"]
+    rows = sorted((row["business_date"], row["key_hash"], row["amount"]) for row in both.collect())
+    assert rows == [(date(2024, 1, 1), "a", 1), (date(2024, 1, 1), "b", 2), (date(2024, 1, 2), "a", 1)]
+    with pytest.raises(MissingPartitionError, match=D3):
+        manager.read_partitions("t", "asset", [D1, D3])
+
+
+def test_a_partition_written_by_this_run_reads_back_as_spark_would_infer_it(spark, manager):
+    frame = spark.sql("SELECT 'a' AS key_hash, CAST(1.5 AS DECIMAL(10, 2)) AS amount, DATE'2024-01-01' AS day")
+    manager.write_partition(spark, frame, "t", "asset", D1)
+    path = manager.partition_path("t", "asset", D1)
+
+    remembered = manager.read_partition("t", "asset", D1)
+    inferred = spark.read.parquet(path)
+    assert remembered.schema == inferred.schema  # nullability included
+    assert remembered.collect() == inferred.collect()
+
+
+def test_a_partition_changed_outside_the_manager_is_read_as_it_now_is(spark, manager, tmp_path):
+    manager.write_partition(spark, spark.createDataFrame([("a", 1)], "key_hash string, amount int"), "t", "asset", D1)
+    path = manager.partition_path("t", "asset", D1)
+    # Another writer replaces the files, with another schema: the remembered one must not be used.
+    spark.createDataFrame([("b", "x")], "key_hash string, note string").write.mode("overwrite").parquet(path)
+
+    assert manager.read_partition("t", "asset", D1).columns == ["key_hash", "note"]
+    assert manager.read_partitions("t", "asset", [D1]).columns == ["key_hash", "note", "business_date"]
