@@ -114,7 +114,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
 
     # Partitions this run committed: path -> (schema written, file names committed). Reading one of
     # them back (previews, checks, the next step's input) skips Spark's schema inference, a job per
-    # read; a range run reads back dozens of partitions. See _read.
+    # read; a range run reads back dozens of partitions. See _committed_schema.
     _committed: dict[str, tuple[StructType, frozenset[str]]] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
