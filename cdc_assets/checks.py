@@ -23,11 +23,11 @@ from dagster import (
 )
 
 from cdc_assets.config import TableConfig
+from cdc_assets.core.changes import no_operations
 from cdc_assets.core.reconcile import (
     KeyedFigures,
     Reconciliation,
     keyed_figures_by_date,
-    no_operations,
     operations_by_date,
     reconcile_changes,
     reconcile_incoming,

@@ -35,10 +35,25 @@ def test_a_partition_written_by_this_run_reads_back_as_spark_would_infer_it(spar
     manager.write_partition(spark, frame, "t", "asset", D1)
     path = manager.partition_path("t", "asset", D1)
 
-    remembered = manager.read_partition("t", "asset", D1)
-    inferred = spark.read.parquet(path)
+    remembered = _jobs_run_by(spark, "remembered", lambda: manager.read_partition("t", "asset", D1))
+    inferred = _jobs_run_by(spark, "inferred", lambda: spark.read.parquet(path))
     assert remembered.schema == inferred.schema  # nullability included
     assert remembered.collect() == inferred.collect()
+    # The point of remembering: no schema-inference job for a partition this run wrote.
+    assert _job_count(spark, "remembered") == 0
+    assert _job_count(spark, "inferred") >= 1
+
+
+def _jobs_run_by(spark, group: str, read):
+    spark.sparkContext.setJobGroup(group, group)
+    try:
+        return read()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+
+
+def _job_count(spark, group: str) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
 
 
 def test_a_partition_changed_outside_the_manager_is_read_as_it_now_is(spark, manager, tmp_path):

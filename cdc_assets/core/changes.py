@@ -120,9 +120,14 @@ def build_history(changes: DataFrame) -> DataFrame:
     return with_operations(changes, HISTORY_OPERATIONS)
 
 
+def no_operations() -> dict[str, int]:
+    """Every operation with a count of zero: the figures of a date without rows."""
+    return {operation: 0 for operation in OPERATIONS}
+
+
 def count_operations(classification: DataFrame) -> dict[str, int]:
     """Rows per operation (all five, zeros included); collects at most five rows."""
-    counts = {operation: 0 for operation in OPERATIONS}
+    counts = no_operations()
     for row in classification.groupBy(OPERATION).count().collect():
         counts[row[OPERATION]] = row["count"]
     return counts

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from cdc_assets.core.changes import DELETE, INSERT, NOT_SUPPLIED, OPERATION, OPERATIONS, UNCHANGED, UPDATE
+from cdc_assets.core.changes import DELETE, INSERT, NOT_SUPPLIED, OPERATION, UNCHANGED, UPDATE, no_operations
 from cdc_assets.core.hashing import KEY_HASH
 
 
@@ -37,14 +37,10 @@ class KeyedFigures:
     null_key_rows: int = 0
 
 
-# -- measuring ---------------------------------------------------------------------------------------
-def _day(value) -> str:
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
-
-
+# -- measuring: dates come back as ISO strings (str() of a date or of a string partition value) ---------
 def rows_by_date(frame: DataFrame, date_column: str) -> dict[str, int]:
     """Rows per date (ISO date strings); a date without rows is absent."""
-    return {_day(row[0]): row[1] for row in frame.groupBy(date_column).count().collect()}
+    return {str(row[0]): row[1] for row in frame.groupBy(date_column).count().collect()}
 
 
 def keyed_figures_by_date(frame: DataFrame, date_column: str, key_columns: list[str] | None = None) -> dict[str, KeyedFigures]:
@@ -57,19 +53,15 @@ def keyed_figures_by_date(frame: DataFrame, date_column: str, key_columns: list[
     rows = frame.groupBy(date_column).agg(
         F.count(F.lit(1)).alias("rows"), F.count_distinct(KEY_HASH).alias("keys"), null_key.alias("null_keys")
     )
-    return {_day(row[0]): KeyedFigures(row["rows"], row["keys"], row["null_keys"]) for row in rows.collect()}
+    return {str(row[0]): KeyedFigures(row["rows"], row["keys"], row["null_keys"]) for row in rows.collect()}
 
 
 def operations_by_date(classification: DataFrame, date_column: str) -> dict[str, dict[str, int]]:
     """Rows per operation per date, all five operations present for every date that has rows."""
     counts: dict[str, dict[str, int]] = {}
     for row in classification.groupBy(date_column, OPERATION).count().collect():
-        counts.setdefault(_day(row[0]), {operation: 0 for operation in OPERATIONS})[row[OPERATION]] = row["count"]
+        counts.setdefault(str(row[0]), no_operations())[row[OPERATION]] = row["count"]
     return counts
-
-
-def no_operations() -> dict[str, int]:
-    return {operation: 0 for operation in OPERATIONS}
 
 
 # -- the rules -----------------------------------------------------------------------------------------
