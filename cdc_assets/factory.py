@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
+from functools import reduce
 
 from dagster import (
     AssetDep,
@@ -34,13 +35,16 @@ from dagster import (
     multi_asset,
 )
 from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.checks import build_table_checks
-from cdc_assets.config import TableConfig
+from cdc_assets.config import LoadType, TableConfig
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
-from cdc_assets.core.incoming import IncomingBatch, prepare_incoming
+from cdc_assets.core.incoming import prepare_incoming_dates
+from cdc_assets.core.source import BUSINESS_DATE, read_source
 from cdc_assets.names import (
     CDC_OUTPUTS,
     CLASSIFICATION,
@@ -55,10 +59,12 @@ from cdc_assets.names import (
     day_before,
     pool_name,
 )
-from resources.parquet_io_manager import LazyPartitions
+from resources.parquet_io_manager import DatedRows, LazyPartitions
 from resources.spark import SparkResource, map_dates
 
 IO_MANAGER_KEY = "parquet_io_manager"
+# Rows per task when the CDC outputs are written (up to spark.sql.shuffle.partitions tasks).
+ROWS_PER_WRITE_TASK = 250_000
 KINDS = {"spark", "parquet"}
 
 DESCRIPTIONS = {
@@ -143,56 +149,41 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
     def read_incoming(context: AssetExecutionContext, pyspark: SparkResource):
         spark = pyspark.spark_session
         days = list(context.partition_keys)  # oldest first
-        batches = _prepare_dates(spark, config, days)
-        accepted, rejected = {}, {}
+        started = time.perf_counter()
+        # Each date's extract is located and its header checked on its own (a small job each, side by
+        # side); then every date is validated and hashed in one query, and written in one write per
+        # output. Per-date jobs, not rows, are what a range of small days would otherwise pay for.
+        sources = dict(zip(days, map_dates(lambda day: read_source(spark, config, day), days)))
+        prepared = prepare_incoming_dates(config, sources)
+        seconds = time.perf_counter() - started
         try:
-            for day, (batch, seconds) in zip(days, batches):
-                accepted[day], rejected[day] = batch.accepted, batch.rejected
+            for day in days:
+                figures = prepared.figures[day]
                 counts = {
-                    "rows_read": batch.rows_read,
-                    "rows_accepted": batch.rows_accepted,
-                    "rows_rejected": batch.rows_rejected,
-                    "duplicate_keys": batch.duplicate_keys,
+                    "rows_read": figures.rows_read,
+                    "rows_accepted": figures.rows_accepted,
+                    "rows_rejected": figures.rows_rejected,
+                    "duplicate_keys": figures.duplicate_keys,
                     "source_path": MetadataValue.path(config.source.path_for(day)),
                 }
                 for key in (hashed_key, rejects_key):
                     context.add_asset_metadata(counts, asset_key=key, partition_key=day)
                 context.log.info(
-                    f"{config.name} {day}: read {batch.rows_read} rows, accepted {batch.rows_accepted}, "
-                    f"rejected {batch.rows_rejected} in {seconds:.2f}s"
+                    f"{config.name} {day}: read {figures.rows_read} rows, accepted {figures.rows_accepted}, "
+                    f"rejected {figures.rows_rejected}"
                 )
-            yield Output(accepted, output_name=context.assets_def.get_output_name_for_asset_key(hashed_key))
-            yield Output(rejected, output_name=context.assets_def.get_output_name_for_asset_key(rejects_key))
+            context.log.info(f"{config.name} {_span(days)}: intake of {len(days)} date(s) finished in {seconds:.2f}s")
+            for key, rows in ((hashed_key, prepared.accepted), (rejects_key, prepared.rejected)):
+                with _timed(context, config.name, f"write {key.path[-1]}", _span(days)):
+                    yield Output(DatedRows(rows), output_name=context.assets_def.get_output_name_for_asset_key(key))
         finally:
-            for batch, _ in batches:
-                batch.release()
+            prepared.release()
 
     return read_incoming
 
 
-def _prepare_dates(spark, config: TableConfig, days: list[str]) -> list[tuple[IncomingBatch, float]]:
-    """Each date's intake with its seconds, in date order; a range's dates are read side by side.
-
-    The dates of a range do not depend on each other at intake, and for small days the time goes to
-    Spark job latency rather than work (see ``map_dates``). If any date fails, the oldest failing
-    date's error is raised and the other dates' cached rows are released.
-    """
-
-    def prepare(day: str) -> tuple[IncomingBatch | None, float, Exception | None]:
-        started = time.perf_counter()
-        try:
-            return prepare_incoming(spark, config, date.fromisoformat(day)), time.perf_counter() - started, None
-        except Exception as error:  # noqa: BLE001 - re-raised below, once the other dates are cleaned up
-            return None, 0.0, error
-
-    results = map_dates(prepare, days)
-    failure = next((error for _, _, error in results if error is not None), None)
-    if failure is not None:
-        for batch, _, _ in results:
-            if batch is not None:
-                batch.release()
-        raise failure
-    return [(batch, seconds) for batch, seconds, _ in results]
+def _span(days: list[str]) -> str:
+    return days[0] if len(days) == 1 else f"{days[0]}..{days[-1]}"
 
 
 def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:
@@ -235,48 +226,130 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         previous_current: LazyPartitions | None,
     ):
         days = list(context.partition_keys)  # oldest first
-        max_partitions = int(pyspark.spark_session.conf.get("spark.sql.shuffle.partitions"))
         first_previous = day_before(days[0])
         previous = previous_current[first_previous] if previous_current and first_previous in previous_current else None
-        outputs: dict[str, dict] = {name: {} for name in CDC_OUTPUTS}
-        cached = []
+        max_partitions = int(pyspark.spark_session.conf.get("spark.sql.shuffle.partitions"))
+        if table.load_type is LoadType.full and len(days) > 1:
+            changes = _full_load_changes(context, table, incoming, previous, days, payload_columns)
+        else:
+            changes = _changes_date_by_date(context, table, incoming, previous, days, payload_columns, max_partitions)
         try:
             for day in days:
-                with _timed(context, table.name, "classification", day):
-                    classification = cdc.classify_changes(
-                        incoming[day], previous, date.fromisoformat(day), table.load_type
-                    ).persist(StorageLevel.MEMORY_AND_DISK)
-                    counts = cdc.count_operations(classification)
-                cached.append(classification)
+                counts = changes.counts[day]
                 context.log.info(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in counts.items()))
                 _guard_deletions(context, table, day, counts, config.allow_mass_delete)
-                # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from
-                # this date's rows instead of nesting every earlier date's plan (a 10-day range failed).
-                # A broadcast re-join keeps both inputs' partitions, and the next date reads this
-                # date's state, so without the cap a range would add partitions (and files) every date.
-                changed = (
-                    cdc.join_payload(classification, incoming[day], previous, payload_columns, counts)
-                    .coalesce(max_partitions)
-                    .localCheckpoint()
-                )
-                current = cdc.build_current(changed)
-                outputs[CLASSIFICATION][day] = classification
-                outputs[INSERTS][day] = cdc.with_operations(changed, [cdc.INSERT])
-                outputs[UPDATES][day] = cdc.with_operations(changed, [cdc.UPDATE])
-                outputs[DELETES][day] = cdc.with_operations(changed, cdc.REMOVED_OPERATIONS)
-                outputs[CURRENT][day] = current
-                outputs[HISTORY][day] = cdc.build_history(changed)
                 _add_count_metadata(context, keys, day, counts)
-                previous = current  # the next date classifies against this date's state
             # Nothing is written until every date of the range has passed its guards.
+            # Each write task writes a file per date it holds; fewer tasks for fewer rows keeps a
+            # range of small dates from writing (tasks x dates) tiny files.
+            rows = sum(sum(counts.values()) for counts in changes.counts.values())
+            write_tasks = max(1, min(max_partitions, -(-rows // ROWS_PER_WRITE_TASK)))
+            changed = changes.changed.coalesce(write_tasks)
+            outputs = {
+                CLASSIFICATION: changes.classification.coalesce(write_tasks),
+                INSERTS: cdc.with_operations(changed, [cdc.INSERT]),
+                UPDATES: cdc.with_operations(changed, [cdc.UPDATE]),
+                DELETES: cdc.with_operations(changed, cdc.REMOVED_OPERATIONS),
+                CURRENT: cdc.build_current(changed),
+                HISTORY: cdc.build_history(changed),
+            }
             for name in CDC_OUTPUTS:
-                with _timed(context, table.name, f"write {name}", f"{days[0]}..{days[-1]}"):
-                    yield Output(outputs[name], output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
+                with _timed(context, table.name, f"write {name}", _span(days)):
+                    yield Output(DatedRows(outputs[name]), output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
         finally:
-            for frame in cached:
-                frame.unpersist()
+            changes.release()
 
     return apply_changes
+
+
+@dataclass
+class DatedChanges:
+    """A range's classification and its changes with payload, both dated by ``business_date``."""
+
+    classification: DataFrame
+    changed: DataFrame
+    counts: dict[str, dict[str, int]]  # operation counts by date
+    _cached: list[DataFrame]
+
+    def release(self) -> None:
+        for frame in self._cached:
+            frame.unpersist()
+
+
+def _full_load_changes(
+    context: AssetExecutionContext,
+    table: TableConfig,
+    incoming: LazyPartitions,
+    previous: DataFrame | None,
+    days: list[str],
+    payload_columns: list[str],
+) -> DatedChanges:
+    """Every date of a range in one query: a full load's previous state is the date before's rows.
+
+    A range of small dates would otherwise pay for a classification, a re-join and their Spark jobs
+    per date; here it pays for them once.
+    """
+    dates = [date.fromisoformat(day) for day in days]
+    incoming_rows = incoming.read_all()
+    with _timed(context, table.name, "classification", _span(days)):
+        classification = cdc.classify_full_loads(incoming_rows, previous, dates).persist(StorageLevel.MEMORY_AND_DISK)
+        counts = _counts_by_date(classification, days)
+    totals = {op: sum(by_op[op] for by_op in counts.values()) for op in cdc.OPERATIONS}
+    changed = cdc.join_payload_by_date(classification, incoming_rows, previous, dates, payload_columns, totals)
+    changed = changed.persist(StorageLevel.MEMORY_AND_DISK)  # six outputs are filtered from it
+    return DatedChanges(
+        classification=classification.select(*cdc.CLASSIFICATION_COLUMNS, BUSINESS_DATE),
+        changed=changed,
+        counts=counts,
+        _cached=[changed, classification],
+    )
+
+
+def _counts_by_date(classification: DataFrame, days: list[str]) -> dict[str, dict[str, int]]:
+    counts = {day: cdc.no_operations() for day in days}
+    for row in classification.groupBy(BUSINESS_DATE, cdc.OPERATION).count().collect():  # dates x 5 rows at most
+        counts[row[BUSINESS_DATE].isoformat()][row[cdc.OPERATION]] = row["count"]
+    return counts
+
+
+def _changes_date_by_date(
+    context: AssetExecutionContext,
+    table: TableConfig,
+    incoming: LazyPartitions,
+    previous: DataFrame | None,
+    days: list[str],
+    payload_columns: list[str],
+    max_partitions: int,
+) -> DatedChanges:
+    """Date by date, oldest first, each date against the state the date before left.
+
+    Delta loads take this path whatever the range: a key a delta does not supply keeps the payload of
+    whichever date last supplied it, so a date's state is not just the date before's rows.
+    """
+    classified, changed, counts, cached = [], [], {}, []
+    for day in days:
+        with _timed(context, table.name, "classification", day):
+            classification = cdc.classify_changes(
+                incoming[day], previous, date.fromisoformat(day), table.load_type
+            ).persist(StorageLevel.MEMORY_AND_DISK)
+            counts[day] = cdc.count_operations(classification)
+        cached.append(classification)
+        changes = cdc.join_payload(classification, incoming[day], previous, payload_columns, counts[day])
+        # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from this
+        # date's rows instead of nesting every earlier date's plan (a 10-day range failed). A
+        # broadcast re-join keeps both inputs' partitions, and the next date reads this date's
+        # state, so without the cap a range would add partitions (and files) every date.
+        changes = changes.coalesce(max_partitions).localCheckpoint()
+        dated = F.lit(day).cast("date").alias(BUSINESS_DATE)
+        classified.append(classification.select(*cdc.CLASSIFICATION_COLUMNS, dated))
+        changed.append(changes.select("*", dated))
+        previous = cdc.build_current(changes)  # the next date classifies against this date's state
+    return DatedChanges(
+        classification=reduce(DataFrame.unionByName, classified),
+        changed=reduce(DataFrame.unionByName, changed),
+        counts=counts,
+        _cached=cached,
+    )
 
 
 def _guard_deletions(

@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from dagster import (
     ConfigurableIOManager,
@@ -54,11 +55,14 @@ class HadoopFileSystem:
 
     def __init__(self, spark: SparkSession, path: str):
         jvm = spark.sparkContext._jvm  # classic (non-Connect) sessions only; see _commit
-        self._jvm = jvm
-        self._fs = jvm.org.apache.hadoop.fs.Path(path).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        # Resolving a JVM class by name costs a py4j round trip per package level; a range commits
+        # dozens of partitions, so the classes are looked up once.
+        self._path_class = jvm.org.apache.hadoop.fs.Path
+        self._file_util = jvm.org.apache.hadoop.fs.FileUtil
+        self._fs = self._path_class(path).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
 
     def _path(self, path: str):
-        return self._jvm.org.apache.hadoop.fs.Path(path)
+        return self._path_class(path)
 
     def exists(self, path: str) -> bool:
         return bool(self._fs.exists(self._path(path)))
@@ -69,6 +73,15 @@ class HadoopFileSystem:
             self._fs.mkdirs(parent)
         if not self._fs.rename(self._path(source), self._path(target)):
             raise OSError(f"could not rename {source} to {target}")
+
+    def copy_files(self, source: str, target: str) -> None:
+        """Copy the Parquet files of folder ``source`` into a new folder ``target``."""
+        self._fs.mkdirs(self._path(target))
+        for name in self.list_names(source):
+            if name.endswith(".parquet"):
+                self._file_util.copy(
+                    self._fs, self._path(f"{source}/{name}"), self._fs, self._path(f"{target}/{name}"), False, self._fs.getConf()
+                )
 
     def delete(self, path: str) -> None:
         self._fs.delete(self._path(path), True)
@@ -81,6 +94,17 @@ class HadoopFileSystem:
 
 def _is_connect(spark: SparkSession) -> bool:
     return not hasattr(spark, "sparkContext") or type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+@dataclass(frozen=True)
+class DatedRows:
+    """A step's rows for every partition of its run in one DataFrame, dated by a ``business_date`` column.
+
+    The IO manager writes it with one partitioned write instead of one write per date, and commits
+    each date's folder on its own. A date without rows still gets a partition (with no rows).
+    """
+
+    frame: DataFrame
 
 
 class LazyPartitions(Mapping[str, DataFrame]):
@@ -100,13 +124,17 @@ class LazyPartitions(Mapping[str, DataFrame]):
     def __len__(self) -> int:
         return len(self._dates)
 
+    def read_all(self) -> DataFrame:
+        """Every date's rows in one DataFrame with a ``business_date`` column, read in one scan."""
+        return self._manager.read_partitions(self._table, self._asset, self._dates)
+
 
 class PartitionedParquetIOManager(ConfigurableIOManager):
     """Stores each daily partition of a ``[table, asset]`` asset as a Parquet folder under the warehouse root.
 
-    ``handle_output`` takes a DataFrame (one partition) or a ``{business_date: DataFrame}`` mapping (a
-    range, as a single-run backfill produces); ``load_input`` returns a :class:`LazyPartitions` mapping,
-    or ``None`` when no upstream partition exists (the day before ``start_date``).
+    ``handle_output`` takes a DataFrame (one partition) or :class:`DatedRows` (any number of partitions,
+    as a single-run backfill produces); ``load_input`` returns a :class:`LazyPartitions` mapping, or
+    ``None`` when no upstream partition exists (the day before ``start_date``).
     """
 
     pyspark: ResourceDependency[SparkResource]
@@ -187,33 +215,99 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         return LazyPartitions(self, table, asset, dates)
 
     # -- writing -------------------------------------------------------------------------------
-    def handle_output(self, context: OutputContext, obj: DataFrame | Mapping[str, DataFrame]) -> None:
+    def handle_output(self, context: OutputContext, obj: DataFrame | DatedRows) -> None:
         table, asset = _table_and_asset(context.asset_key.path)
-        dates = list(context.asset_partition_keys)
-        frames = obj if isinstance(obj, Mapping) else {dates[0]: obj} if len(dates) == 1 else None
-        if frames is None or sorted(frames) != sorted(dates):
-            raise ValueError(
-                f"{table}/{asset}: expected one DataFrame per partition {dates}, got "
-                f"{sorted(frames) if isinstance(frames, Mapping) else type(obj).__name__}"
-            )
+        dates = sorted(context.asset_partition_keys)
         spark = self.pyspark.spark_session
+        if isinstance(obj, DatedRows):
+            rows_written = self.write_dates(spark, obj.frame, table, asset, dates)
+        elif isinstance(obj, DataFrame) and len(dates) == 1:
+            rows_written = {dates[0]: self.write_partition(spark, obj, table, asset, dates[0])}
+        else:
+            raise ValueError(
+                f"{table}/{asset}: expected DatedRows for the partitions {dates} (or a DataFrame for a single "
+                f"partition), got {type(obj).__name__}"
+            )
 
-        def store(business_date: str) -> dict:
+        def describe(business_date: str) -> dict:
             path = self.partition_path(table, asset, business_date)
-            rows_written = self.write_partition(spark, frames[business_date], table, asset, business_date)
-            return describe_partition(self._read(spark, path), path, rows_written)
+            return describe_partition(self._read(spark, path), path, rows_written[business_date])
 
-        days = sorted(frames)
-        # A range's dates are independent files: write them side by side (Spark takes jobs from
-        # several threads), since small partitions cost job latency rather than work. Each date is
-        # still committed on its own; a failure is raised once the other writes have finished.
-        described = map_dates(store, days)
-        for business_date, metadata in zip(days, described):
-            if len(frames) == 1:
+        # Previews are tiny jobs; several dates' run side by side.
+        described = map_dates(describe, dates)
+        for business_date, metadata in zip(dates, described):
+            if len(dates) == 1:
                 context.add_output_metadata(metadata)
             else:
                 # One materialization per date, each with its own figures.
                 context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=business_date)
+
+    def write_dates(self, spark: SparkSession, frame: DataFrame, table: str, asset: str, business_dates: list[str]) -> dict[str, int]:
+        """Write every date's partition with one partitioned write; returns the rows of each date.
+
+        ``frame`` carries a ``business_date`` (date) column; its values must be among ``business_dates``
+        (anything else fails before a partition is committed). Each date's folder is then committed as
+        :meth:`write_partition` commits one, so readers see a date's old version or its new one.
+        """
+        if PARTITION_COLUMN not in frame.columns:
+            raise ValueError(f"{table}/{asset}: DatedRows needs a {PARTITION_COLUMN} column, got {frame.columns}")
+        stored_schema = _as_stored(frame.drop(PARTITION_COLUMN).schema)
+        if len(business_dates) == 1:
+            # One date needs no partitioned write (which sorts by date and, without rows, writes
+            # nothing at all). The step dated every row with the run's only date.
+            day = business_dates[0]
+            return {day: self.write_partition(spark, frame.drop(PARTITION_COLUMN), table, asset, day)}
+        if _is_connect(spark):
+            # No JVM handle to rename with: one overwrite per date, the best available there.
+            return {
+                day: self.write_partition(spark, frame.filter(_on(day)).drop(PARTITION_COLUMN), table, asset, day)
+                for day in business_dates
+            }
+        # Every date's rows are counted while they are written (observed metrics, no second job).
+        observation = Observation(f"rows_written_{uuid.uuid4().hex}")
+        observed = frame.observe(
+            observation,
+            F.count(F.lit(1)).alias(ROWS_METRIC),
+            *(F.count_if(_on(day)).alias(day) for day in business_dates),
+        )
+        fs = HadoopFileSystem(spark, self.root)
+        staging_root = f"{self.root}/{table}/{STAGING_FOLDER}/{asset}"
+        for day in business_dates:
+            self._restore_retired(fs, table, asset, day)
+        for leftover in fs.list_names(staging_root):  # from runs killed mid-write
+            if leftover.startswith(RANGE_STAGING_PREFIX):
+                fs.delete(f"{staging_root}/{leftover}")
+        token = uuid.uuid4().hex
+        staged = f"{staging_root}/{RANGE_STAGING_PREFIX}{token}.new"
+        observed.write.partitionBy(PARTITION_COLUMN).mode("errorifexists").parquet(staged)
+        figures = observation.get
+        rows = {day: int(figures[day]) for day in business_dates}
+        if int(figures[ROWS_METRIC]) != sum(rows.values()):
+            fs.delete(staged)
+            raise ValueError(
+                f"{table}/{asset}: {int(figures[ROWS_METRIC]) - sum(rows.values())} row(s) are dated outside "
+                f"the run's partitions {business_dates[0]}..{business_dates[-1]}; nothing was committed"
+            )
+        if not all(rows.values()):
+            # A partitioned write makes no folder for a date without rows, but readers need one: each
+            # such date gets a copy of one empty file (a Spark write per date would be a job each).
+            empty = f"{staged}/_empty"
+            spark.createDataFrame([], stored_schema).write.parquet(empty)
+            for day in business_dates:
+                if not rows[day]:
+                    fs.copy_files(empty, f"{staged}/{PARTITION_COLUMN}={day}")
+        _pause_if_requested(table, asset)
+        for day in business_dates:
+            final, written = self.partition_path(table, asset, day), f"{staged}/{PARTITION_COLUMN}={day}"
+            retired = f"{staging_root}/{PARTITION_COLUMN}={day}.{token}.old"
+            if fs.exists(final):
+                fs.rename(final, retired)
+            self._committed.pop(final, None)
+            fs.rename(written, final)
+            fs.delete(retired)
+            self._committed[final] = (stored_schema, frozenset(fs.list_names(final)))
+        fs.delete(staged)
+        return rows
 
     def write_partition(self, spark: SparkSession, frame: DataFrame, table: str, asset: str, business_date: str) -> int:
         """Write one partition so that readers see the old version or the new one, never a mix; returns its rows.
@@ -289,6 +383,11 @@ def _pause_if_requested(table: str, asset: str) -> None:
 
 PREVIEW_ROWS = 5
 ROWS_METRIC = "rows"
+RANGE_STAGING_PREFIX = "range."
+
+
+def _on(business_date: str):
+    return F.col(PARTITION_COLUMN) == F.lit(business_date).cast("date")
 
 
 def describe_partition(written: DataFrame, path: str, row_count: int) -> dict:

@@ -102,7 +102,9 @@ def _written(warehouse: Path, day: str, table: str = TABLE) -> set[str]:
 
 def _staged(warehouse: Path, day: str, table: str = TABLE) -> list[Path]:
     staging = warehouse / table / "_staging"
-    return [p for p in staging.rglob("*.parquet") if f"business_date={day}." in str(p)] if staging.exists() else []
+    # A date is staged as business_date=<day>.<token>.new, or inside a range's folder as business_date=<day>/.
+    names = (f"business_date={day}.", f"business_date={day}/")
+    return [p for p in staging.rglob("*.parquet") if any(name in str(p) for name in names)] if staging.exists() else []
 
 
 def _metadata(instance: DagsterInstance, asset: str, day: str, table: str = TABLE) -> dict:

@@ -8,13 +8,14 @@ for D/X. Every function here is a plain DataFrame transformation: nothing runs u
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import date
+from datetime import date, timedelta
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from cdc_assets.config import LoadType
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
+from cdc_assets.core.source import BUSINESS_DATE
 
 OPERATION = "operation"
 EFF_START_DATE = "eff_start_date"
@@ -67,6 +68,58 @@ def classify_changes(
     )
 
 
+def classify_full_loads(incoming: DataFrame, previous_current: DataFrame | None, business_dates: Sequence[date]) -> DataFrame:
+    """Consecutive dates of full loads classified in one query, each against the state the date before left.
+
+    ``incoming`` holds every date's accepted rows with a ``business_date`` column; ``previous_current``
+    is the state as of the day before the first date (None: no earlier state). Returns one row per date
+    and key: ``business_date`` plus the columns of :func:`classify_changes`, with the same values that
+    :func:`classify_changes` gives date by date (the tests compare them).
+
+    After a full load the state holds exactly that date's rows, so the previous state of date d is
+    date d-1's rows. Over each key's rows in date order (hash columns only): a row with no row the day
+    before is an insert, one whose non-key hash differs from the day before an update, else unchanged;
+    a row with no row the day after is deleted that day (within the range). An unchanged row keeps the
+    eff_start_date of the last insert or update before it, or the stored one.
+    """
+    first, last = min(business_dates), max(business_dates)
+    day = F.col(BUSINESS_DATE)
+    events = incoming.select(KEY_HASH, NON_KEY_HASH, BUSINESS_DATE, F.lit(None).cast("date").alias("_stored_eff"))
+    if previous_current is not None:
+        events = events.unionByName(
+            previous_current.select(
+                KEY_HASH,
+                NON_KEY_HASH,
+                F.lit(first - timedelta(days=1)).cast("date").alias(BUSINESS_DATE),
+                F.col(EFF_START_DATE).alias("_stored_eff"),
+            )
+        )
+    by_key = Window.partitionBy(KEY_HASH).orderBy(BUSINESS_DATE)
+    neighbours = events.select(
+        "*",
+        F.lag(BUSINESS_DATE).over(by_key).alias("_day_before"),
+        F.lag(NON_KEY_HASH).over(by_key).alias("_hash_before"),
+        F.lead(BUSINESS_DATE).over(by_key).alias("_day_after"),
+    )
+    follows_day_before = F.col("_day_before").isNotNull() & (F.date_diff(day, F.col("_day_before")) == 1)
+    operation = (
+        F.when(~follows_day_before, F.lit(INSERT))
+        .when(F.col("_hash_before") != F.col(NON_KEY_HASH), F.lit(UPDATE))
+        .otherwise(F.lit(UNCHANGED))
+    )
+    classified = neighbours.withColumn(OPERATION, F.when(day >= F.lit(first), operation))  # NULL: the stored state
+    version_start = F.when(F.col(OPERATION).isin(INSERT, UPDATE), day).otherwise(F.col("_stored_eff"))
+    since_first = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    dated = classified.withColumn(EFF_START_DATE, F.last(version_start, ignorenulls=True).over(since_first))
+    present = dated.filter(F.col(OPERATION).isNotNull()).select(BUSINESS_DATE, *CLASSIFICATION_COLUMNS)
+    next_day = F.date_add(day, 1)
+    ends = F.col("_day_after").isNull() | (F.date_diff(F.col("_day_after"), day) != 1)
+    deleted = dated.filter(ends & (day < F.lit(last))).select(
+        next_day.alias(BUSINESS_DATE), KEY_HASH, NON_KEY_HASH, F.lit(DELETE).alias(OPERATION), next_day.alias(EFF_START_DATE)
+    )
+    return present.unionByName(deleted)
+
+
 # Up to this many classified keys on one side of the payload re-join, that side is broadcast, so the
 # wide payload rows are joined where they lie instead of being shuffled. A broadcast key costs about
 # 100 bytes of memory in the driver and each executor (2M keys: ~200 MB). On the 1M-row benchmark it
@@ -104,6 +157,42 @@ def join_payload(
         keys_with(REMOVED_OPERATIONS), on=KEY_HASH, how="inner"
     )
     return from_incoming.select(*output).unionByName(from_previous.select(*output))
+
+
+def join_payload_by_date(
+    classification: DataFrame,
+    incoming: DataFrame,
+    previous_current: DataFrame | None,
+    business_dates: Sequence[date],
+    payload_columns: Sequence[str],
+    counts: Mapping[str, int] | None = None,
+    broadcast_max_keys: int = BROADCAST_MAX_KEYS,
+) -> DataFrame:
+    """:func:`join_payload` for the dated output of :func:`classify_full_loads`, every date at once.
+
+    I/U/N rows take the payload of the same date's incoming row; a D row takes the payload its key had
+    the day before (that date's incoming row, or ``previous_current`` on the first date). Output
+    columns: those of :func:`join_payload`, then ``business_date``.
+    """
+    output = [*payload_columns, *CLASSIFICATION_COLUMNS, BUSINESS_DATE]
+    ops = classification.select(BUSINESS_DATE, KEY_HASH, OPERATION, EFF_START_DATE)
+
+    def keys_with(operations: Sequence[str]) -> DataFrame:
+        selected = ops.filter(F.col(OPERATION).isin(*operations))
+        if counts is not None and sum(counts[op] for op in operations) <= broadcast_max_keys:
+            return F.broadcast(selected)
+        return selected
+
+    from_incoming = incoming.join(keys_with(_FROM_INCOMING), on=[BUSINESS_DATE, KEY_HASH], how="inner")
+    payload = [*payload_columns, KEY_HASH, NON_KEY_HASH]
+    held = incoming.select(*payload, F.col(BUSINESS_DATE).alias("_held_on"))
+    if previous_current is not None:
+        held = held.unionByName(
+            previous_current.select(*payload, F.lit(min(business_dates) - timedelta(days=1)).cast("date").alias("_held_on"))
+        )
+    deleted = keys_with([DELETE]).withColumn("_held_on", F.date_sub(F.col(BUSINESS_DATE), 1))
+    from_day_before = held.join(deleted, on=["_held_on", KEY_HASH], how="inner")
+    return from_incoming.select(*output).unionByName(from_day_before.select(*output))
 
 
 def with_operations(changes: DataFrame, operations: Sequence[str]) -> DataFrame:

@@ -7,8 +7,10 @@ rows read = rows accepted + rows rejected.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import date
+from functools import reduce
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -17,6 +19,7 @@ from pyspark.sql import functions as F
 from cdc_assets.config import BadRecordPolicy, DuplicateKeyPolicy, TableConfig
 from cdc_assets.core.hashing import KEY_HASH, add_hashes
 from cdc_assets.core.source import (
+    BUSINESS_DATE,
     RAW_RECORD,
     RECORD_ID,
     REJECT_REASON,
@@ -104,43 +107,111 @@ def _describe_duplicates(duplicates: DataFrame, accepted: DataFrame, config: Tab
     )
 
 
-def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: date) -> IncomingBatch:
-    """Read the date's extract and split it into accepted (typed, hashed) and rejected rows.
+@dataclass(frozen=True)
+class DateFigures:
+    """One date's intake figures: rows read = rows accepted + rows rejected."""
 
-    Raises :class:`BadRecordsError` / :class:`DuplicateKeysError` when the table's policy is ``fail``,
-    and ``SourceError`` when the input is missing or its columns do not match the config.
+    rows_read: int = 0
+    rows_rejected: int = 0
+    duplicate_keys: int = 0
+
+    @property
+    def rows_accepted(self) -> int:
+        return self.rows_read - self.rows_rejected
+
+
+@dataclass
+class IncomingDates:
+    """Several dates' input after validation, in one DataFrame each, dated by a ``business_date`` column."""
+
+    accepted: DataFrame  # configured columns (typed) + key_hash + non_key_hash + business_date
+    rejected: DataFrame  # raw_record, reason, source_file, business_date
+    figures: dict[str, DateFigures]  # by ISO date; every date given, with or without rows
+    _cached: DataFrame
+
+    def release(self) -> None:
+        self._cached.unpersist()
+
+
+def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: date) -> IncomingBatch:
+    """Read one date's extract and split it into accepted (typed, hashed) and rejected rows.
+
+    :func:`prepare_incoming_dates` for a single date; raises as it does.
     """
+    day = business_date.isoformat()
+    prepared = prepare_incoming_dates(config, {day: read_source(spark, config, day)})
+    figures = prepared.figures[day]
+    return IncomingBatch(
+        accepted=prepared.accepted.drop(BUSINESS_DATE),
+        rejected=prepared.rejected.drop(BUSINESS_DATE),
+        rows_read=figures.rows_read,
+        rows_rejected=figures.rows_rejected,
+        duplicate_keys=figures.duplicate_keys,
+        _cached=prepared._cached,
+    )
+
+
+def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]) -> IncomingDates:
+    """Validate, type and hash several dates' extracts (``{ISO date: read_source(...)}``) in one query.
+
+    Duplicate keys are looked for within each date. Raises :class:`BadRecordsError` /
+    :class:`DuplicateKeysError` for the oldest date that breaks a ``fail`` policy; nothing is
+    returned for any date then.
+    """
+    days = sorted(sources)
     keys, non_keys = _hash_specs(config)
-    raw = read_source(spark, config, business_date.isoformat())
+    raw = reduce(
+        lambda left, right: left.unionByName(right, allowMissingColumns=True),  # extra columns may differ by date
+        (sources[day].withColumn(BUSINESS_DATE, F.lit(day).cast("date")) for day in days),
+    )
     # Hash while the typed values are at hand; the cache spares a second parse of the source.
     validated = add_hashes(validate_records(raw, config), keys, non_keys).persist(StorageLevel.MEMORY_AND_DISK)
-    # One job fills the cache and yields every figure: rows read, rows rejected, and the keys that
-    # occur more than once among the accepted rows (with their rows).
+    # One job fills the cache and yields every date's figures: rows read, rows rejected, and the keys
+    # that occur more than once among the date's accepted rows (with their rows).
     accepted_flag = F.col(REJECT_REASON).isNull()
-    per_key = validated.groupBy(accepted_flag.alias("accepted"), KEY_HASH).count()
+    per_key = validated.groupBy(BUSINESS_DATE, accepted_flag.alias("accepted"), KEY_HASH).count()
     duplicated_group = F.col("accepted") & (F.col("count") > 1)
-    totals = per_key.agg(
+    totals = per_key.groupBy(BUSINESS_DATE).agg(
         F.sum("count").alias("read"),
         F.sum(F.when(~F.col("accepted"), F.col("count"))).alias("rejected"),
         F.count(F.when(duplicated_group, F.lit(1))).alias("duplicate_keys"),
         F.sum(F.when(duplicated_group, F.col("count"))).alias("duplicate_rows"),
-    ).first()
-    rows_read, rows_rejected = totals["read"] or 0, totals["rejected"] or 0
-    duplicate_keys, duplicate_rows = totals["duplicate_keys"], totals["duplicate_rows"] or 0
-    if rows_rejected and config.bad_records is BadRecordPolicy.fail:
-        message = _describe_bad_records(validated, config, business_date, rows_rejected)
+    ).collect()  # a row per date
+    figures = {day: DateFigures() for day in days}
+    duplicate_rows: dict[str, int] = {}
+    for row in totals:
+        day = row[BUSINESS_DATE].isoformat()
+        figures[day] = DateFigures(row["read"] or 0, row["rejected"] or 0, row["duplicate_keys"])
+        duplicate_rows[day] = row["duplicate_rows"] or 0
+
+    def on(day: str):
+        return F.col(BUSINESS_DATE) == F.lit(day).cast("date")
+
+    failing = next((day for day in days if figures[day].rows_rejected), None)
+    if failing and config.bad_records is BadRecordPolicy.fail:
+        message = _describe_bad_records(
+            validated.filter(on(failing)), config, date.fromisoformat(failing), figures[failing].rows_rejected
+        )
         validated.unpersist()
         raise BadRecordsError(message)
 
     accepted = accepted_records(validated)
     rejected = rejected_records(validated)
-    if duplicate_keys:
-        duplicates = accepted.groupBy(KEY_HASH).count().filter(F.col("count") > 1)
+    duplicated_day = next((day for day in days if figures[day].duplicate_keys), None)
+    if duplicated_day:
+        duplicates = accepted.groupBy(BUSINESS_DATE, KEY_HASH).count().filter(F.col("count") > 1)
         if config.duplicate_keys is DuplicateKeyPolicy.fail:
-            message = _describe_duplicates(duplicates, accepted, config, business_date, duplicate_keys)
+            message = _describe_duplicates(
+                duplicates.filter(on(duplicated_day)).drop(BUSINESS_DATE),
+                accepted.filter(on(duplicated_day)),
+                config,
+                date.fromisoformat(duplicated_day),
+                figures[duplicated_day].duplicate_keys,
+            )
             validated.unpersist()
             raise DuplicateKeysError(message)
-        duplicated = validated.join(duplicates.select(KEY_HASH), on=KEY_HASH, how="left_semi")
+        duplicate_ids = duplicates.select(BUSINESS_DATE, KEY_HASH)
+        duplicated = validated.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_semi")
         rejected = rejected.unionByName(
             duplicated.filter(F.col(REJECT_REASON).isNull()).select(
                 F.to_json(
@@ -148,15 +219,12 @@ def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: da
                 ).alias("raw_record"),
                 F.lit("duplicate key: the key occurs more than once in this date's input").alias("reason"),
                 F.col(SOURCE_FILE).alias("source_file"),
+                F.col(BUSINESS_DATE),
             )
         )
-        accepted = accepted.join(duplicates.select(KEY_HASH), on=KEY_HASH, how="left_anti")
-        rows_rejected += duplicate_rows
-    return IncomingBatch(
-        accepted=accepted,
-        rejected=rejected,
-        rows_read=rows_read,
-        rows_rejected=rows_rejected,
-        duplicate_keys=duplicate_keys,
-        _cached=validated,
-    )
+        # A USING join puts its columns first; keep the accepted rows' column order.
+        accepted = accepted.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_anti").select(*accepted.columns)
+        figures = {
+            day: replace(found, rows_rejected=found.rows_rejected + duplicate_rows.get(day, 0)) for day, found in figures.items()
+        }
+    return IncomingDates(accepted=accepted, rejected=rejected, figures=figures, _cached=validated)

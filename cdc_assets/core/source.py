@@ -16,6 +16,9 @@ SOURCE_FILE = "_source_file"
 RAW_RECORD = "_raw_record"
 REJECT_REASON = "_reject_reason"
 RECORD_ID = "_record_id"  # increases in file order within each file; ranks give record numbers
+# The date a row belongs to when several dates' rows travel in one DataFrame (a range run). The same
+# name as the warehouse's partition column, so such a frame is written partitioned by it as it is.
+BUSINESS_DATE = "business_date"
 _CORRUPT = "_corrupt_record"
 # RFC 4180 doubles quotes inside quoted fields; Spark's CSV reader escapes with a backslash by default.
 CSV_DEFAULTS = {"header": "true", "escape": '"', "mode": "PERMISSIVE"}
@@ -67,9 +70,13 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     """
     path = config.source.path_for(business_date)
     found = _header_columns(spark, config, path)
+    # Columns come out named as configured (headers match case-insensitively), so several dates'
+    # extracts line up by name even when their headers' case differs.
+    as_configured = {column.name.lower(): column.name for column in config.columns}
     if config.source.format is SourceFormat.csv:
         if str(config.source.options.get("header", "true")).lower() == "true":
             check_columns(config, found, path)
+            found = [as_configured.get(name.lower(), name) for name in found]
         else:
             # Without a header the fields are positional, in config order; a record with another
             # number of fields is malformed.
@@ -79,6 +86,7 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     else:
         check_columns(config, found, path)
         frame = _reader(spark, config).load(path)
+        frame = frame.withColumnsRenamed({name: as_configured[name.lower()] for name in found if name.lower() in as_configured})
     return frame.withColumns({SOURCE_FILE: F.col("_metadata.file_path"), RECORD_ID: F.monotonically_increasing_id()})
 
 
@@ -102,7 +110,8 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
     text. Spark keeps projections apart rather than repeat a non-trivial expression, so nothing below
     is evaluated twice per row.
     """
-    raw_columns = [name for name in raw.columns if name not in (SOURCE_FILE, RECORD_ID, _CORRUPT)]
+    carried = [name for name in (SOURCE_FILE, RECORD_ID, BUSINESS_DATE) if name in raw.columns]
+    raw_columns = [name for name in raw.columns if name not in (*carried, _CORRUPT)]
     by_lower = {name.lower(): name for name in raw_columns}
     has_corrupt = _CORRUPT in raw.columns
     source = {column.name: F.col(f"`{by_lower[column.name.lower()]}`") for column in config.columns}
@@ -143,8 +152,7 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
         F.when(F.col(bad_alias), _first_reason(candidates)).alias(REJECT_REASON),
         # Only rejected rows keep their raw text; good rows would just carry it around.
         F.when(F.col(bad_alias), F.coalesce(raw_record, raw_json)).alias(RAW_RECORD),
-        F.col(SOURCE_FILE),
-        F.col(RECORD_ID),
+        *carried,
     )
 
 
@@ -153,6 +161,10 @@ def accepted_records(validated: DataFrame) -> DataFrame:
 
 
 def rejected_records(validated: DataFrame) -> DataFrame:
+    dated = [BUSINESS_DATE] if BUSINESS_DATE in validated.columns else []
     return validated.filter(F.col(REJECT_REASON).isNotNull()).select(
-        F.col(RAW_RECORD).alias("raw_record"), F.col(REJECT_REASON).alias("reason"), F.col(SOURCE_FILE).alias("source_file")
+        F.col(RAW_RECORD).alias("raw_record"),
+        F.col(REJECT_REASON).alias("reason"),
+        F.col(SOURCE_FILE).alias("source_file"),
+        *dated,
     )
