@@ -9,7 +9,7 @@ from pathlib import Path
 from dagster import DagsterInstance
 
 from cdc_assets.config import load_table_config
-from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates
+from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates, run_range, sorted_rows
 
 REPO = Path(__file__).resolve().parent.parent
 DATES = ["2024-01-01", "2024-01-02", "2024-01-03"]
@@ -50,3 +50,19 @@ def test_orders_three_days(spark, warehouse, monkeypatch):
     assert rows[("NYC", 1001)].note == 'said "leave at door"'  # RFC 4180 doubled quotes
     assert rows[("PAR", 1001)].note == "fragile, handle with care"
     assert rows[("LON", 1001)].note is None  # an empty CSV field reads as NULL
+
+
+def test_orders_range_in_one_run_equals_day_by_day(spark, tmp_path, monkeypatch):
+    # A delta load's range goes date by date inside the run; its outputs must equal one run per date.
+    monkeypatch.setenv("CDC_DATA_ROOT", str(REPO))
+    config = load_table_config(REPO / "table_configs" / "orders.yaml")
+    by_day, by_range = tmp_path / "by_day", tmp_path / "by_range"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(by_day))
+    run_dates(definitions_for(config), DATES)
+    monkeypatch.setenv("CDC_WAREHOUSE", str(by_range))
+    assert run_range(definitions_for(config), DATES[0], DATES[-1]).success
+
+    for asset in ("hashed_incoming", "rejects", "hash_join_classification", "current_table", "history_partition", "deletes"):
+        for day in DATES:
+            expected = sorted_rows(spark, partition_dir(by_day, "orders", asset, day))
+            assert sorted_rows(spark, partition_dir(by_range, "orders", asset, day)) == expected, (asset, day)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import date
+from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from resources import PartitionedParquetIOManager, SparkResource
 from resources.parquet_io_manager import MissingPartitionError
@@ -64,3 +66,32 @@ def test_a_partition_changed_outside_the_manager_is_read_as_it_now_is(spark, man
 
     assert manager.read_partition("t", "asset", D1).columns == ["key_hash", "note"]
     assert manager.read_partitions("t", "asset", [D1]).columns == ["key_hash", "note", "business_date"]
+
+
+def _dated(spark, rows):
+    return spark.createDataFrame(rows, "key_hash string, amount int, business_date string").withColumn(
+        "business_date", F.col("business_date").cast("date")
+    )
+
+
+def test_write_dates_commits_every_date_including_one_without_rows(spark, manager):
+    frame = _dated(spark, [("a", 1, D1), ("b", 2, D1), ("c", 3, D3)])
+    assert manager.write_dates(spark, frame, "t", "asset", [D1, D2, D3]) == {D1: 2, D2: 0, D3: 1}
+
+    empty = manager.read_partition("t", "asset", D2)
+    assert empty.count() == 0 and empty.columns == ["key_hash", "amount"]
+    rows = sorted((str(r["business_date"]), r["key_hash"]) for r in manager.read_partitions("t", "asset", [D1, D2, D3]).collect())
+    assert rows == [(D1, "a"), (D1, "b"), (D3, "c")]
+    staging = Path(manager.root) / "t" / "_staging"
+    assert not list(staging.rglob("*.parquet")), "nothing left in staging after the commits"
+
+
+def test_write_dates_rewrites_a_range_and_refuses_rows_of_other_dates(spark, manager):
+    manager.write_dates(spark, _dated(spark, [("a", 1, D1), ("b", 2, D2)]), "t", "asset", [D1, D2])
+    manager.write_dates(spark, _dated(spark, [("x", 9, D1), ("y", 8, D2)]), "t", "asset", [D1, D2])
+    assert [r["key_hash"] for r in manager.read_partition("t", "asset", D2).collect()] == ["y"]
+
+    with pytest.raises(ValueError, match="1 row"):
+        manager.write_dates(spark, _dated(spark, [("z", 7, D1), ("w", 6, D3)]), "t", "asset", [D1, D2])
+    # Nothing of the refused write was committed.
+    assert [r["key_hash"] for r in manager.read_partition("t", "asset", D1).collect()] == ["x"]

@@ -188,6 +188,20 @@ def test_range_in_one_run_equals_day_by_day(spark, tmp_path, seed_data, monkeypa
     assert counts == {DAY1: 10000, DAY2: 8000, DAY3: 2200}
 
 
+def test_range_after_stored_state_equals_day_by_day(spark, tmp_path, seed_data, monkeypatch):
+    # The range starts from the state a separate earlier run stored, not from nothing.
+    config = _config(tmp_path, seed_data)
+    by_day, after_day1 = tmp_path / "by_day", tmp_path / "after_day1"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(by_day))
+    run_dates(definitions_for(config), [DAY1, DAY2, DAY3])
+    monkeypatch.setenv("CDC_WAREHOUSE", str(after_day1))
+    instance = DagsterInstance.ephemeral()
+    run_dates(definitions_for(config), [DAY1], instance)
+    assert run_range(definitions_for(config), DAY2, DAY3, instance).success
+
+    assert _snapshot(spark, after_day1, "synthetic") == _snapshot(spark, by_day, "synthetic")
+
+
 def test_a_date_whose_previous_state_is_missing_fails_clearly(spark, warehouse, tmp_path, seed_data):
     defs = definitions_for(_config(tmp_path, seed_data))
     [result] = run_dates(defs, [DAY2], raise_on_error=False)

@@ -12,7 +12,13 @@ from pyspark.sql import functions as F
 
 from cdc_assets.config import TableConfig
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
-from cdc_assets.core.incoming import BadRecordsError, DuplicateKeysError, prepare_incoming
+from cdc_assets.core.incoming import (
+    BadRecordsError,
+    DateFigures,
+    DuplicateKeysError,
+    prepare_incoming,
+    prepare_incoming_dates,
+)
 from cdc_assets.core.source import (
     REJECT_REASON,
     SourceError,
@@ -353,3 +359,46 @@ def test_types_cast_and_nullable_non_key_stays_null(spark, tmp_path):
         assert first["ratio"] == second["ratio"] == 3.1e-4
     finally:
         batch.release()
+
+
+# --- several dates in one query -----------------------------------------------------------------
+
+
+def _sources(spark, config, days):
+    return {day: read_source(spark, config, day) for day in days}
+
+
+def test_several_dates_keep_their_own_figures_and_duplicates(spark, tmp_path):
+    config = make_config(tmp_path, duplicate_keys="quarantine", bad_records="quarantine")
+    days = ["2024-01-02", "2024-01-03", "2024-01-04"]
+    land(tmp_path, "id,name,qty\n1,a,1\n2,b,x\n", day=days[0])  # one bad value
+    land(tmp_path, "ID,NAME,QTY\n1,a,1\n2,b,2\n", day=days[1])  # same keys as the day before: no duplicate
+    land(tmp_path, "id,name,qty\n", day=days[2])  # empty extract
+    prepared = prepare_incoming_dates(config, _sources(spark, config, days))
+    try:
+        assert prepared.figures == {
+            days[0]: DateFigures(rows_read=2, rows_rejected=1, duplicate_keys=0),
+            days[1]: DateFigures(rows_read=2, rows_rejected=0, duplicate_keys=0),
+            days[2]: DateFigures(),
+        }
+        accepted = sorted((r["business_date"].isoformat(), r["id"], r["qty"]) for r in prepared.accepted.collect())
+        assert accepted == [(days[0], 1, 1), (days[1], 1, 1), (days[1], 2, 2)]
+        assert [(r["business_date"].isoformat(), json.loads(r["raw_record"])["qty"]) for r in prepared.rejected.collect()] == [
+            (days[0], "x")
+        ]
+        # A header in another case lines up with the configured names.
+        assert prepared.accepted.columns == ["id", "name", "qty", "business_date", KEY_HASH, NON_KEY_HASH]
+    finally:
+        prepared.release()
+
+
+def test_several_dates_fail_on_the_oldest_date_that_breaks_a_policy(spark, tmp_path):
+    config = make_config(tmp_path, bad_records="fail")
+    days = ["2024-01-02", "2024-01-03", "2024-01-04"]
+    land(tmp_path, "id,name,qty\n1,a,1\n", day=days[0])
+    land(tmp_path, "id,name,qty\n1,a,one\n", day=days[1])
+    land(tmp_path, "id,name,qty\n1,a,two\n", day=days[2])
+    with pytest.raises(BadRecordsError) as raised:
+        prepare_incoming_dates(config, _sources(spark, config, days))
+    assert days[1] in str(raised.value) and "'one'" in str(raised.value)
+    assert days[2] not in str(raised.value)
