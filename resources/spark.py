@@ -53,8 +53,8 @@ def side_by_side(*work: Callable[[], T]) -> list[T]:
     runs in the calling thread. A failure is raised (the first failing argument's) once all of it has
     finished.
     """
-    if len(work) == 1:
-        return [work[0]()]
+    if len(work) <= 1:
+        return [item() for item in work]
     with ThreadPoolExecutor(max_workers=min(len(work), DATES_IN_PARALLEL)) as pool:
         futures = [pool.submit(item) for item in work]
         return [future.result() for future in futures]

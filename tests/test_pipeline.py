@@ -186,6 +186,11 @@ def test_range_in_one_run_equals_day_by_day(spark, tmp_path, seed_data, monkeypa
     records = instance.fetch_materializations(AssetKey(["synthetic", "history_partition"]), limit=10).records
     counts = {r.asset_materialization.partition: r.asset_materialization.metadata["dagster/row_count"].value for r in records}
     assert counts == {DAY1: 10000, DAY2: 8000, DAY3: 2200}
+    # Each date's preview shows that date's rows: a history row's eff_start_date is its business date.
+    for record in records:
+        day, preview = record.asset_materialization.partition, record.asset_materialization.metadata["preview"].value
+        assert preview.count("\n") == 1 + 5
+        assert day in preview and not any(other in preview for other in {DAY1, DAY2, DAY3} - {day}), day
 
 
 def test_range_after_stored_state_equals_day_by_day(spark, tmp_path, seed_data, monkeypatch):
