@@ -8,6 +8,8 @@ A partition is written to ``{warehouse}/{table}/_staging/`` first and renamed in
 Spark has finished writing it, so a killed run never leaves a half-written partition where readers
 look; leftovers in ``_staging`` are invisible to readers (underscore folders are skipped by Spark's and
 pyarrow's partition discovery, and they sit outside the asset folders) and are swept on the next write.
+A range (:class:`DatedRows`) is written with one partitioned write into ``_staging`` and each date's
+folder is then committed the same way, one date after another.
 """
 
 import os
