@@ -269,7 +269,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         """Write every date's partition with one partitioned write; returns the rows of each date.
 
         ``frame`` carries a ``business_date`` (date) column; its values must be among ``business_dates``
-        (anything else fails before a partition is committed). Each date's folder is then committed as
+        (anything else, NULL included, fails before a partition is committed). Each date's folder is then committed as
         :meth:`write_partition` commits one, so readers see a date's old version or its new one.
         """
         if PARTITION_COLUMN not in frame.columns:
@@ -277,9 +277,9 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         stored_schema = _as_stored(frame.drop(PARTITION_COLUMN).schema)
         if len(business_dates) == 1:
             # One date needs no partitioned write (which sorts by date and, without rows, writes
-            # nothing at all). The step dated every row with the run's only date.
+            # nothing at all); write_partition refuses rows of another date itself.
             day = business_dates[0]
-            return {day: self.write_partition(spark, frame.drop(PARTITION_COLUMN), table, asset, day)}
+            return {day: self.write_partition(spark, frame, table, asset, day)}
         if _is_connect(spark):
             # No JVM handle to rename with: one overwrite per date, the best available there.
             return {
@@ -335,14 +335,32 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     def write_partition(self, spark: SparkSession, frame: DataFrame, table: str, asset: str, business_date: str) -> int:
         """Write one partition so that readers see the old version or the new one, never a mix; returns its rows.
 
-        The rows are counted while they are written (an observed metric), not by a second job.
+        The rows are counted while they are written (an observed metric), not by a second job. A
+        ``frame`` with a ``business_date`` column (a one-date :class:`DatedRows`) is stored without it,
+        and a row of another date fails the write before the commit.
         """
         final = self.partition_path(table, asset, business_date)
         observation = Observation(f"rows_written_{uuid.uuid4().hex}")
-        frame = frame.observe(observation, F.count(F.lit(1)).alias(ROWS_METRIC))
+        metrics = [F.count(F.lit(1)).alias(ROWS_METRIC)]
+        dated = PARTITION_COLUMN in frame.columns
+        if dated:
+            metrics.append(F.count_if(~F.coalesce(_on(business_date), F.lit(False))).alias(OTHER_DATES_METRIC))
+        frame = frame.observe(observation, *metrics)
+        if dated:
+            frame = frame.drop(PARTITION_COLUMN)
+
+        def refuse_other_dates() -> None:
+            others = int(observation.get[OTHER_DATES_METRIC]) if dated else 0
+            if others:
+                raise ValueError(
+                    f"{table}/{asset}: {others} row(s) are dated outside the run's partition {business_date}; "
+                    "nothing was committed"
+                )
+
         if _is_connect(spark):
             # No JVM handle to rename with; Spark's overwrite is the best available here.
             frame.write.mode("overwrite").parquet(final)
+            refuse_other_dates()
             return int(observation.get[ROWS_METRIC])
         fs = HadoopFileSystem(spark, self.root)
         staging_root = f"{self.root}/{table}/{STAGING_FOLDER}/{asset}"
@@ -354,6 +372,11 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         token = uuid.uuid4().hex
         staged, retired = f"{staging_root}/{stem}.{token}.new", f"{staging_root}/{stem}.{token}.old"
         frame.write.mode("errorifexists").parquet(staged)
+        try:
+            refuse_other_dates()
+        except ValueError:
+            fs.delete(staged)
+            raise
         _pause_if_requested(table, asset)
         if fs.exists(final):
             fs.rename(final, retired)
@@ -408,6 +431,7 @@ PREVIEW_ROWS = 5
 ONE_PREVIEW_SCAN_MAX_ROWS = 1_000_000
 _PREVIEW_RANK = "__cdc_preview_rank"
 ROWS_METRIC = "rows"
+OTHER_DATES_METRIC = "rows_of_other_dates"
 RANGE_STAGING_PREFIX = "range."
 
 

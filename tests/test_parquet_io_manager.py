@@ -93,5 +93,8 @@ def test_write_dates_rewrites_a_range_and_refuses_rows_of_other_dates(spark, man
 
     with pytest.raises(ValueError, match="1 row"):
         manager.write_dates(spark, _dated(spark, [("z", 7, D1), ("w", 6, D3)]), "t", "asset", [D1, D2])
-    # Nothing of the refused write was committed.
+    with pytest.raises(ValueError, match="1 row"):  # one date: written without partitionBy, same rule
+        manager.write_dates(spark, _dated(spark, [("z", 7, D1), ("w", 6, D3)]), "t", "asset", [D1])
+    # Nothing of the refused writes was committed.
     assert [r["key_hash"] for r in manager.read_partition("t", "asset", D1).collect()] == ["x"]
+    assert not list((Path(manager.root) / "t" / "_staging").rglob("*.parquet"))
