@@ -47,6 +47,7 @@ from cdc_assets.config import LoadType, TableConfig
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.incoming import prepare_incoming_dates
+from cdc_assets.core.reconcile import operations_by_date
 from cdc_assets.core.source import BUSINESS_DATE, read_source
 from cdc_assets.names import (
     CDC_OUTPUTS,
@@ -295,7 +296,8 @@ def _full_load_changes(
     incoming_rows = incoming.read_all()
     with _timed(context, table.name, "classification", _span(days)):
         classification = cdc.classify_full_loads(incoming_rows, previous, dates).persist(StorageLevel.MEMORY_AND_DISK)
-        counts = _counts_by_date(classification, days)
+        found = operations_by_date(classification, BUSINESS_DATE)
+        counts = {day: found.get(day, cdc.no_operations()) for day in days}  # a date may have no rows
     totals = {op: sum(by_op[op] for by_op in counts.values()) for op in cdc.OPERATIONS}
     changed = cdc.join_payload_by_date(classification, incoming_rows, previous, dates, payload_columns, totals)
     changed = changed.persist(StorageLevel.MEMORY_AND_DISK)  # six outputs are filtered from it
@@ -305,13 +307,6 @@ def _full_load_changes(
         counts=counts,
         _cached=[changed, classification],
     )
-
-
-def _counts_by_date(classification: DataFrame, days: list[str]) -> dict[str, dict[str, int]]:
-    counts = {day: cdc.no_operations() for day in days}
-    for row in classification.groupBy(BUSINESS_DATE, cdc.OPERATION).count().collect():  # dates x 5 rows at most
-        counts[row[BUSINESS_DATE].isoformat()][row[cdc.OPERATION]] = row["count"]
-    return counts
 
 
 def _changes_date_by_date(

@@ -283,7 +283,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         if _is_connect(spark):
             # No JVM handle to rename with: one overwrite per date, the best available there.
             return {
-                day: self.write_partition(spark, frame.filter(_on(day)).drop(PARTITION_COLUMN), table, asset, day)
+                day: self.write_partition(spark, frame.filter(_on(day)), table, asset, day)
                 for day in business_dates
             }
         # Every date's rows are counted while they are written (observed metrics, no second job).

@@ -127,6 +127,16 @@ def classify_full_loads(incoming: DataFrame, previous_current: DataFrame | None,
 BROADCAST_MAX_KEYS = 2_000_000
 
 
+def _keys_with(
+    ops: DataFrame, operations: Sequence[str], counts: Mapping[str, int] | None, broadcast_max_keys: int
+) -> DataFrame:
+    """The classified keys with these operations; broadcast when ``counts`` show they are few enough."""
+    selected = ops.filter(F.col(OPERATION).isin(*operations))
+    if counts is not None and sum(counts[op] for op in operations) <= broadcast_max_keys:
+        return F.broadcast(selected)
+    return selected
+
+
 def join_payload(
     classification: DataFrame,
     incoming: DataFrame,
@@ -145,10 +155,7 @@ def join_payload(
     ops = classification.select(KEY_HASH, OPERATION, EFF_START_DATE)
 
     def keys_with(operations: Sequence[str]) -> DataFrame:
-        selected = ops.filter(F.col(OPERATION).isin(*operations))
-        if counts is not None and sum(counts[op] for op in operations) <= broadcast_max_keys:
-            return F.broadcast(selected)
-        return selected
+        return _keys_with(ops, operations, counts, broadcast_max_keys)
 
     from_incoming = incoming.join(keys_with(_FROM_INCOMING), on=KEY_HASH, how="inner")
     if previous_current is None:
@@ -178,10 +185,7 @@ def join_payload_by_date(
     ops = classification.select(BUSINESS_DATE, KEY_HASH, OPERATION, EFF_START_DATE)
 
     def keys_with(operations: Sequence[str]) -> DataFrame:
-        selected = ops.filter(F.col(OPERATION).isin(*operations))
-        if counts is not None and sum(counts[op] for op in operations) <= broadcast_max_keys:
-            return F.broadcast(selected)
-        return selected
+        return _keys_with(ops, operations, counts, broadcast_max_keys)
 
     from_incoming = incoming.join(keys_with(_FROM_INCOMING), on=[BUSINESS_DATE, KEY_HASH], how="inner")
     payload = [*payload_columns, KEY_HASH, NON_KEY_HASH]
