@@ -161,6 +161,7 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
         with _timed(context, config.name, "validation and hashing", _span(days)):
             prepared = prepare_incoming_dates(config, sources)
         try:
+            summary = []  # one log line per date, logged as one message: each message is an event stored
             for day in days:
                 figures = prepared.figures[day]
                 counts = {
@@ -172,10 +173,11 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
                 }
                 for key in (hashed_key, rejects_key):
                     context.add_asset_metadata(counts, asset_key=key, partition_key=day)
-                context.log.info(
+                summary.append(
                     f"{config.name} {day}: read {figures.rows_read} rows, accepted {figures.rows_accepted}, "
                     f"rejected {figures.rows_rejected}"
                 )
+            context.log.info("\n".join(summary))
             for key, rows in ((hashed_key, prepared.accepted), (rejects_key, prepared.rejected)):
                 with _timed(context, config.name, f"write {key.path[-1]}", _span(days)):
                     yield Output(DatedRows(rows), output_name=context.assets_def.get_output_name_for_asset_key(key))
@@ -237,11 +239,12 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         else:
             changes = _changes_date_by_date(context, table, incoming, previous, days, payload_columns, max_partitions)
         try:
+            context.log.info(
+                "\n".join(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in changes.counts[day].items()) for day in days)
+            )
             for day in days:
-                counts = changes.counts[day]
-                context.log.info(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in counts.items()))
-                _guard_deletions(context, table, day, counts, config.allow_mass_delete)
-                _add_count_metadata(context, keys, day, counts)
+                _guard_deletions(context, table, day, changes.counts[day], config.allow_mass_delete)
+                _add_count_metadata(context, keys, day, changes.counts[day])
             # Nothing is written until every date of the range has passed its guards.
             # Each write task writes a file per date it holds; fewer tasks for fewer rows keeps a
             # range of small dates from writing (tasks x dates) tiny files.

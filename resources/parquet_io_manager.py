@@ -146,9 +146,18 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     # them back (previews, checks, the next step's input) skips Spark's schema inference, a job per
     # read; a range run reads back dozens of partitions. See _committed_schema.
     _committed: dict[str, tuple[StructType, frozenset[str]]] = PrivateAttr(default_factory=dict)
+    # The run's file-system handle: getting one costs several JVM round trips, and a range run
+    # touches hundreds of paths (all under the warehouse root, so one file system).
+    _filesystem: tuple[SparkSession, HadoopFileSystem] | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._committed = {}
+        self._filesystem = None
+
+    def _fs(self, spark: SparkSession) -> HadoopFileSystem:
+        if self._filesystem is None or self._filesystem[0] is not spark:
+            self._filesystem = (spark, HadoopFileSystem(spark, self.root))
+        return self._filesystem[1]
 
     @property
     def root(self) -> str:
@@ -169,7 +178,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         """The partition's folder, after undoing an interrupted commit; raises if it was never written."""
         path = self.partition_path(table, asset, business_date)
         if not _is_connect(spark):
-            self._restore_retired(HadoopFileSystem(spark, self.root), table, asset, business_date)
+            self._restore_retired(self._fs(spark), table, asset, business_date)
         if not self._exists(spark, path):
             raise MissingPartitionError(
                 f"{table}/{asset} has no partition for {business_date} (looked in {path}). "
@@ -198,7 +207,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         committed = self._committed.get(path)
         if committed is None or _is_connect(spark):
             return None
-        if frozenset(HadoopFileSystem(spark, path).list_names(path)) != committed[1]:
+        if frozenset(self._fs(spark).list_names(path)) != committed[1]:
             return None
         return committed[0]
 
@@ -223,8 +232,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         spark = self.pyspark.spark_session
         if isinstance(obj, DatedRows):
             rows_written = self.write_dates(spark, obj.frame, table, asset, dates)
+            stored_schema = _as_stored(obj.frame.drop(PARTITION_COLUMN).schema)
         elif isinstance(obj, DataFrame) and len(dates) == 1:
             rows_written = {dates[0]: self.write_partition(spark, obj, table, asset, dates[0])}
+            stored_schema = _as_stored(obj.drop(PARTITION_COLUMN).schema)
         else:
             raise ValueError(
                 f"{table}/{asset}: expected DatedRows for the partitions {dates} (or a DataFrame for a single "
@@ -234,8 +245,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         previews = self._previews(spark, table, asset, rows_written)
         for business_date in dates:
             path = self.partition_path(table, asset, business_date)
-            # With the schema this run wrote, this read runs no Spark job.
-            metadata = describe_partition(self._read(spark, path), path, rows_written[business_date], previews[business_date])
+            metadata = describe_partition(stored_schema, path, rows_written[business_date], previews[business_date])
             if len(dates) == 1:
                 context.add_output_metadata(metadata)
             else:
@@ -293,7 +303,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             F.count(F.lit(1)).alias(ROWS_METRIC),
             *(F.count_if(_on(day)).alias(day) for day in business_dates),
         )
-        fs = HadoopFileSystem(spark, self.root)
+        fs = self._fs(spark)
         staging_root = f"{self.root}/{table}/{STAGING_FOLDER}/{asset}"
         for day in business_dates:
             self._restore_retired(fs, table, asset, day)
@@ -315,7 +325,9 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             # A partitioned write makes no folder for a date without rows, but readers need one: each
             # such date gets a copy of one empty file (a Spark write per date would be a job each).
             empty = f"{staged}/_empty"
-            spark.createDataFrame([], stored_schema).write.parquet(empty)
+            # limit(0) plans as an empty local relation: a one-task job, no Python worker (as
+            # createDataFrame([]) would start) and no upstream work.
+            frame.drop(PARTITION_COLUMN).limit(0).write.parquet(empty)
             for day in business_dates:
                 if not rows[day]:
                     fs.copy_files(empty, f"{staged}/{PARTITION_COLUMN}={day}")
@@ -362,7 +374,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             frame.write.mode("overwrite").parquet(final)
             refuse_other_dates()
             return int(observation.get[ROWS_METRIC])
-        fs = HadoopFileSystem(spark, self.root)
+        fs = self._fs(spark)
         staging_root = f"{self.root}/{table}/{STAGING_FOLDER}/{asset}"
         stem = f"{PARTITION_COLUMN}={business_date}"
         self._restore_retired(fs, table, asset, business_date)
@@ -398,15 +410,14 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 fs.rename(f"{staging_root}/{name}", final)
                 return
 
-    @staticmethod
-    def _exists(spark: SparkSession, path: str) -> bool:
+    def _exists(self, spark: SparkSession, path: str) -> bool:
         if _is_connect(spark):
             try:
                 spark.read.parquet(path).schema  # noqa: B018 - resolving the relation checks the path
                 return True
             except Exception:  # noqa: BLE001 - Connect reports a missing path as a generic error
                 return False
-        return HadoopFileSystem(spark, path).exists(path)
+        return self._fs(spark).exists(path)
 
 
 PAUSE_ENV, PAUSE_MARKER_ENV = "CDC_PAUSE_BEFORE_COMMIT", "CDC_PAUSE_MARKER"
@@ -439,18 +450,18 @@ def _on(business_date: str):
     return F.col(PARTITION_COLUMN) == F.lit(business_date).cast("date")
 
 
-def describe_partition(written: DataFrame, path: str, row_count: int, preview: list[tuple]) -> dict:
+def describe_partition(schema: StructType, path: str, row_count: int, preview: list[tuple]) -> dict:
     """What the UI shows for a stored partition: row count (plotted across partitions), schema, preview, path.
 
-    ``written`` is the partition as stored (for its schema); ``row_count`` was counted as it was
-    written; ``preview`` holds a few of its rows.
+    ``schema`` is the partition's as stored; ``row_count`` was counted as it was written;
+    ``preview`` holds a few of its rows.
     """
-    header = "| " + " | ".join(written.columns) + " |\n|" + "---|" * len(written.columns)
+    header = "| " + " | ".join(schema.names) + " |\n|" + "---|" * len(schema.names)
     body = "\n".join("| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in preview)
     return {
         "dagster/row_count": MetadataValue.int(row_count),
         "dagster/column_schema": TableSchema(
-            columns=[TableColumn(name=name, type=spark_type) for name, spark_type in written.dtypes]
+            columns=[TableColumn(name=field.name, type=field.dataType.simpleString()) for field in schema.fields]
         ),
         "preview": MetadataValue.md(header + ("\n" + body if body else "")),
         "path": MetadataValue.path(path),

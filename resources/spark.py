@@ -30,6 +30,10 @@ PIPELINE_DEFAULTS: dict[str, str] = {
     # round trips with it and 1,508 without (1.1 s -> 0.5 s per date). Errors still name the failing
     # expression; they lose only the Python line that built it.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
+    # Generated classes are cached by their source code. With the stage id in the class name, equal
+    # stages of one plan (a range's per-date branches) or of successive queries each compile again;
+    # a cold compile of the intake's stage is about 0.1 s. Only stack traces lose the id.
+    "spark.sql.codegen.useIdInClassName": "false",
 }
 # How many small independent Spark jobs run at once: a range's per-date source header checks and
 # previews of large dates, and the checks' aggregations. Small jobs cost latency rather than work,

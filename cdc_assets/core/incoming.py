@@ -160,9 +160,13 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
     """
     days = sorted(sources)
     keys, non_keys = _hash_specs(config)
+    # Each date's rows carry their date as text up to the cache. Spark writes a date literal into
+    # the generated code, so each date's branch of the union would compile a class of its own (a
+    # cold compile is about 0.1 s); a text literal is passed by reference, and with
+    # spark.sql.codegen.useIdInClassName off (PIPELINE_DEFAULTS) every branch shares one class.
     raw = reduce(
         lambda left, right: left.unionByName(right, allowMissingColumns=True),  # extra columns may differ by date
-        (sources[day].withColumn(BUSINESS_DATE, F.lit(day).cast("date")) for day in days),
+        (sources[day].withColumn(BUSINESS_DATE, F.lit(day)) for day in days),
     )
     # Hash while the typed values are at hand; the cache spares a second parse of the source.
     validated = add_hashes(validate_records(raw, config), keys, non_keys).persist(StorageLevel.MEMORY_AND_DISK)
@@ -180,12 +184,12 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
     figures = {day: DateFigures() for day in days}
     duplicate_rows: dict[str, int] = {}
     for row in totals:
-        day = row[BUSINESS_DATE].isoformat()
+        day = row[BUSINESS_DATE]
         figures[day] = DateFigures(row["read"] or 0, row["rejected"] or 0, row["duplicate_keys"])
         duplicate_rows[day] = row["duplicate_rows"] or 0
 
-    def on(day: str):
-        return F.col(BUSINESS_DATE) == F.lit(day).cast("date")
+    def on(day: str):  # for the cached rows (date as text) and the ones derived from them alike
+        return F.col(BUSINESS_DATE).cast("date") == F.lit(day).cast("date")
 
     failing = next((day for day in days if figures[day].rows_rejected), None)
     if failing and config.bad_records is BadRecordPolicy.fail:
@@ -195,8 +199,9 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
         validated.unpersist()
         raise BadRecordsError(message)
 
-    accepted = accepted_records(validated)
-    rejected = rejected_records(validated)
+    dated = validated.withColumn(BUSINESS_DATE, F.col(BUSINESS_DATE).cast("date"))
+    accepted = accepted_records(dated)
+    rejected = rejected_records(dated)
     duplicated_day = next((day for day in days if figures[day].duplicate_keys), None)
     if duplicated_day:
         duplicates = accepted.groupBy(BUSINESS_DATE, KEY_HASH).count().filter(F.col("count") > 1)
@@ -211,7 +216,7 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
             validated.unpersist()
             raise DuplicateKeysError(message)
         duplicate_ids = duplicates.select(BUSINESS_DATE, KEY_HASH)
-        duplicated = validated.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_semi")
+        duplicated = dated.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_semi")
         rejected = rejected.unionByName(
             duplicated.filter(F.col(REJECT_REASON).isNull()).select(
                 F.to_json(

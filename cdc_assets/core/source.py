@@ -11,6 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_assets.config import INTERNAL_PREFIX, SourceFormat, TableConfig
+from cdc_assets.core.csv_header import can_read_header, read_csv_header
 
 SOURCE_FILE = "_source_file"
 RAW_RECORD = "_raw_record"
@@ -28,21 +29,33 @@ class SourceError(RuntimeError):
     """The day's input cannot be used as a whole: missing, or its columns do not match the config."""
 
 
-def _reader(spark: SparkSession, config: TableConfig):
+def _options(config: TableConfig) -> dict[str, str]:
     options = {**CSV_DEFAULTS, **config.source.options} if config.source.format is SourceFormat.csv else config.source.options
-    return spark.read.format(config.source.format.value).options(**{k: str(v) for k, v in options.items()})
+    return {key: str(value) for key, value in options.items()}
+
+
+def _reader(spark: SparkSession, config: TableConfig):
+    return spark.read.format(config.source.format.value).options(**_options(config))
 
 
 def _header_columns(spark: SparkSession, config: TableConfig, path: str) -> list[str]:
+    no_input = SourceError(
+        f"table {config.name}: no input at {path}. A missing extract is never treated as an empty one; "
+        "land the file or fix source.path."
+    )
     try:
+        if config.source.format is SourceFormat.csv and can_read_header(spark, _options(config)):
+            # Spark lists the files (a schema spares its inference job); the driver reads the header.
+            files = _reader(spark, config).schema("`_` string").load(path).inputFiles()
+            found = read_csv_header(spark, files, _options(config))
+            if not found:
+                raise no_input
+            return found
         return _reader(spark, config).load(path).columns
     except AnalysisException as error:
         # An empty folder (or only empty files) cannot have its schema inferred: no input either.
         if any(marker in str(error) for marker in ("PATH_NOT_FOUND", "Path does not exist", "UNABLE_TO_INFER_SCHEMA")):
-            raise SourceError(
-                f"table {config.name}: no input at {path}. A missing extract is never treated as an empty one; "
-                "land the file or fix source.path."
-            ) from None
+            raise no_input from None
         raise
 
 
