@@ -98,3 +98,17 @@ def test_write_dates_rewrites_a_range_and_refuses_rows_of_other_dates(spark, man
     # Nothing of the refused writes was committed.
     assert [r["key_hash"] for r in manager.read_partition("t", "asset", D1).collect()] == ["x"]
     assert not list((Path(manager.root) / "t" / "_staging").rglob("*.parquet"))
+
+
+def test_range_previews_show_each_dates_own_first_rows_across_several_files(spark, manager):
+    # D1 has 12 rows spread over 3 files (3 write tasks), D2 has 2 rows, D3 none.
+    rows = [(f"k{index}", index, D1) for index in range(12)] + [("m0", 100, D2), ("m1", 101, D2)]
+    frame = _dated(spark, rows).repartition(3)
+    written = manager.write_dates(spark, frame, "t", "asset", [D1, D2, D3])
+    assert written == {D1: 12, D2: 2, D3: 0}
+    assert len(list((Path(manager.root) / "t" / "asset" / f"business_date={D1}").glob("*.parquet"))) > 1
+
+    previews = manager._previews(spark, "t", "asset", written)
+    assert len(previews[D1]) == 5 and {amount for _, amount in previews[D1]} <= set(range(12))
+    assert sorted(previews[D2]) == [("m0", 100), ("m1", 101)]
+    assert previews[D3] == []
