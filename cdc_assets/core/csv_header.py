@@ -53,16 +53,16 @@ def _first_line(spark: SparkSession, files: list[str]) -> str | None:
         # Spark lists files as URIs (a space is %20); a Path built from the URI decodes them.
         path = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(uri))
         stream = path.getFileSystem(conf).open(path)
-        codec = codecs.getCodec(path)  # by extension, as Spark's reader decides (e.g. .csv.gz)
-        if codec is not None:
-            stream = codec.createInputStream(stream)
-        reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
         try:
+            codec = codecs.getCodec(path)  # by extension, as Spark's reader decides (e.g. .csv.gz)
+            if codec is not None:
+                stream = codec.createInputStream(stream)
+            reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
             line = reader.readLine()
             while line is not None and not line.strip():
                 line = reader.readLine()
         finally:
-            reader.close()
+            stream.close()  # closes the decompressor and the file alike
         if line is not None:
             return line.removeprefix("\ufeff")  # Hadoop's line reader skips a UTF-8 byte order mark too
     return None
