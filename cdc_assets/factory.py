@@ -153,9 +153,10 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
     def read_incoming(context: AssetExecutionContext, pyspark: SparkResource):
         spark = pyspark.spark_session
         days = list(context.partition_keys)  # oldest first
-        # Each date's extract is located and its header checked on its own (a small job each, side by
-        # side); then every date is validated and hashed in one query, and written in one write per
-        # output. Per-date jobs, not rows, are what a range of small days would otherwise pay for.
+        # Each date's extract is located and its header checked on its own, side by side (the header
+        # is read on the driver, see core/csv_header.py); then every date is validated and hashed in
+        # one query, and written in one write per output. Per-date jobs, not rows, are what a range
+        # of small days would otherwise pay for.
         with _timed(context, config.name, "reading the extracts' headers", _span(days)):
             sources = dict(zip(days, map_dates(lambda day: read_source(spark, config, day), days)))
         with _timed(context, config.name, "validation and hashing", _span(days)):

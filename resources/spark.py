@@ -35,8 +35,9 @@ PIPELINE_DEFAULTS: dict[str, str] = {
     # a cold compile of the intake's stage is about 0.1 s. Only stack traces lose the id.
     "spark.sql.codegen.useIdInClassName": "false",
 }
-# How many small independent Spark jobs run at once: a range's per-date source header checks and
-# previews of large dates, and the checks' aggregations. Small jobs cost latency rather than work,
+# How many small independent pieces of Spark work run at once: a range's per-date source header
+# checks (a job each where Spark must infer the header), previews of large dates, and the checks'
+# aggregations. Small jobs cost latency rather than work,
 # and Spark takes jobs from several threads; on 2 cores 4 did better than 1 and than 8.
 DATES_IN_PARALLEL = 4
 

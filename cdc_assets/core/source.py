@@ -43,11 +43,12 @@ def _header_columns(spark: SparkSession, config: TableConfig, path: str) -> list
         f"table {config.name}: no input at {path}. A missing extract is never treated as an empty one; "
         "land the file or fix source.path."
     )
+    options = _options(config)
     try:
-        if config.source.format is SourceFormat.csv and can_read_header(spark, _options(config)):
+        if config.source.format is SourceFormat.csv and can_read_header(spark, options):
             # Spark lists the files (a schema spares its inference job); the driver reads the header.
             files = _reader(spark, config).schema("`_` string").load(path).inputFiles()
-            found = read_csv_header(spark, files, _options(config))
+            found = read_csv_header(spark, files, options)
             if not found:
                 raise no_input
             return found
