@@ -12,7 +12,18 @@ UI_PORT ?= 3000
 # The demo: the seed's scenario (10,000 + 10,000 rows, 5 keys, 10 non-keys, 20% deleted, 40% updated, 40% unchanged).
 DEMO_DATES := 2019-06-18 2019-06-19
 
-.PHONY: install demo test test-fast ui validate benchmark clean
+# A long-lived Spark Connect server on 127.0.0.1 (`make spark-server`); runs use it when SPARK_REMOTE
+# names it, e.g. `make demo SPARK_REMOTE=sc://127.0.0.1:15002`.
+SPARK_CONNECT_PORT ?= 15002
+SPARK_SERVER_DIR := $(CURDIR)/.spark-server
+# SPARK_REMOTE reaches the commands only when it is non-empty: pyspark takes an empty one as a Connect URL.
+ifeq ($(strip $(SPARK_REMOTE)),)
+unexport SPARK_REMOTE
+else
+export SPARK_REMOTE
+endif
+
+.PHONY: install demo test test-fast ui validate benchmark spark-server spark-server-stop clean
 
 $(BIN)/dagster: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +56,22 @@ validate: install $(DAGSTER_HOME)/dagster.yaml
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
 
+# Every target of issue 10 (about 20-30 min idle at the defaults); small: make benchmark BENCH_ARGS='--rows 20000 --range-days 3 --range-rows 2000'
 benchmark: install
-	$(BIN)/python benchmarks/bench_pipeline.py
+	$(BIN)/python benchmarks/bench_targets.py $(BENCH_ARGS)
 
+# Prints the server's sc:// URL; the server keeps running (its pid and log are in .spark-server/).
+spark-server: install
+	$(BIN)/python -m cdc_assets.connect_server start --port $(SPARK_CONNECT_PORT) --state-dir $(SPARK_SERVER_DIR)
+
+spark-server-stop: install
+	$(BIN)/python -m cdc_assets.connect_server stop --state-dir $(SPARK_SERVER_DIR)
+
+# Stops no server: .spark-server/ (pid file, logs) goes only when its server is not running.
 clean:
 	rm -rf data warehouse spark-warehouse metastore_db .dagster_home
+	@if [ -f $(SPARK_SERVER_DIR)/server.pid ] && kill -0 "$$(cat $(SPARK_SERVER_DIR)/server.pid)" 2>/dev/null; then \
+		echo "kept .spark-server/: its Spark Connect server is running (make spark-server-stop)"; \
+	else \
+		rm -rf $(SPARK_SERVER_DIR); \
+	fi

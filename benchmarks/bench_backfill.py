@@ -66,12 +66,14 @@ def make_days(root: Path, days: int, rows: int, seed: int) -> list[str]:
     return dates
 
 
-def write_config(folder: Path, data_root: Path) -> None:
+def write_config(folder: Path, data_root: Path, table: str = TABLE, start: str = START.isoformat()) -> None:
+    """``<folder>/<table>.yaml``: the synthetic columns (key_1..key_5 string, nonkey_1..nonkey_10 double),
+    full load, source ``<data_root>/{date}/`` (CSV)."""
     folder.mkdir(parents=True, exist_ok=True)
     keys = "\n".join(f"  - {{name: key_{i}, type: string}}" for i in range(1, 6))
     non_keys = "\n".join(f"  - {{name: nonkey_{i}, type: double}}" for i in range(1, 11))
-    (folder / f"{TABLE}.yaml").write_text(
-        f"name: {TABLE}\nstart_date: '{START.isoformat()}'\nload_type: full\n"
+    (folder / f"{table}.yaml").write_text(
+        f"name: {table}\nstart_date: '{start}'\nload_type: full\n"
         f"source:\n  path: {data_root}/{{date}}/\n  format: csv\n"
         f"keys:\n{keys}\nnon_keys:\n{non_keys}\n"
     )
@@ -90,13 +92,14 @@ def materialize(env: dict, *partition_args: str) -> float:
     return elapsed
 
 
-def counts(warehouse: Path) -> list[tuple]:
+def counts(warehouse: Path, table: str = TABLE) -> list[tuple]:
+    """(business date, operation, rows) of history_partition, then of current_table: equal lists = same outputs."""
     return duckdb.sql(
         f"select cast(business_date as varchar), operation, count(*) from "
-        f"read_parquet('{warehouse}/{TABLE}/history_partition/*/*.parquet', hive_partitioning=true) group by all order by all"
+        f"read_parquet('{warehouse}/{table}/history_partition/*/*.parquet', hive_partitioning=true) group by all order by all"
     ).fetchall() + duckdb.sql(
         f"select cast(business_date as varchar), operation, count(*) from "
-        f"read_parquet('{warehouse}/{TABLE}/current_table/*/*.parquet', hive_partitioning=true) group by all order by all"
+        f"read_parquet('{warehouse}/{table}/current_table/*/*.parquet', hive_partitioning=true) group by all order by all"
     ).fetchall()
 
 

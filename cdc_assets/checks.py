@@ -31,7 +31,6 @@ from cdc_assets.core.reconcile import (
     operations_by_date,
     reconcile_changes,
     reconcile_incoming,
-    rows_by_date,
 )
 from cdc_assets.names import (
     CLASSIFICATION,
@@ -43,7 +42,8 @@ from cdc_assets.names import (
     day_before,
     pool_name,
 )
-from resources.parquet_io_manager import PARTITION_COLUMN, PartitionedParquetIOManager
+from cdc_assets.core.columns import BUSINESS_DATE
+from resources.parquet_io_manager import PartitionedParquetIOManager
 from resources.spark import side_by_side
 
 CHECK_DESCRIPTIONS = {
@@ -111,13 +111,12 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
     def intake_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
         days = list(context.partition_keys)
         rows_read = {day: _rows_read(context, asset_key(config, HASHED_INCOMING), day) for day in days}
-        # Every date of the range in one aggregation per dataset.
-        accepted, rejected = side_by_side(
-            lambda: keyed_figures_by_date(parquet_io_manager.read_partitions(table, HASHED_INCOMING, days), PARTITION_COLUMN),
-            lambda: rows_by_date(parquet_io_manager.read_partitions(table, REJECTS, days), PARTITION_COLUMN),
-        )
+        # Row counts from the committed files' footers; distinct keys from one aggregation over the range.
+        rejected = parquet_io_manager.row_counts(table, REJECTS, days)
+        accepted = keyed_figures_by_date(parquet_io_manager.read_partitions(table, HASHED_INCOMING, days), BUSINESS_DATE)
         for day in days:
-            for outcome in reconcile_incoming(rows_read[day], accepted.get(day, KeyedFigures()), rejected.get(day, 0)):
+            figures = accepted.get(date.fromisoformat(day), KeyedFigures())
+            for outcome in reconcile_incoming(rows_read[day], figures, rejected[day]):
                 yield _evaluation(config, day, outcome)
 
     @multi_asset_check(
@@ -132,21 +131,22 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         # partitions: the previous state of every later date is one of them.
         first_previous = day_before(days[0])
         current_days = ([first_previous] if date.fromisoformat(first_previous) >= config.start_date else []) + days
-        operations, incoming, current, history = side_by_side(
-            lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), PARTITION_COLUMN),
-            lambda: rows_by_date(parquet_io_manager.read_partitions(table, HASHED_INCOMING, days), PARTITION_COLUMN),
+        incoming = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
+        history = parquet_io_manager.row_counts(table, HISTORY, days)
+        operations, current = side_by_side(
+            lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), BUSINESS_DATE),
             lambda: keyed_figures_by_date(
-                parquet_io_manager.read_partitions(table, CURRENT, current_days), PARTITION_COLUMN, config.key_names
+                parquet_io_manager.read_partitions(table, CURRENT, current_days), BUSINESS_DATE, config.key_names
             ),
-            lambda: rows_by_date(parquet_io_manager.read_partitions(table, HISTORY, days), PARTITION_COLUMN),
         )
         for day in days:
+            on, before = date.fromisoformat(day), date.fromisoformat(day_before(day))
             outcomes = reconcile_changes(
-                operations=operations.get(day, no_operations()),
-                incoming_rows=incoming.get(day, 0),
-                previous_rows=current.get(day_before(day), KeyedFigures()).rows,
-                current=current.get(day, KeyedFigures()),
-                history_rows=history.get(day, 0),
+                operations=operations.get(on, no_operations()),
+                incoming_rows=incoming[day],
+                previous_rows=current.get(before, KeyedFigures()).rows,
+                current=current.get(on, KeyedFigures()),
+                history_rows=history[day],
             )
             for outcome in outcomes:
                 yield _evaluation(config, day, outcome)

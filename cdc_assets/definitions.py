@@ -10,11 +10,11 @@ from dagster import Definitions, in_process_executor
 
 from cdc_assets.config import load_table_configs
 from cdc_assets.factory import IO_MANAGER_KEY, TableDefinitions, build_table_definitions
-from resources import PartitionedParquetIOManager, SparkResource
+from resources import PartitionedParquetIOManager, pipeline_spark_resource
 
 
 def build_definitions(tables: list[TableDefinitions]) -> Definitions:
-    spark = SparkResource()
+    spark = pipeline_spark_resource()
     return Definitions(
         assets=[asset for table in tables for asset in table.assets],
         asset_checks=[check for table in tables for check in table.asset_checks],

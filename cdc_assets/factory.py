@@ -9,10 +9,9 @@ Per table (asset keys ``[table, name]``, group ``table``, daily partitions from 
   own earlier partition. Each output is still its own asset with its own metadata.
 
 Both multi-assets take a whole date range in one run (``BackfillPolicy.single_run``), with outputs
-identical to one run per date. A range is handled as one set where the dates allow it: the intake
-validates every date in one query, a range of full loads is classified in one query (the previous
-state of a date is the date before's rows), and each output is one partitioned write (``DatedRows``).
-Delta loads are classified date by date, oldest first, each date against the state the one before left.
+identical to one run per date: the intake validates every date in one query, the CDC step runs
+``core/plan.py``'s plan for the range, and each output is one partitioned write (``DatedRows``). This
+module is wiring only: what runs is in ``core/``, where it goes is in ``resources/``.
 """
 
 import time
@@ -20,7 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
-from functools import reduce
 
 from dagster import (
     AssetDep,
@@ -37,9 +35,7 @@ from dagster import (
     TimeWindowPartitionMapping,
     multi_asset,
 )
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from dagster_pyspark import LazyPySparkResource
 
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.checks import build_table_checks
@@ -47,8 +43,8 @@ from cdc_assets.config import LoadType, TableConfig
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.incoming import prepare_incoming_dates
-from cdc_assets.core.reconcile import operations_by_date
-from cdc_assets.core.source import BUSINESS_DATE, read_source
+from cdc_assets.core.plan import plan_changes
+from cdc_assets.core.source import read_source
 from cdc_assets.names import (
     CDC_OUTPUTS,
     CLASSIFICATION,
@@ -64,11 +60,9 @@ from cdc_assets.names import (
     pool_name,
 )
 from resources.parquet_io_manager import DatedRows, LazyPartitions
-from resources.spark import SparkResource, map_dates
+from resources.spark import map_dates
 
 IO_MANAGER_KEY = "parquet_io_manager"
-# Rows per task when the CDC outputs are written (up to spark.sql.shuffle.partitions tasks).
-ROWS_PER_WRITE_TASK = 250_000
 KINDS = {"spark", "parquet"}
 
 DESCRIPTIONS = {
@@ -150,11 +144,11 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
         can_subset=False,
         pool=pool_name(config),
     )
-    def read_incoming(context: AssetExecutionContext, pyspark: SparkResource):
+    def read_incoming(context: AssetExecutionContext, pyspark: LazyPySparkResource):
         spark = pyspark.spark_session
         days = list(context.partition_keys)  # oldest first
         # Each date's extract is located and its header checked on its own, side by side (the header
-        # is read on the driver, see core/csv_header.py); then every date is validated and hashed in
+        # is read by Spark, a small job each); then every date is validated and hashed in
         # one query, and written in one write per output. Per-date jobs, not rows, are what a range
         # of small days would otherwise pay for.
         with _timed(context, config.name, "reading the extracts' headers", _span(days)):
@@ -227,130 +221,48 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
     def apply_changes(
         context: AssetExecutionContext,
         config: ApplyChangesConfig,
-        pyspark: SparkResource,
+        pyspark: LazyPySparkResource,
         incoming: LazyPartitions,
         previous_current: LazyPartitions | None,
     ):
         days = list(context.partition_keys)  # oldest first
+        dates = [date.fromisoformat(day) for day in days]
         first_previous = day_before(days[0])
         previous = previous_current[first_previous] if previous_current and first_previous in previous_current else None
-        max_partitions = int(pyspark.spark_session.conf.get("spark.sql.shuffle.partitions"))
-        if table.load_type is LoadType.full and len(days) > 1:
-            changes = _full_load_changes(context, table, incoming, previous, days, payload_columns)
-        else:
-            changes = _changes_date_by_date(context, table, incoming, previous, days, payload_columns, max_partitions)
+        spark = pyspark.spark_session
+        with _timed(context, table.name, "classification", _span(days)):
+            plan = plan_changes(
+                incoming.read_all(),
+                previous,
+                dates,
+                table.load_type,
+                payload_columns,
+                max_write_tasks=int(spark.conf.get("spark.sql.shuffle.partitions")),
+            )
         try:
+            counts = {day.isoformat(): by_op for day, by_op in plan.counts.items()}
             context.log.info(
-                "\n".join(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in changes.counts[day].items()) for day in days)
+                "\n".join(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in counts[day].items()) for day in days)
             )
             for day in days:
-                _guard_deletions(context, table, day, changes.counts[day], config.allow_mass_delete)
-                _add_count_metadata(context, keys, day, changes.counts[day])
+                _guard_deletions(context, table, day, counts[day], config.allow_mass_delete)
+                _add_count_metadata(context, keys, day, counts[day])
             # Nothing is written until every date of the range has passed its guards.
-            # Each write task writes a file per date it holds; fewer tasks for fewer rows keeps a
-            # range of small dates from writing (tasks x dates) tiny files.
-            rows = sum(sum(counts.values()) for counts in changes.counts.values())
-            write_tasks = max(1, min(max_partitions, -(-rows // ROWS_PER_WRITE_TASK)))
-            changed = changes.changed.coalesce(write_tasks)
             outputs = {
-                CLASSIFICATION: changes.classification.coalesce(write_tasks),
-                INSERTS: cdc.with_operations(changed, [cdc.INSERT]),
-                UPDATES: cdc.with_operations(changed, [cdc.UPDATE]),
-                DELETES: cdc.with_operations(changed, cdc.REMOVED_OPERATIONS),
-                CURRENT: cdc.build_current(changed),
-                HISTORY: cdc.build_history(changed),
+                CLASSIFICATION: plan.classification,
+                INSERTS: plan.inserts,
+                UPDATES: plan.updates,
+                DELETES: plan.deletes,
+                CURRENT: plan.current,
+                HISTORY: plan.history,
             }
             for name in CDC_OUTPUTS:
                 with _timed(context, table.name, f"write {name}", _span(days)):
                     yield Output(DatedRows(outputs[name]), output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
         finally:
-            changes.release()
+            plan.release()
 
     return apply_changes
-
-
-@dataclass
-class DatedChanges:
-    """A range's classification and its changes with payload, both dated by ``business_date``."""
-
-    classification: DataFrame
-    changed: DataFrame
-    counts: dict[str, dict[str, int]]  # operation counts by date
-    _cached: list[DataFrame]
-
-    def release(self) -> None:
-        for frame in self._cached:
-            frame.unpersist()
-
-
-def _full_load_changes(
-    context: AssetExecutionContext,
-    table: TableConfig,
-    incoming: LazyPartitions,
-    previous: DataFrame | None,
-    days: list[str],
-    payload_columns: list[str],
-) -> DatedChanges:
-    """Every date of a range in one query: a full load's previous state is the date before's rows.
-
-    A range of small dates would otherwise pay for a classification, a re-join and their Spark jobs
-    per date; here it pays for them once.
-    """
-    dates = [date.fromisoformat(day) for day in days]
-    incoming_rows = incoming.read_all()
-    with _timed(context, table.name, "classification", _span(days)):
-        classification = cdc.classify_full_loads(incoming_rows, previous, dates).persist(StorageLevel.MEMORY_AND_DISK)
-        found = operations_by_date(classification, BUSINESS_DATE)
-        counts = {day: found.get(day, cdc.no_operations()) for day in days}  # a date may have no rows
-    totals = {op: sum(by_op[op] for by_op in counts.values()) for op in cdc.OPERATIONS}
-    changed = cdc.join_payload_by_date(classification, incoming_rows, previous, dates, payload_columns, totals)
-    changed = changed.persist(StorageLevel.MEMORY_AND_DISK)  # six outputs are filtered from it
-    return DatedChanges(
-        classification=classification.select(*cdc.CLASSIFICATION_COLUMNS, BUSINESS_DATE),
-        changed=changed,
-        counts=counts,
-        _cached=[changed, classification],
-    )
-
-
-def _changes_date_by_date(
-    context: AssetExecutionContext,
-    table: TableConfig,
-    incoming: LazyPartitions,
-    previous: DataFrame | None,
-    days: list[str],
-    payload_columns: list[str],
-    max_partitions: int,
-) -> DatedChanges:
-    """Date by date, oldest first, each date against the state the date before left.
-
-    Delta loads take this path whatever the range: a key a delta does not supply keeps the payload of
-    whichever date last supplied it, so a date's state is not just the date before's rows.
-    """
-    classified, changed, counts, cached = [], [], {}, []
-    for day in days:
-        with _timed(context, table.name, "classification", day):
-            classification = cdc.classify_changes(
-                incoming[day], previous, date.fromisoformat(day), table.load_type
-            ).persist(StorageLevel.MEMORY_AND_DISK)
-            counts[day] = cdc.count_operations(classification)
-        cached.append(classification)
-        changes = cdc.join_payload(classification, incoming[day], previous, payload_columns, counts[day])
-        # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from this
-        # date's rows instead of nesting every earlier date's plan (a 10-day range failed). A
-        # broadcast re-join keeps both inputs' partitions, and the next date reads this date's
-        # state, so without the cap a range would add partitions (and files) every date.
-        changes = changes.coalesce(max_partitions).localCheckpoint()
-        dated = F.lit(day).cast("date").alias(BUSINESS_DATE)
-        classified.append(classification.select(*cdc.CLASSIFICATION_COLUMNS, dated))
-        changed.append(changes.select("*", dated))
-        previous = cdc.build_current(changes)  # the next date classifies against this date's state
-    return DatedChanges(
-        classification=reduce(DataFrame.unionByName, classified),
-        changed=reduce(DataFrame.unionByName, changed),
-        counts=counts,
-        _cached=cached,
-    )
 
 
 def _guard_deletions(

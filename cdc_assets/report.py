@@ -12,8 +12,9 @@ import argparse
 
 from pyspark.sql import functions as F
 
-from resources.parquet_io_manager import PARTITION_COLUMN, warehouse_root
+from cdc_assets.core.columns import BUSINESS_DATE
 from resources.spark import build_spark_session
+from resources.storage import warehouse_root
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,18 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("table")
     parser.add_argument("business_date", nargs="?", help="date of the current state to show (default: latest)")
     args = parser.parse_args(argv)
-    spark = build_spark_session(app_name="cdc_report")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = build_spark_session(app_name="cdc_report")  # local, on a cluster, or a Spark Connect server (SPARK_REMOTE)
     root = f"{warehouse_root()}/{args.table}"
 
     current = spark.read.parquet(f"{root}/current_table")
-    as_of = args.business_date or current.agg(F.max(PARTITION_COLUMN)).first()[0].isoformat()
+    as_of = args.business_date or current.agg(F.max(BUSINESS_DATE)).first()[0].isoformat()
     print(f"current_table of {args.table} as of {as_of}:")
-    current.filter(F.col(PARTITION_COLUMN) == as_of).groupBy("operation").count().orderBy("operation").show()
+    current.filter(F.col(BUSINESS_DATE) == as_of).groupBy("operation").count().orderBy("operation").show()
 
     history = spark.read.parquet(f"{root}/history_partition")
     print(f"history_partition of {args.table}, every date:")
-    history.groupBy(PARTITION_COLUMN, "operation").count().orderBy(PARTITION_COLUMN, "operation").show()
+    history.groupBy(BUSINESS_DATE, "operation").count().orderBy(BUSINESS_DATE, "operation").show()
     return 0
 
 

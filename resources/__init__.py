@@ -1,6 +1,14 @@
-"""Dagster resources: the Spark session and the Parquet IO manager that owns every warehouse path."""
+"""Dagster resources: the Spark session, the warehouse storage, and the Parquet IO manager over it."""
 
-from resources.parquet_io_manager import PartitionedParquetIOManager, warehouse_root
-from resources.spark import SparkResource, build_spark_session
+from resources.parquet_io_manager import PartitionedParquetIOManager
+from resources.spark import PipelineSparkResource, build_spark_session, pipeline_spark_resource
+from resources.storage import WarehouseStorage, warehouse_root
 
-__all__ = ["PartitionedParquetIOManager", "SparkResource", "build_spark_session", "warehouse_root"]
+__all__ = [
+    "PartitionedParquetIOManager",
+    "PipelineSparkResource",
+    "WarehouseStorage",
+    "build_spark_session",
+    "pipeline_spark_resource",
+    "warehouse_root",
+]

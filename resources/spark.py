@@ -1,8 +1,9 @@
-"""The Spark resource: one SparkSession per run, configured from the environment or resource config.
+"""The Spark resource (dagster-pyspark's), one SparkSession per run, configured from the environment.
 
 Every step of a run executes in the run's process (``in_process_executor``), so the JVM starts once
-per run, not once per step. The same code runs on a cluster or through Spark Connect by setting
-``CDC_SPARK_MASTER`` / ``SPARK_REMOTE`` and ``CDC_SPARK_CONF``; nothing in the pipeline assumes local mode.
+per run, not once per step. The same code runs on a cluster (``CDC_SPARK_MASTER``) or through Spark
+Connect (``SPARK_REMOTE``, e.g. a long-lived server from ``make spark-server``), with more conf in
+``CDC_SPARK_CONF``; nothing in the pipeline assumes local mode or a JVM in its own process.
 """
 
 import json
@@ -12,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from dagster import ConfigurableResource, InitResourceContext
-from pydantic import PrivateAttr
+from dagster import InitResourceContext
+from dagster_pyspark import LazyPySparkResource
+from dagster_pyspark.resources import spark_session_from_config
 from pyspark.sql import SparkSession
 
 T = TypeVar("T")
@@ -82,44 +84,73 @@ def spark_conf_from_env() -> dict[str, str]:
     return {str(key): str(value) for key, value in conf.items()}
 
 
-def build_spark_session(master: str | None = None, conf: dict[str, Any] | None = None, app_name: str = "cdc_assets") -> SparkSession:
-    """Create (or reuse) the process's SparkSession.
+# Conf a Spark Connect client cannot set on its session: the server's JVM is already running.
+_SERVER_ONLY_PREFIXES = ("spark.master", "spark.driver.", "spark.executor.", "spark.ui.", "spark.app.name", "spark.python.")
 
-    Precedence, lowest first: pipeline defaults, ``CDC_SPARK_CONF``, ``conf``. The master is ``master``,
-    else ``CDC_SPARK_MASTER``, else ``local[*]`` (ignored when ``SPARK_REMOTE`` selects Spark Connect).
-    ``getOrCreate`` keeps an existing session's static conf, so the first session in a process wins.
+
+def spark_config_from_environment(master: str | None = None, conf: dict[str, Any] | None = None) -> dict[str, str]:
+    """The run's Spark conf: pipeline defaults, then ``CDC_SPARK_CONF``, then ``conf``.
+
+    Without ``SPARK_REMOTE`` the master is ``master``, else ``CDC_SPARK_MASTER``, else ``local[*]``
+    (the local defaults apply to a local master only). With ``SPARK_REMOTE`` (Spark Connect) pyspark
+    connects to that server and only session conf is sent: what the server's JVM fixed at its start
+    (master, driver and executor settings, the UI) belongs in the server's own conf.
     """
-    builder = SparkSession.builder.appName(app_name)
-    remote = os.environ.get("SPARK_REMOTE")
+    remote = os.environ.get("SPARK_REMOTE", "").strip()
     merged = {**PIPELINE_DEFAULTS}
     if not remote:
         resolved_master = master or os.environ.get("CDC_SPARK_MASTER") or "local[*]"
-        builder = builder.master(resolved_master)
+        merged["spark.master"] = resolved_master
         if resolved_master.startswith("local"):
             merged.update(LOCAL_DEFAULTS)
     merged.update(spark_conf_from_env())
     merged.update({key: str(value) for key, value in (conf or {}).items()})
-    for key, value in merged.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    # Session (runtime) conf does apply to a reused session; the time zone must hold for every run.
-    session.conf.set("spark.sql.session.timeZone", merged["spark.sql.session.timeZone"])
+    if remote:
+        merged = {key: value for key, value in merged.items() if not key.startswith(_SERVER_ONLY_PREFIXES)}
+    return merged
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session (a client of a server) rather than a classic one."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def build_spark_session(master: str | None = None, conf: dict[str, Any] | None = None, app_name: str = "cdc_assets") -> SparkSession:
+    """The process's SparkSession with the run's conf (:func:`spark_config_from_environment`), for scripts and tests.
+
+    ``getOrCreate`` keeps an existing session's static conf, so the first session in a process wins.
+    """
+    config = spark_config_from_environment(master, conf)
+    if not os.environ.get("SPARK_REMOTE", "").strip():
+        config["spark.app.name"] = app_name
+    session = spark_session_from_config(config)
+    # Session conf does apply to a reused session; the time zone must hold for every run.
+    session.conf.set("spark.sql.session.timeZone", config["spark.sql.session.timeZone"])
     return session
 
 
-class SparkResource(ConfigurableResource):
-    """The run's SparkSession, created lazily on first use so sensors and schedules never start a JVM."""
+class PipelineSparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazy resource, configured from the environment, that cleans up after its run.
 
-    master: str | None = None
-    spark_conf: dict[str, str] = {}
+    The session starts on first use, so sensors and schedules never start a JVM; every step of a run
+    executes in the run's process (``in_process_executor``), so a run has one session. When the run
+    ends, however it ends, operations it still has running are interrupted; a Spark Connect session is
+    also closed, so the server releases what the run held there.
+    """
 
-    _session: SparkSession | None = PrivateAttr(default=None)
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        session = self._spark_session
+        if session is None:
+            return
+        self._spark_session = None
+        try:
+            session.interruptAll()
+            if is_connect(session):
+                session.stop()
+        except Exception as error:  # noqa: BLE001 - cleanup must not mask the run's own outcome
+            context.log.warning(f"Spark session cleanup at the end of the run: {error}")
 
-    def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._session = None
 
-    @property
-    def spark_session(self) -> SparkSession:
-        if self._session is None:
-            self._session = build_spark_session(self.master, self.spark_conf)
-        return self._session
+def pipeline_spark_resource() -> PipelineSparkResource:
+    """The resource bound in definitions.py: conf from the environment when the code location loads."""
+    return PipelineSparkResource(spark_config=spark_config_from_environment())

@@ -32,3 +32,25 @@ def warehouse(tmp_path, monkeypatch):
     root.mkdir()
     monkeypatch.setenv("CDC_WAREHOUSE", str(root))
     return root
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory):
+    """A Spark Connect server of the session's size on a free loopback port; yields its ServerHandle.
+
+    pyspark refuses a Connect session in a process that holds a classic one (SESSION_ALREADY_EXIST), as
+    this one may, so tests reach the server from subprocesses with ``SPARK_REMOTE=handle.url``.
+    """
+    from cdc_assets.connect_server import free_port, start_server, stop_server
+
+    state_dir = tmp_path_factory.mktemp("spark-server")
+    handle = start_server(
+        port=free_port(),
+        state_dir=state_dir,
+        master="local[2]",
+        conf={"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false", "spark.driver.memory": "2g"},
+    )
+    try:
+        yield handle
+    finally:
+        stop_server(state_dir)

@@ -19,7 +19,6 @@ from cdc_assets.core.changes import (
     build_history,
     classify_changes,
     count_operations,
-    join_payload,
 )
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH, add_hashes
 
@@ -72,11 +71,11 @@ INCOMING = [
 
 
 def run(spark, load_type, previous_rows=PREVIOUS, incoming_rows=INCOMING):
-    """classify_changes + join_payload, both cached: a test reads them several times and they are tiny."""
+    """classify_changes with and without the payload, both cached: a test reads them several times and they are tiny."""
     incoming = incoming_frame(spark, incoming_rows)
     previous = previous_frame(spark, previous_rows) if previous_rows is not None else None
     classification = classify_changes(incoming, previous, DAY, load_type).cache()
-    changes = join_payload(classification, incoming, previous, PAYLOAD).cache()
+    changes = classify_changes(incoming, previous, DAY, load_type, PAYLOAD).cache()
     return classification, changes
 
 
@@ -199,14 +198,14 @@ def test_delta_load_then_key_supplied_again(spark):
     incoming = incoming_frame(spark, [(1, "a", "n1"), (2, "b", "n2")])
     previous = previous_frame(spark, [(1, "a", "n1", "I", date(2024, 1, 1)), (2, "b", "n2", "I", date(2024, 1, 1)), (3, "c", "n3", "I", date(2024, 1, 1))])
     day1 = date(2024, 1, 2)
-    changes1 = join_payload(classify_changes(incoming, previous, day1, LoadType.delta), incoming, previous, PAYLOAD)
+    changes1 = classify_changes(incoming, previous, day1, LoadType.delta, PAYLOAD)
     current1 = build_current(changes1).localCheckpoint()
     assert {r["id"]: r[OPERATION] for r in current1.collect()} == {1: "N", 2: "N", 3: "X"}
 
     day2 = date(2024, 1, 3)
     incoming2 = incoming_frame(spark, [(3, "c", "n3"), (2, "B", "n2")])
     classification2 = classify_changes(incoming2, current1, day2, LoadType.delta)
-    current2 = rows_by_id(build_current(join_payload(classification2, incoming2, current1, PAYLOAD)))
+    current2 = rows_by_id(build_current(classify_changes(incoming2, current1, day2, LoadType.delta, PAYLOAD)))
     assert {key: (row[OPERATION], row[EFF_START_DATE]) for key, row in current2.items()} == {
         1: ("X", date(2024, 1, 1)),
         2: ("U", day2),
@@ -254,23 +253,12 @@ def test_count_operations_returns_all_five_keys(spark):
 
 
 @pytest.mark.parametrize("load_type", [LoadType.full, LoadType.delta])
-def test_broadcast_and_shuffled_payload_joins_give_the_same_rows(spark, load_type):
-    incoming = incoming_frame(spark, INCOMING)
-    previous = previous_frame(spark, PREVIOUS)
-    # Another day than the other tests': their cached frames must not stand in for these plans.
-    classification = classify_changes(incoming, previous, date(2024, 1, 6), load_type).cache()
-    counts = count_operations(classification)
-    # Spark would broadcast these tiny sides by itself; the threshold turns that off for the shuffled run.
-    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
-    try:
-        broadcast = join_payload(classification, incoming, previous, PAYLOAD, counts)
-        shuffled = join_payload(classification, incoming, previous, PAYLOAD, counts, broadcast_max_keys=0)
-        broadcast_plan = broadcast._jdf.queryExecution().executedPlan().toString()
-        shuffled_plan = shuffled._jdf.queryExecution().executedPlan().toString()
-        assert "BroadcastHashJoin" in broadcast_plan
-        assert "BroadcastHashJoin" not in shuffled_plan
-        assert sorted(broadcast.collect()) == sorted(shuffled.collect())
-        assert broadcast.count() == len(INCOMING) + counts["D"] + counts["X"]
-    finally:
-        spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
-        classification.unpersist()
+def test_the_payload_join_classifies_as_the_hash_only_join(full_run, delta_run, load_type):
+    # The join that carries the payload must decide every key exactly as the hash columns alone do.
+    classification, changes = full_run if load_type is LoadType.full else delta_run
+    assert sorted(changes.select(*CLASSIFICATION_COLUMNS).collect()) == sorted(classification.collect())
+    by_id = rows_by_id(changes)
+    missing = "D" if load_type is LoadType.full else "X"
+    # I/U/N take today's payload, D/X the stored one (a NULL today is not replaced by yesterday's value).
+    assert (by_id[2]["val"], by_id[5]["note"], by_id[3]["val"], by_id[3][OPERATION]) == ("b2", "new", "c", missing)
+    assert by_id[6]["val"] is None and by_id[6][OPERATION] == "N"

@@ -20,8 +20,11 @@ from pathlib import Path
 
 import psutil
 import pyarrow.parquet as pq
+import pytest
 import requests
 from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 DAGSTER = Path(sys.executable).parent / "dagster"

@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import psutil
+import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from cdc_assets.factory import MASS_DELETE_OVERRIDE_TAG
@@ -428,6 +429,7 @@ def _processes_with_env(name: str, value: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, warehouse, tmp_path):
     original_day2 = _csv(1, 2, 3, 4, 6, qty_offset=0).replace("2,n2,2,", "2,n2,20,")  # 5 deleted, 6 new, 2 updated
     changed_day2 = _csv(1, 2, 3, 4, 7, qty_offset=100)  # other values: a re-run would write other outputs
@@ -512,6 +514,28 @@ def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, wareh
     assert _snapshot(spark, warehouse) == good
     assert _staged(warehouse, DAY2) == []
     _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=5)
+
+
+def test_mass_delete_guard_in_a_range_of_full_loads_fails_before_any_cdc_output(spark, warehouse, tmp_path):
+    # Day 2 of the range deletes 7 of 10 keys: the range (classified in one query) must stop before
+    # writing any CDC output for any of its dates, naming the date, as a one-date run does.
+    _land(tmp_path, DAY1, _csv(*range(1, 11)))
+    _land(tmp_path, DAY2, _csv(1, 2, 3))
+    _land(tmp_path, DAY3, _csv(1, 2, 3, 4))
+    defs = definitions_for(_table(tmp_path))
+    instance = DagsterInstance.ephemeral()
+    result = _job(defs).execute_in_process(
+        instance=instance,
+        tags={"dagster/asset_partition_range_start": DAY1, "dagster/asset_partition_range_end": DAY3},
+        raise_on_error=False,
+    )
+    assert not result.success
+    assert _failed_steps(result) == {f"{TABLE}__cdc"}
+    message = _failure(result)
+    assert DAY2 in message and "would delete 7 of 10" in message and "allow_mass_delete" in message
+    for day in (DAY1, DAY2, DAY3):
+        assert _written(warehouse, day) == set(INTAKE_OUTPUTS), day  # the intake committed; no CDC output
+        assert _staged(warehouse, day) == []
 
 
 # --- 8: one writer per table ----------------------------------------------------------------------

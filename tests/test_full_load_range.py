@@ -13,10 +13,9 @@ from cdc_assets.core.changes import (
     build_current,
     classify_changes,
     classify_full_loads,
-    join_payload,
     join_payload_by_date,
 )
-from cdc_assets.core.source import BUSINESS_DATE
+from cdc_assets.core.columns import BUSINESS_DATE
 from tests.test_changes import PAYLOAD, incoming_frame, previous_frame
 
 FIRST = date(2024, 2, 1)
@@ -36,12 +35,12 @@ DAYS = [
 
 
 def _day_by_day(spark, stored):
-    """The reference: classify_changes and join_payload, each date against the state the date before left."""
+    """The reference: classify_changes, each date against the state the date before left."""
     previous, classified, changed = stored, [], []
     for day, rows in zip(DATES, DAYS):
         incoming = incoming_frame(spark, rows)
         classification = classify_changes(incoming, previous, day, LoadType.full)
-        changes = join_payload(classification, incoming, previous, PAYLOAD).cache()
+        changes = classify_changes(incoming, previous, day, LoadType.full, PAYLOAD).cache()
         dated = F.lit(day).alias(BUSINESS_DATE)
         classified += [tuple(row) for row in classification.select(dated, *CLASSIFICATION_COLUMNS).collect()]
         changed += [tuple(row) for row in changes.select("*", dated).collect()]

@@ -9,6 +9,7 @@ from pathlib import Path
 from dagster import DagsterInstance
 
 from cdc_assets.config import load_table_config
+from cdc_assets.names import CDC_OUTPUTS
 from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates, run_range, sorted_rows
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ def test_orders_range_in_one_run_equals_day_by_day(spark, tmp_path, monkeypatch)
     monkeypatch.setenv("CDC_WAREHOUSE", str(by_range))
     assert run_range(definitions_for(config), DATES[0], DATES[-1]).success
 
-    for asset in ("hashed_incoming", "rejects", "hash_join_classification", "current_table", "history_partition", "deletes"):
+    for asset in ("hashed_incoming", "rejects", *CDC_OUTPUTS):
         for day in DATES:
             expected = sorted_rows(spark, partition_dir(by_day, "orders", asset, day))
             assert sorted_rows(spark, partition_dir(by_range, "orders", asset, day)) == expected, (asset, day)

@@ -210,6 +210,7 @@ def test_a_date_whose_previous_state_is_missing_fails_clearly(spark, warehouse, 
     assert not partition_dir(warehouse, "synthetic", "current_table", DAY2).exists()
 
 
+@pytest.mark.slow
 def test_definitions_load_from_workspace_yaml(tmp_path):
     # A throwaway instance: the CLI refuses a DAGSTER_HOME that does not exist (as in a fresh clone).
     dagster_home = tmp_path / "dagster_home"

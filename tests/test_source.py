@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import subprocess
+import sys
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -20,9 +24,12 @@ from cdc_assets.core.incoming import (
     prepare_incoming_dates,
 )
 from cdc_assets.core.source import (
+    RECORD_ID,
     REJECT_REASON,
+    SOURCE_FILE,
     SourceError,
     accepted_records,
+    header_mismatch,
     read_source,
     validate_records,
 )
@@ -161,6 +168,224 @@ def test_source_file_recorded_across_several_files(spark, tmp_path):
         assert files["2"].endswith("part-0.csv") and files["4"].endswith("part-1.csv")
     finally:
         batch.release()
+
+
+# --- the header: Spark's own handling, every file checked -----------------------------------------
+
+# (file contents, extra reader options, columns read_source gives): headers whose splitting or
+# naming is not trivial. Every case has the configured id, name and qty; the data row is 1, alpha, 2.
+HEADER_CASES = {
+    "plain": (b"id,name,qty\n1,alpha,2\n", {}, ["id", "name", "qty"]),
+    "case differs from the config": (b"ID,Name,qty\n1,alpha,2\n", {}, ["id", "name", "qty"]),
+    "quoted fields": (
+        b'"id","full, name","say ""hi""",name,"qty"\n1,"x, y",b,alpha,2\n',
+        {},
+        ["id", "full, name", 'say "hi"', "name", "qty"],
+    ),
+    "empty and duplicate names": (
+        b"id,,name,qty,x,X\n1,e,alpha,2,p,q\n",
+        {},
+        ["id", "_c1", "name", "qty", "x4", "X5"],
+    ),
+    "null value in the header": (b"id,NA,name,qty\n1,z,alpha,2\n", {"nullValue": "NA"}, ["id", "_c1", "name", "qty"]),
+    "trailing separator": (b"id,name,qty,\n1,alpha,2,\n", {}, ["id", "name", "qty", "_c3"]),
+    "leading blank lines": (b"\n  \nid,name,qty\n1,alpha,2\n", {}, ["id", "name", "qty"]),
+    "byte order mark": (b"\xef\xbb\xbfid,name,qty\n1,alpha,2\n", {}, ["id", "name", "qty"]),
+    "windows line ends": (b"id,name,qty\r\n1,alpha,2\r\n", {}, ["id", "name", "qty"]),
+    "other separator": (b"id;name;qty\n1;alpha;2\n", {"sep": ";"}, ["id", "name", "qty"]),
+    "backslash escape": (b'id,"a\\"b",name,qty\n1,z,alpha,2\n', {"escape": "\\"}, ["id", 'a"b', "name", "qty"]),
+}
+
+
+def spaced_config(tmp_path: Path, options: dict | None = None, **overrides) -> TableConfig:
+    """A config whose source folder has a space in its path (Spark lists files as URIs: %20)."""
+    source = {"path": str(tmp_path / "landing dir" / "{date}") + "/", "options": options or {}}
+    return make_config(tmp_path, source=source, allow_extra_columns=True, **overrides)
+
+
+def land_bytes(tmp_path: Path, contents: bytes, file_name: str = "part-0.csv", day: str = DAY_TEXT) -> Path:
+    folder = tmp_path / "landing dir" / day
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / file_name
+    path.write_bytes(gzip.compress(contents) if file_name.endswith(".gz") else contents)
+    return path
+
+
+def read_columns(frame) -> list[str]:
+    return [name for name in frame.columns if name not in (SOURCE_FILE, RECORD_ID)]
+
+
+@pytest.mark.parametrize("case", sorted(HEADER_CASES))
+def test_header_names_and_rows(spark, tmp_path, case):
+    contents, options, expected = HEADER_CASES[case]
+    land_bytes(tmp_path, contents)
+    frame = read_source(spark, spaced_config(tmp_path, options), DAY_TEXT)
+    assert read_columns(frame) == [*expected, "_corrupt_record"]
+    # The scan checks the file's header against these names (enforceSchema false) and reads the row.
+    (row,) = frame.collect()
+    assert (row["id"], row["name"], row["qty"], row["_corrupt_record"]) == ("1", "alpha", "2", None)
+
+
+def test_gzip_and_empty_files_in_one_date(spark, tmp_path):
+    land_bytes(tmp_path, b"", "a-empty.csv")
+    land_bytes(tmp_path, b"ID,Qty,name\n1,2,alpha\n3,4,beta\n", "b-part.csv.gz")
+    frame = read_source(spark, spaced_config(tmp_path), DAY_TEXT)
+    assert read_columns(frame) == ["id", "qty", "name", "_corrupt_record"]
+    assert sorted((r["id"], r["name"], r["qty"]) for r in frame.collect()) == [("1", "alpha", "2"), ("3", "beta", "4")]
+
+
+def test_only_empty_files_are_no_input(spark, tmp_path):
+    land_bytes(tmp_path, b"", "part-0.csv")
+    with pytest.raises(SourceError, match="no input at"):
+        read_source(spark, spaced_config(tmp_path), DAY_TEXT)
+
+
+def test_files_of_one_date_whose_headers_differ_in_order_fail_instead_of_misreading(spark, tmp_path):
+    config = make_config(tmp_path)
+    land(tmp_path, "id,name,qty\n1,alpha,10\n", "part-0.csv")
+    land(tmp_path, "qty,id,name\n20,2,beta\n", "part-1.csv")  # read by position this is id=20, name=2, qty=beta
+    frame = read_source(spark, config, DAY_TEXT)  # the header of one file is read; the rows are not yet
+    with pytest.raises(Exception) as raised:
+        frame.collect()
+    error = header_mismatch(config, raised.value)
+    assert isinstance(error, SourceError)
+    message = str(error)
+    # Spark takes the header from one of the two files and fails the other; either way round it says so.
+    assert message.startswith("table orders: input file ")
+    assert ("part-1.csv" in message) != ("part-0.csv" in message)
+    assert "id, name, qty" in message and "qty, id, name" in message
+    assert "first difference" in message and "same columns in the same order" in message
+    # The whole intake fails on it too (in the job that first reads the rows): no row is read by
+    # position. The error is Spark's until the intake wraps it, then the SourceError itself.
+    with pytest.raises(Exception) as raised:
+        prepare_incoming(spark, config, DAY)
+    error = raised.value if isinstance(raised.value, SourceError) else header_mismatch(config, raised.value)
+    assert "does not have the header its date was read with" in str(error)
+
+
+def test_a_file_with_another_number_of_columns_fails(spark, tmp_path):
+    config = make_config(tmp_path, allow_extra_columns=True)
+    land(tmp_path, "id,name,qty,note\n1,alpha,10,a long note to make this the larger file\n", "part-0.csv")
+    land(tmp_path, "id,name,qty\n2,beta,20\n", "part-1.csv")
+    with pytest.raises(Exception) as raised:
+        read_source(spark, config, DAY_TEXT).collect()
+    message = str(header_mismatch(config, raised.value))
+    assert "part-1.csv" in message or "part-0.csv" in message
+    assert "it has 3 column(s) where the header the date was read with has 4" in message or (
+        "it has 4 column(s) where the header the date was read with has 3" in message
+    )
+
+
+def test_headers_differing_only_in_case_are_the_same_header(spark, tmp_path):
+    config = make_config(tmp_path)
+    land(tmp_path, "id,name,qty\n1,alpha,10\n", "part-0.csv")
+    land(tmp_path, "ID,NAME,QTY\n2,beta,20\n", "part-1.csv")
+    frame = read_source(spark, config, DAY_TEXT)
+    assert sorted((r["id"], r["name"], r["qty"]) for r in frame.collect()) == [("1", "alpha", "10"), ("2", "beta", "20")]
+
+
+def test_case_sensitive_session_reads_a_header_in_another_case_than_the_config(spark, tmp_path):
+    # Spark's per-file check compares names as spark.sql.caseSensitive says: the schema carries the
+    # header's own spelling, and the columns are renamed to the configured names afterwards.
+    config = make_config(tmp_path)
+    land(tmp_path, "ID,Name,qty\n1,alpha,10\n")
+    spark.conf.set("spark.sql.caseSensitive", "true")
+    try:
+        frame = read_source(spark, config, DAY_TEXT)
+        assert read_columns(frame) == ["id", "name", "qty", "_corrupt_record"]
+        assert [(r["id"], r["name"], r["qty"]) for r in frame.collect()] == [("1", "alpha", "10")]
+    finally:
+        spark.conf.unset("spark.sql.caseSensitive")
+
+
+def test_made_up_names_with_several_files_are_an_error(spark, tmp_path):
+    # Spark names a duplicated field x3, x4; its per-file check compares the raw "x" and can never
+    # pass, so with several files nothing would stop one of them being read by position.
+    config = make_config(tmp_path, allow_extra_columns=True)
+    land(tmp_path, "id,name,qty,x,x\n1,alpha,10,p,q\n", "part-0.csv")
+    land(tmp_path, "id,name,qty,x,x\n2,beta,20,r,s\n", "part-1.csv")
+    with pytest.raises(SourceError, match=r"empty or duplicate column names .*\['x3', 'x4'\].* 2 files"):
+        read_source(spark, config, DAY_TEXT)
+
+
+def test_names_that_only_look_made_up_are_checked_as_usual(spark, tmp_path):
+    config = make_config(tmp_path, allow_extra_columns=True)
+    land(tmp_path, "id,name,qty,c3,c4\n1,alpha,10,p,q\n", "part-0.csv")
+    land(tmp_path, "id,name,qty,c3,c4\n2,beta,20,r,s\n", "part-1.csv")
+    frame = read_source(spark, config, DAY_TEXT)
+    assert read_columns(frame) == ["id", "name", "qty", "c3", "c4", "_corrupt_record"]
+    assert sorted((r["id"], r["c4"]) for r in frame.collect()) == [("1", "q"), ("2", "s")]
+    land(tmp_path, "id,name,qty,c4,c3\n3,gamma,30,t,u\n", "part-2.csv")  # the two last swapped
+    with pytest.raises(Exception) as raised:
+        read_source(spark, config, DAY_TEXT).collect()
+    message = str(header_mismatch(config, raised.value))
+    assert "id, name, qty, c3, c4" in message and "id, name, qty, c4, c3" in message
+
+
+def test_header_mismatch_leaves_other_errors_alone(tmp_path):
+    config = make_config(tmp_path)
+    assert header_mismatch(config, RuntimeError("[FAILED_READ_FILE.NO_HINT] Encountered error while reading file x")) is None
+    assert header_mismatch(config, ValueError("CSV header does not conform")) is None
+
+
+# Through Spark Connect: the same code, the same errors (a Connect client must run in a process
+# without a classic session, so it runs in a subprocess).
+CONNECT_CLIENT = """
+import sys
+from pyspark.sql import SparkSession
+from cdc_assets.config import TableConfig
+from cdc_assets.core.source import SourceError, header_mismatch, read_source
+
+spark = SparkSession.builder.getOrCreate()
+print("module", type(spark).__module__)
+config = TableConfig.model_validate({
+    "name": "orders", "start_date": "2024-01-01", "load_type": "full",
+    "source": {"path": sys.argv[1] + "/{date}/", "format": "csv"},
+    "keys": [{"name": "id", "type": "int"}],
+    "non_keys": [{"name": "name", "type": "string"}, {"name": "qty", "type": "int"}],
+})
+print("columns", read_source(spark, config, "2024-01-02").columns)
+print("rows", sorted(tuple(r) for r in read_source(spark, config, "2024-01-02").select("id", "name", "qty").collect()))
+for day in ("2024-01-03", "2024-01-04"):  # a missing date, an empty folder
+    try:
+        read_source(spark, config, day)
+    except SourceError as error:
+        print("missing", day, "no input at" in str(error))
+try:
+    read_source(spark, config, "2024-01-05").collect()
+except Exception as error:
+    print("mismatch", header_mismatch(config, error))
+"""
+
+
+@pytest.mark.slow
+def test_through_spark_connect(connect_server, tmp_path):
+    root = tmp_path / "landing"
+    for day, name, text in [
+        ("2024-01-02", "part-0.csv", "ID,name,qty\n1,alpha,10\n"),
+        ("2024-01-02", "part-1.csv", "id,NAME,qty\n2,beta,20\n"),
+        ("2024-01-05", "part-0.csv", "id,name,qty\n1,alpha,10\n"),
+        ("2024-01-05", "part-1.csv", "name,qty,id\nbeta,20,2\n"),
+    ]:
+        (root / day).mkdir(parents=True, exist_ok=True)
+        (root / day / name).write_text(text)
+    (root / "2024-01-04").mkdir()
+    completed = subprocess.run(
+        [sys.executable, "-c", CONNECT_CLIENT, str(root)],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "SPARK_REMOTE": connect_server.url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    printed = [line for line in completed.stdout.splitlines() if line]
+    assert printed[0] == "module pyspark.sql.connect.session"
+    assert printed[1] == "columns ['id', 'name', 'qty', '_corrupt_record', '_source_file', '_record_id']"
+    assert printed[2] == "rows [('1', 'alpha', '10'), ('2', 'beta', '20')]"
+    assert printed[3:5] == ["missing 2024-01-03 True", "missing 2024-01-04 True"]
+    assert printed[5].startswith(f"mismatch table orders: input file file://{root}/2024-01-05/part-"), printed[5]
+    assert "first difference" in printed[5]
 
 
 # --- bad records --------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Classifying a day's rows against the previous state, and building current state and history.
 
-Only the hash columns take part in the full outer join (they are small and shuffle cheaply); the full
-payload is re-joined afterwards, from the incoming rows for I/U/N and from the previous current state
-for D/X. Every function here is a plain DataFrame transformation: nothing runs until it is written.
+Only hash columns decide an operation. A single date (and each date of a delta range) is one full
+outer join that carries the payload, as the shuffle has to move the rows anyway; a range of full
+loads is classified over hash columns in one window and its payload joined afterwards. Every
+function here is a plain DataFrame transformation: nothing runs until it is written.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pyspark.sql import functions as F
 
 from cdc_assets.config import LoadType
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
-from cdc_assets.core.source import BUSINESS_DATE
+from cdc_assets.core.columns import BUSINESS_DATE
 
 OPERATION = "operation"
 EFF_START_DATE = "eff_start_date"
@@ -31,41 +32,67 @@ _FROM_INCOMING = (INSERT, UPDATE, UNCHANGED)
 CLASSIFICATION_COLUMNS = (KEY_HASH, NON_KEY_HASH, OPERATION, EFF_START_DATE)
 
 
-def classify_changes(
-    incoming: DataFrame, previous_current: DataFrame | None, business_date: date, load_type: LoadType
-) -> DataFrame:
-    """One row per key_hash: ``key_hash``, ``non_key_hash``, ``operation``, ``eff_start_date``.
-
-    ``incoming`` FULL OUTER JOIN ``previous_current`` ON key_hash, using only their hash columns (and
-    the previous eff_start_date, which unchanged and not-supplied rows keep). A key only in the incoming
-    rows is an insert; only in the previous state a delete (full load) or not supplied (delta load); in
-    both, an update when the non-key hashes differ, else unchanged. ``non_key_hash`` is the incoming one
-    for I/U/N and the stored one for D/X. With no previous state every row is an insert.
-    """
-    day = F.lit(business_date).cast("date")
-    incoming_hashes = incoming.select(KEY_HASH, F.col(NON_KEY_HASH).alias("_incoming_nkh"))
-    if previous_current is None:
-        return incoming_hashes.select(
-            KEY_HASH, F.col("_incoming_nkh").alias(NON_KEY_HASH), F.lit(INSERT).alias(OPERATION), day.alias(EFF_START_DATE)
-        )
-    previous_hashes = previous_current.select(
-        KEY_HASH, F.col(NON_KEY_HASH).alias("_previous_nkh"), F.col(EFF_START_DATE).alias("_previous_eff")
-    )
+def _operation(incoming_hash: F.Column, previous_hash: F.Column, load_type: LoadType) -> F.Column:
+    """I/U/N/D/X from the two sides' non-key hashes of one key (NULL: the side has no row)."""
     missing = DELETE if load_type is LoadType.full else NOT_SUPPLIED
-    joined = incoming_hashes.join(previous_hashes, on=KEY_HASH, how="full_outer")
-    operation = (
-        F.when(F.col("_previous_nkh").isNull(), F.lit(INSERT))
-        .when(F.col("_incoming_nkh").isNull(), F.lit(missing))
-        .when(F.col("_incoming_nkh") == F.col("_previous_nkh"), F.lit(UNCHANGED))
+    return (
+        F.when(previous_hash.isNull(), F.lit(INSERT))
+        .when(incoming_hash.isNull(), F.lit(missing))
+        .when(incoming_hash == previous_hash, F.lit(UNCHANGED))
         .otherwise(F.lit(UPDATE))
     )
-    return joined.select(
+
+
+def classify_changes(
+    incoming: DataFrame,
+    previous_current: DataFrame | None,
+    business_date: date,
+    load_type: LoadType,
+    payload_columns: Sequence[str] = (),
+) -> DataFrame:
+    """One row per key_hash: ``payload_columns``, ``key_hash``, ``non_key_hash``, ``operation``, ``eff_start_date``.
+
+    ``incoming`` FULL OUTER JOIN ``previous_current`` ON key_hash, in one join that carries the payload.
+    The operation is decided by the hash columns only: a key only in the incoming rows is an insert;
+    only in the previous state a delete (full load) or not supplied (delta load); in both, an update
+    when the non-key hashes differ, else unchanged. I/U/N rows take the incoming payload and
+    ``non_key_hash``, D/X rows the stored ones; unchanged and not-supplied rows keep the previous
+    ``eff_start_date``. With no previous state every row is an insert.
+    """
+    day = F.lit(business_date).cast("date")
+    if previous_current is None:
+        return incoming.select(
+            *payload_columns, KEY_HASH, NON_KEY_HASH, F.lit(INSERT).alias(OPERATION), day.alias(EFF_START_DATE)
+        )
+    incoming_side = incoming.select(
+        *(F.col(name).alias(f"{_IN}{index}") for index, name in enumerate(payload_columns)),
         KEY_HASH,
-        F.coalesce("_incoming_nkh", "_previous_nkh").alias(NON_KEY_HASH),
-        operation.alias(OPERATION),
-        # Unchanged and not-supplied rows keep the date their current version started.
-        F.when(operation.isin(UNCHANGED, NOT_SUPPLIED), F.col("_previous_eff")).otherwise(day).alias(EFF_START_DATE),
+        F.col(NON_KEY_HASH).alias(f"{_IN}hash"),
     )
+    previous_side = previous_current.select(
+        *(F.col(name).alias(f"{_PREVIOUS}{index}") for index, name in enumerate(payload_columns)),
+        KEY_HASH,
+        F.col(NON_KEY_HASH).alias(f"{_PREVIOUS}hash"),
+        F.col(EFF_START_DATE).alias(f"{_PREVIOUS}eff"),
+    )
+    joined = incoming_side.join(previous_side, on=KEY_HASH, how="full_outer")
+    incoming_hash, previous_hash = F.col(f"{_IN}hash"), F.col(f"{_PREVIOUS}hash")
+    # A row's hash is never NULL, so a NULL hash means the side has no row for the key.
+    from_incoming = incoming_hash.isNotNull()
+    operation = _operation(incoming_hash, previous_hash, load_type)
+    return joined.select(
+        *(
+            F.when(from_incoming, F.col(f"{_IN}{index}")).otherwise(F.col(f"{_PREVIOUS}{index}")).alias(name)
+            for index, name in enumerate(payload_columns)
+        ),
+        KEY_HASH,
+        F.coalesce(incoming_hash, previous_hash).alias(NON_KEY_HASH),
+        operation.alias(OPERATION),
+        F.when(operation.isin(UNCHANGED, NOT_SUPPLIED), F.col(f"{_PREVIOUS}eff")).otherwise(day).alias(EFF_START_DATE),
+    )
+
+
+_IN, _PREVIOUS = "__cdc_in_", "__cdc_previous_"
 
 
 def classify_full_loads(incoming: DataFrame, previous_current: DataFrame | None, business_dates: Sequence[date]) -> DataFrame:
@@ -135,35 +162,6 @@ def _keys_with(
     if counts is not None and sum(counts[op] for op in operations) <= broadcast_max_keys:
         return F.broadcast(selected)
     return selected
-
-
-def join_payload(
-    classification: DataFrame,
-    incoming: DataFrame,
-    previous_current: DataFrame | None,
-    payload_columns: Sequence[str],
-    counts: Mapping[str, int] | None = None,
-    broadcast_max_keys: int = BROADCAST_MAX_KEYS,
-) -> DataFrame:
-    """Every classified key with its full payload: from the incoming rows for I/U/N, the previous current for D/X.
-
-    Output columns: ``payload_columns``, then key_hash, non_key_hash, operation, eff_start_date.
-    ``counts`` (from :func:`count_operations`) lets a side with at most ``broadcast_max_keys`` keys be
-    broadcast; without them Spark plans the joins itself.
-    """
-    output = [*payload_columns, *CLASSIFICATION_COLUMNS]
-    ops = classification.select(KEY_HASH, OPERATION, EFF_START_DATE)
-
-    def keys_with(operations: Sequence[str]) -> DataFrame:
-        return _keys_with(ops, operations, counts, broadcast_max_keys)
-
-    from_incoming = incoming.join(keys_with(_FROM_INCOMING), on=KEY_HASH, how="inner")
-    if previous_current is None:
-        return from_incoming.select(*output)
-    from_previous = previous_current.drop(OPERATION, EFF_START_DATE).join(
-        keys_with(REMOVED_OPERATIONS), on=KEY_HASH, how="inner"
-    )
-    return from_incoming.select(*output).unionByName(from_previous.select(*output))
 
 
 def join_payload_by_date(

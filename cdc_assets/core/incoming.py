@@ -18,13 +18,14 @@ from pyspark.sql import functions as F
 
 from cdc_assets.config import BadRecordPolicy, DuplicateKeyPolicy, TableConfig
 from cdc_assets.core.hashing import KEY_HASH, add_hashes
+from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.source import (
-    BUSINESS_DATE,
     RAW_RECORD,
     RECORD_ID,
     REJECT_REASON,
     SOURCE_FILE,
     accepted_records,
+    header_mismatch,
     read_source,
     rejected_records,
     validate_records,
@@ -175,12 +176,19 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
     accepted_flag = F.col(REJECT_REASON).isNull()
     per_key = validated.groupBy(BUSINESS_DATE, accepted_flag.alias("accepted"), KEY_HASH).count()
     duplicated_group = F.col("accepted") & (F.col("count") > 1)
-    totals = per_key.groupBy(BUSINESS_DATE).agg(
-        F.sum("count").alias("read"),
-        F.sum(F.when(~F.col("accepted"), F.col("count"))).alias("rejected"),
-        F.count(F.when(duplicated_group, F.lit(1))).alias("duplicate_keys"),
-        F.sum(F.when(duplicated_group, F.col("count"))).alias("duplicate_rows"),
-    ).collect()  # a row per date
+    try:
+        totals = per_key.groupBy(BUSINESS_DATE).agg(
+            F.sum("count").alias("read"),
+            F.sum(F.when(~F.col("accepted"), F.col("count"))).alias("rejected"),
+            F.count(F.when(duplicated_group, F.lit(1))).alias("duplicate_keys"),
+            F.sum(F.when(duplicated_group, F.col("count"))).alias("duplicate_rows"),
+        ).collect()  # a row per date
+    except Exception as error:  # the first read of the files: Spark checks each file's header here
+        mismatch = header_mismatch(config, error)
+        validated.unpersist()
+        if mismatch is None:
+            raise
+        raise mismatch from None
     figures = {day: DateFigures() for day in days}
     duplicate_rows: dict[str, int] = {}
     for row in totals:

@@ -1,8 +1,9 @@
 """Reconciliation rules: the equations a date's stored outputs must satisfy. Plain PySpark, no Dagster.
 
-Two halves. The ``*_by_date`` functions measure stored outputs: each takes every date of a range as one
-DataFrame with a date column and returns small per-date figures from one aggregation, so checking a
-ten-date backfill costs one job per dataset rather than ten. The ``reconcile_*`` functions apply the
+Two halves. The ``*_by_date`` functions measure stored outputs where the Parquet footers cannot (distinct
+keys, NULL keys, operations): each takes every date of a range as one DataFrame with a date column and
+returns small per-date figures from one aggregation, so checking a ten-date backfill costs one job per
+dataset rather than ten. Plain row counts come from the footers (``WarehouseStorage.row_counts``). The ``reconcile_*`` functions apply the
 rules to one date's figures and return a :class:`Reconciliation` with both sides of each equation, so
 a failure says by how much and where. Nothing here collects data, only one row of figures per date.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -37,13 +39,8 @@ class KeyedFigures:
     null_key_rows: int = 0
 
 
-# -- measuring: dates come back as ISO strings (str() of a date or of a string partition value) ---------
-def rows_by_date(frame: DataFrame, date_column: str) -> dict[str, int]:
-    """Rows per date (ISO date strings); a date without rows is absent."""
-    return {str(row[0]): row[1] for row in frame.groupBy(date_column).count().collect()}
-
-
-def keyed_figures_by_date(frame: DataFrame, date_column: str, key_columns: list[str] | None = None) -> dict[str, KeyedFigures]:
+# -- measuring: figures by the date column's values (``datetime.date`` for a date column) -------------
+def keyed_figures_by_date(frame: DataFrame, date_column: str, key_columns: list[str] | None = None) -> dict[date, KeyedFigures]:
     """Rows, distinct key_hash and (when ``key_columns`` are given) NULL-key rows per date, in one pass."""
     null_key = (
         F.count(F.when(F.expr(" OR ".join(f"`{name}` IS NULL" for name in key_columns)), F.lit(1)))
@@ -53,14 +50,14 @@ def keyed_figures_by_date(frame: DataFrame, date_column: str, key_columns: list[
     rows = frame.groupBy(date_column).agg(
         F.count(F.lit(1)).alias("rows"), F.count_distinct(KEY_HASH).alias("keys"), null_key.alias("null_keys")
     )
-    return {str(row[0]): KeyedFigures(row["rows"], row["keys"], row["null_keys"]) for row in rows.collect()}
+    return {row[0]: KeyedFigures(row["rows"], row["keys"], row["null_keys"]) for row in rows.collect()}
 
 
-def operations_by_date(classification: DataFrame, date_column: str) -> dict[str, dict[str, int]]:
+def operations_by_date(classification: DataFrame, date_column: str) -> dict[date, dict[str, int]]:
     """Rows per operation per date, all five operations present for every date that has rows."""
-    counts: dict[str, dict[str, int]] = {}
+    counts: dict[date, dict[str, int]] = {}
     for row in classification.groupBy(date_column, OPERATION).count().collect():
-        counts.setdefault(str(row[0]), no_operations())[row[OPERATION]] = row["count"]
+        counts.setdefault(row[0], no_operations())[row[OPERATION]] = row["count"]
     return counts
 
 

@@ -6,20 +6,21 @@ values) or rejected (raw record, reason, source file), so rows read = accepted +
 
 from __future__ import annotations
 
+import re
+from urllib.parse import unquote
+
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc_assets.config import INTERNAL_PREFIX, SourceFormat, TableConfig
-from cdc_assets.core.csv_header import can_read_header, read_csv_header
+from cdc_assets.core.columns import BUSINESS_DATE
 
 SOURCE_FILE = "_source_file"
 RAW_RECORD = "_raw_record"
 REJECT_REASON = "_reject_reason"
 RECORD_ID = "_record_id"  # increases in file order within each file; ranks give record numbers
-# The date a row belongs to when several dates' rows travel in one DataFrame (a range run). The same
-# name as the warehouse's partition column, so such a frame is written partitioned by it as it is.
-BUSINESS_DATE = "business_date"
 _CORRUPT = "_corrupt_record"
 # RFC 4180 doubles quotes inside quoted fields; Spark's CSV reader escapes with a backslash by default.
 CSV_DEFAULTS = {"header": "true", "escape": '"', "mode": "PERMISSIVE"}
@@ -38,26 +39,115 @@ def _reader(spark: SparkSession, config: TableConfig):
     return spark.read.format(config.source.format.value).options(**_options(config))
 
 
-def _header_columns(spark: SparkSession, config: TableConfig, path: str) -> list[str]:
-    no_input = SourceError(
+def _has_header(config: TableConfig) -> bool:
+    return config.source.format is SourceFormat.csv and _options(config).get("header", "true").lower() == "true"
+
+
+def _no_input(config: TableConfig, path: str) -> SourceError:
+    return SourceError(
         f"table {config.name}: no input at {path}. A missing extract is never treated as an empty one; "
         "land the file or fix source.path."
     )
-    options = _options(config)
+
+
+def _header_columns(spark: SparkSession, config: TableConfig, path: str) -> list[str]:
+    """The extract's columns as Spark names them: for CSV, from one file's header (a small Spark job)."""
+    reader = _reader(spark, config)
+    if config.source.format is SourceFormat.csv:
+        reader = reader.option("inferSchema", "false")  # the names only: one line, not a pass over the data
     try:
-        if config.source.format is SourceFormat.csv and can_read_header(spark, options):
-            # Spark lists the files (a schema spares its inference job); the driver reads the header.
-            files = _reader(spark, config).schema("`_` string").load(path).inputFiles()
-            found = read_csv_header(spark, files, options)
-            if not found:
-                raise no_input
-            return found
-        return _reader(spark, config).load(path).columns
+        found = reader.load(path).columns
     except AnalysisException as error:
-        # An empty folder (or only empty files) cannot have its schema inferred: no input either.
+        # An empty folder cannot have its schema inferred: no input either. (A Spark Connect error
+        # subclasses pyspark.errors.AnalysisException too, with the same text.)
         if any(marker in str(error) for marker in ("PATH_NOT_FOUND", "Path does not exist", "UNABLE_TO_INFER_SCHEMA")):
-            raise no_input from None
+            raise _no_input(config, path) from None
         raise
+    if not found:  # only empty files
+        raise _no_input(config, path)
+    return found
+
+
+def _made_up_names(found: list[str]) -> list[str]:
+    """Names Spark may have made up for header fields that were empty (``_c<i>``) or duplicated
+    (``<name><i>``), going by the names alone: a header that really says ``f0,f1`` looks the same."""
+    suffixed: dict[str, list[str]] = {}
+    made_up = []
+    for index, name in enumerate(found):
+        if name == f"_c{index}":
+            made_up.append(name)
+        elif name.endswith(str(index)) and len(name) > len(str(index)):
+            suffixed.setdefault(name[: -len(str(index))].lower(), []).append(name)
+    made_up += [name for names in suffixed.values() if len(names) > 1 for name in names]
+    return made_up
+
+
+def _header_fields(spark: SparkSession, config: TableConfig, path: str, count: int) -> list[str | None]:
+    """The first line of the extract as raw fields (a Spark job): what Spark's per-file check compares."""
+    schema = StructType([StructField(f"{INTERNAL_PREFIX}field_{index}", StringType()) for index in range(count)])
+    rows = _reader(spark, config).option("header", "false").schema(schema).load(path).limit(1).collect()
+    return list(rows[0]) if rows else []
+
+
+def _check_each_header(spark: SparkSession, config: TableConfig, path: str, found: list[str]) -> bool:
+    """Whether Spark can check every file's header against ``found`` as it reads them (``enforceSchema:
+    false``); if not, whether reading by position is still exact (one file). Otherwise a SourceError.
+
+    Spark's check compares each file's raw header fields with the schema's names. Where Spark made a
+    name up (an empty or a duplicated field) the two can never agree, so such a header cannot be
+    checked. With a single file there is nothing to check it against; with several, a file with
+    another header would be read by position, wrongly and silently.
+    """
+    made_up = _made_up_names(found)
+    if not made_up:
+        return True
+    files = _reader(spark, config).schema(StructType([StructField("_", StringType())])).load(path).inputFiles()
+    if len(files) <= 1:
+        return False
+    if _header_fields(spark, config, path, len(found)) == found:
+        return True  # the header really says these names
+    raise SourceError(
+        f"table {config.name}: input {path}: the header has empty or duplicate column names (Spark names "
+        f"them {made_up}), so Spark cannot check that the {len(files)} files share one header, and a file "
+        "whose columns are in another order would be read wrongly. Give every column a distinct, non-empty "
+        "name, or land the date as one file."
+    )
+
+
+# Spark's per-file header check (CSVHeaderChecker, enforceSchema=false) fails a scan with one of these.
+_HEADER_MISMATCH = re.compile(
+    r"CSV header does not conform to the schema\.\s*Header: (?P<header>[^\n]*)\n\s*Schema: (?P<schema>[^\n]*)"
+    r"\n\s*Expected: (?P<expected>.*?) but found: (?P<found>[^\n]*)\n\s*CSV file: (?P<file>\S+)"
+    r"|Number of column in CSV header is not equal to number of fields in the schema:\s*"
+    r"Header length: (?P<length>\d+), schema size: (?P<size>\d+)\s*CSV file: (?P<file2>\S+)"
+)
+
+
+def header_mismatch(config: TableConfig, error: BaseException) -> SourceError | None:
+    """The :class:`SourceError` for ``error`` if it is Spark failing a scan of ``config``'s input because
+    a file's header differs from the one the date was read with; else None (re-raise ``error``).
+
+    The check runs as the data is read, so this error comes from the first action on the rows, not
+    from :func:`read_source`. Spark's text is found in the error as classic PySpark raises it (the
+    Java stack trace, causes included) and through Spark Connect (its server stack trace).
+    """
+    text = "\n".join(str(part) for part in (error, getattr(error, "getStackTrace", lambda: None)()) if part)
+    match = _HEADER_MISMATCH.search(text)
+    if match is None:
+        return None
+    if match["file"]:
+        file, detail = match["file"], (
+            f"it lists {match['header']} where {match['schema']} was expected "
+            f"(first difference: {match['found']!r} where {match['expected']!r} was expected)"
+        )
+    else:
+        file, detail = match["file2"], (
+            f"it has {match['length']} column(s) where the header the date was read with has {match['size']}"
+        )
+    return SourceError(
+        f"table {config.name}: input file {unquote(file)} does not have the header its date was read with: "
+        f"{detail}. The files of one date must list the same columns in the same order."
+    )
 
 
 def check_columns(config: TableConfig, found: list[str], path: str) -> None:
@@ -80,7 +170,10 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     """The day's records as read, with the source file of each row in ``_source_file``.
 
     CSV columns are read as strings and matched to the config by header name, not position; records
-    with the wrong number of fields keep their raw text in ``_corrupt_record``.
+    with the wrong number of fields keep their raw text in ``_corrupt_record``. The header is taken
+    from one file (Spark's own header handling, a small job), and Spark checks every file's header
+    against it as it reads the rows (``enforceSchema: false``): a file whose columns differ, or are in
+    another order, fails the read (see :func:`header_mismatch`) instead of being read by position.
     """
     path = config.source.path_for(business_date)
     found = _header_columns(spark, config, path)
@@ -88,19 +181,24 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     # extracts line up by name even when their headers' case differs.
     as_configured = {column.name.lower(): column.name for column in config.columns}
     if config.source.format is SourceFormat.csv:
-        if str(config.source.options.get("header", "true")).lower() == "true":
+        reader = _reader(spark, config).option("columnNameOfCorruptRecord", _CORRUPT)
+        if _has_header(config):
             check_columns(config, found, path)
-            found = [as_configured.get(name.lower(), name) for name in found]
+            # The schema carries the header's own names, which is what Spark's check compares (case
+            # as spark.sql.caseSensitive says); the corrupt-record column is left out of the check.
+            reader = reader.option("enforceSchema", str(not _check_each_header(spark, config, path, found)).lower())
         else:
             # Without a header the fields are positional, in config order; a record with another
             # number of fields is malformed.
             found = [column.name for column in config.columns]
-        schema = ", ".join(f"`{name}` string" for name in found) + f", `{_CORRUPT}` string"
-        frame = _reader(spark, config).option("columnNameOfCorruptRecord", _CORRUPT).schema(schema).load(path)
+        schema = StructType([StructField(name, StringType()) for name in (*found, _CORRUPT)])
+        frame = reader.schema(schema).load(path)
     else:
         check_columns(config, found, path)
         frame = _reader(spark, config).load(path)
-        frame = frame.withColumnsRenamed({name: as_configured[name.lower()] for name in found if name.lower() in as_configured})
+    renamed = {name: as_configured[name.lower()] for name in found if as_configured.get(name.lower(), name) != name}
+    if renamed:
+        frame = frame.withColumnsRenamed(renamed)
     return frame.withColumns({SOURCE_FILE: F.col("_metadata.file_path"), RECORD_ID: F.monotonically_increasing_id()})
 
 

@@ -1,0 +1,420 @@
+"""A long-lived Spark Connect server on loopback, started from the installed pyspark.
+
+    python -m cdc_assets.connect_server start [--port N] [--state-dir D] [--master M]   # prints sc://127.0.0.1:N
+    python -m cdc_assets.connect_server status [--state-dir D]
+    python -m cdc_assets.connect_server stop [--state-dir D]
+
+pyspark's wheel ships the server (``jars/spark-connect_2.13-*.jar``) and ``bin/spark-submit``, so nothing
+is downloaded: the server is ``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer
+spark-internal`` with ``SPARK_HOME`` set to the pyspark package. It runs detached in a session of its own
+(Ctrl-C of whoever started it does not reach it), writes its pid to ``<state_dir>/server.pid`` and its
+output to ``<state_dir>/server.log``, and listens on 127.0.0.1 only (gRPC, driver RPC, block manager and
+UI alike: ``spark.connect.grpc.binding.address`` plus ``SPARK_LOCAL_IP``). It has no authentication:
+anyone who can open a socket on this machine can use it.
+
+Runs then reach it with ``SPARK_REMOTE=sc://127.0.0.1:<port>``; they skip the JVM start (about 10 s) and
+share one JVM's caches. The server's working directory is the caller's, so relative paths a client sends
+resolve as they would for a local session.
+
+Conf, lowest precedence first: ``PIPELINE_DEFAULTS``, ``LOCAL_DEFAULTS`` (local masters only),
+``CDC_SPARK_CONF``, ``conf``; then the binding address and port, which cannot be overridden. The master is
+``master``, else ``CDC_SPARK_MASTER``, else ``local[*]``. Every Connect session starts from this conf:
+static conf (``spark.driver.memory``, ...) can only be set here, not by a client's builder.
+
+No Dagster import of its own; the shared conf defaults come from ``resources.spark`` (imported only to
+start a server, since that module imports Dagster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 15002
+DEFAULT_STATE_DIR = ".spark-server"
+PORT_ENV = "SPARK_CONNECT_PORT"
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+PID_FILE = "server.pid"
+PORT_FILE = "server.port"
+LOG_FILE = "server.log"
+LOCK_FILE = "start.lock"
+
+# Server processes this Python process started, so that they are reaped (no zombie looks alive).
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+@dataclass(frozen=True)
+class ServerHandle:
+    url: str
+    pid: int
+    port: int
+    state_dir: Path
+    log_path: Path
+
+
+def spark_home() -> str:
+    """The installed pyspark package: it holds ``bin/spark-submit`` and ``jars/``."""
+    import pyspark
+
+    return os.path.dirname(os.path.abspath(pyspark.__file__))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def server_conf(port: int, master: str | None = None, conf: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
+    """The master and the ``--conf`` pairs a server on ``port`` gets."""
+    from resources.spark import LOCAL_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
+
+    resolved_master = master or os.environ.get("CDC_SPARK_MASTER") or "local[*]"
+    merged = {**PIPELINE_DEFAULTS}
+    if resolved_master.startswith("local"):
+        merged.update(LOCAL_DEFAULTS)
+    merged.update(spark_conf_from_env())
+    merged.update({str(key): str(value) for key, value in (conf or {}).items()})
+    merged.update(
+        {
+            "spark.connect.grpc.binding.address": HOST,
+            "spark.connect.grpc.binding.port": str(port),
+            # Fail rather than silently listen on another port than the one recorded (Spark's default too).
+            "spark.connect.grpc.port.maxRetries": "0",
+        }
+    )
+    return resolved_master, merged
+
+
+def start_server(
+    port: int = DEFAULT_PORT,
+    state_dir: str | Path = DEFAULT_STATE_DIR,
+    master: str | None = None,
+    conf: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> ServerHandle:
+    """Start a detached Spark Connect server on 127.0.0.1:``port`` and wait until it answers a query.
+
+    If the server recorded in ``state_dir`` is alive on ``port``, it is returned as it is (its conf is not
+    changed). Once started, the server is in a session of its own: Ctrl-C of the caller does not reach
+    it (interrupting ``start_server`` while it waits does stop the half-started server).
+
+    Raises ``RuntimeError`` if that server runs on another port, if the port is taken, or if the server
+    dies while starting, and ``TimeoutError`` (after stopping it) if it is not ready within ``timeout``
+    seconds; both carry the end of its log.
+    """
+    state = Path(state_dir).resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    # One start at a time per state dir: a concurrent caller waits, then finds the server running.
+    with open(state / LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_locked(port, state, master, conf, timeout)
+
+
+def _start_locked(port: int, state: Path, master: str | None, conf: dict[str, str] | None, timeout: float) -> ServerHandle:
+    log_path = state / LOG_FILE
+    running = _recorded_server(state)
+    if running is not None:
+        pid, running_port = running
+        if running_port != port:
+            raise RuntimeError(f"a Spark Connect server from {state} already runs on port {running_port} (pid {pid}); stop it first")
+        handle = _handle(pid, port, state)
+        _wait_until_ready(handle, timeout)
+        return handle
+    if not _port_is_free(port):
+        raise RuntimeError(f"port {HOST}:{port} is in use by another process")
+
+    resolved_master, merged = server_conf(port, master, conf)
+    home = spark_home()
+    command = [os.path.join(home, "bin", "spark-submit"), "--class", SERVER_CLASS, "--name", "cdc_assets Spark Connect server", "--master", resolved_master]
+    for key, value in merged.items():
+        command += ["--conf", f"{key}={value}"]
+    command.append("spark-internal")
+
+    env = {key: value for key, value in os.environ.items() if key not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
+    env["SPARK_HOME"] = home
+    env["SPARK_LOCAL_IP"] = HOST
+    # Python workers (UDFs, Python data sources) run with this interpreter, whose pyspark matches the jars.
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    if log_path.exists():
+        log_path.replace(state / f"{LOG_FILE}.1")  # keep the previous server's log, e.g. after a crash
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(  # close_fds (the default): the server must not inherit the start lock
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True
+        )
+    _CHILDREN[process.pid] = process
+    (state / PORT_FILE).write_text(f"{port}\n")
+    (state / PID_FILE).write_text(f"{process.pid}\n")
+    handle = _handle(process.pid, port, state)
+    try:
+        _wait_until_ready(handle, timeout)
+    except BaseException:
+        stop_server(state, timeout=10)
+        raise
+    return handle
+
+
+def stop_server(state_dir: str | Path = DEFAULT_STATE_DIR, timeout: float = 30) -> bool:
+    """Stop the server recorded in ``state_dir``: SIGTERM to its process group, SIGKILL after ``timeout`` s.
+
+    Returns whether a running server was stopped; a missing or stale pid file is not an error.
+    """
+    state = Path(state_dir).resolve()
+    running = _recorded_server(state)
+    if running is None:
+        _forget(state)
+        return False
+    pid, _ = running
+    _signal_group(pid, signal.SIGTERM)
+    if not _wait_for_exit(pid, timeout):
+        _signal_group(pid, signal.SIGKILL)
+        if not _wait_for_exit(pid, 10):
+            raise RuntimeError(f"Spark Connect server pid {pid} survived SIGKILL")
+    _forget(state)
+    return True
+
+
+def running_server(state_dir: str | Path = DEFAULT_STATE_DIR) -> ServerHandle | None:
+    """The server recorded in ``state_dir`` if its process is alive (ready or still starting), else None."""
+    state = Path(state_dir).resolve()
+    running = _recorded_server(state)
+    return None if running is None else _handle(running[0], running[1], state)
+
+
+def jvm_pid(handle: ServerHandle) -> int:
+    """The pid of the server's JVM, e.g. for its peak RSS (``VmHWM`` in ``/proc/<pid>/status``).
+
+    ``spark-submit`` and ``spark-class`` ``exec`` the JVM, so this is ``handle.pid`` itself once the
+    launcher is done; while it is not, the JVM is looked for among the process's descendants.
+    """
+    if _is_java(handle.pid):
+        return handle.pid
+    for pid in _descendants(handle.pid):
+        if _is_java(pid) and SERVER_CLASS in _cmdline(pid):
+            return pid
+    raise LookupError(f"no JVM found for the Spark Connect server pid {handle.pid}")
+
+
+def probe(port: int, timeout: float = 10) -> dict[str, str]:
+    """Run ``SELECT 1`` on the server and read a few confs over raw gRPC; returns the confs.
+
+    Uses pyspark's generated gRPC stubs and no SparkSession, so it works in a process that holds a classic
+    SparkSession (where pyspark refuses to create a Connect one) and needs no pandas.
+    """
+    import grpc
+    from pyspark.sql.connect.proto import base_pb2, base_pb2_grpc
+
+    session_id = str(uuid.uuid4())
+    common = {"session_id": session_id, "client_type": "cdc_assets.connect_server", "user_context": base_pb2.UserContext(user_id="cdc_assets_probe")}
+    with grpc.insecure_channel(f"{HOST}:{port}") as channel:
+        stub = base_pb2_grpc.SparkConnectServiceStub(channel)
+        request = base_pb2.ExecutePlanRequest(**common)
+        request.plan.root.sql.query = "SELECT 1 AS ok"
+        rows = sum(response.arrow_batch.row_count for response in stub.ExecutePlan(request, timeout=timeout) if response.HasField("arrow_batch"))
+        if rows != 1:
+            raise RuntimeError(f"SELECT 1 on the Spark Connect server returned {rows} rows")
+        keys = ["spark.master", "spark.sql.session.timeZone", "spark.driver.memory", "spark.sql.shuffle.partitions"]
+        config = base_pb2.ConfigRequest(**common)
+        config.operation.get_option.keys.extend(keys)
+        pairs = {pair.key: pair.value for pair in stub.Config(config, timeout=timeout).pairs}
+        stub.ReleaseSession(base_pb2.ReleaseSessionRequest(**common), timeout=timeout)
+    return pairs
+
+
+def log_tail(path: str | Path, lines: int = 40) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# -- internals -------------------------------------------------------------------------------------
+
+
+def _handle(pid: int, port: int, state: Path) -> ServerHandle:
+    return ServerHandle(url=f"sc://{HOST}:{port}", pid=pid, port=port, state_dir=state, log_path=state / LOG_FILE)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _recorded_server(state: Path) -> tuple[int, int] | None:
+    """(pid, port) of the live server recorded in ``state``, or None."""
+    pid, port = _read_int(state / PID_FILE), _read_int(state / PORT_FILE)
+    if pid is None or port is None or not _alive(pid):
+        return None
+    cmdline = _cmdline(pid)
+    if cmdline and SERVER_CLASS not in cmdline:
+        return None  # the pid was reused by an unrelated process
+    return pid, port
+
+
+def _forget(state: Path) -> None:
+    for name in (PID_FILE, PORT_FILE):
+        (state / name).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is None:
+            return True
+        del _CHILDREN[pid]
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is not a server
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _is_java(pid: int) -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "java"
+    except OSError:
+        return os.path.basename(_cmdline(pid).split(" ", 1)[0]) == "java"
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, queue = [], [root]
+    while queue:
+        children = parents.get(queue.pop(0), [])
+        found += children
+        queue += children
+    return found
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        group = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if group == pid and group != os.getpgrp():
+            os.killpg(group, sig)  # the JVM and any Python workers it started
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_for_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_accepts(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_until_ready(handle: ServerHandle, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        if not _alive(handle.pid):
+            _forget(handle.state_dir)
+            raise RuntimeError(f"the Spark Connect server exited while starting; end of {handle.log_path}:\n{log_tail(handle.log_path)}")
+        if _port_accepts(handle.port):
+            try:
+                probe(handle.port, timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+                return
+            except Exception as error:  # noqa: BLE001 - listening but not serving yet; retried until the deadline
+                last_error = error
+        if time.monotonic() > deadline:
+            detail = f" (last probe: {last_error})" if last_error else ""
+            raise TimeoutError(f"the Spark Connect server was not ready within {timeout:g} s{detail}; end of {handle.log_path}:\n{log_tail(handle.log_path)}")
+        time.sleep(0.25)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cdc_assets.connect_server", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["start", "stop", "status"])
+    parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"pid file and log (default: {DEFAULT_STATE_DIR})")
+    parser.add_argument("--port", type=int, default=None, help=f"start: the port (default: ${PORT_ENV} or {DEFAULT_PORT})")
+    parser.add_argument("--master", default=None, help="start: the Spark master (default: $CDC_SPARK_MASTER or local[*])")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait: start, for the server (120); stop, before SIGKILL (30)")
+    args = parser.parse_args(argv)
+
+    if args.command == "start":
+        port = args.port or int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
+        began = time.monotonic()
+        already = running_server(args.state_dir)
+        handle = start_server(port=port, state_dir=args.state_dir, master=args.master, timeout=args.timeout or 120)
+        how = "already running" if already is not None and already.pid == handle.pid else f"ready in {time.monotonic() - began:.1f} s"
+        print(f"Spark Connect server {how}: pid {handle.pid}, log {handle.log_path}", file=sys.stderr)
+        print(handle.url)
+        return 0
+    if args.command == "stop":
+        stopped = stop_server(args.state_dir, timeout=args.timeout or 30)
+        print("stopped" if stopped else "not running", file=sys.stderr)
+        return 0
+    handle = running_server(args.state_dir)
+    if handle is None:
+        print("not running")
+        return 1
+    try:
+        confs = probe(handle.port)
+    except Exception as error:  # noqa: BLE001
+        print(f"{handle.url} pid {handle.pid}: process alive but not answering ({error.__class__.__name__}); log {handle.log_path}")
+        return 1
+    print(f"{handle.url} pid {handle.pid} " + " ".join(f"{key}={value}" for key, value in confs.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""Planning a step's CDC over a date range: which strategy, what is cached, how the outputs are sized.
+
+:func:`plan_changes` is what the CDC step runs, without Dagster: it takes the range's incoming rows
+and the state before the range, and returns the six outputs as dated DataFrames ready to write,
+with every date's operation counts (the guards and the metadata need them before anything is
+written). The caller writes the outputs and then calls :meth:`ChangePlan.release`.
+
+- A range of **full** loads is classified in one query (:func:`classify_full_loads`): after a full
+  load the state is exactly that date's rows, so the previous state of date d is date d-1's rows.
+- A **delta** load, and any single date, goes date by date, oldest first (:func:`classify_changes`):
+  a key a delta does not supply keeps the payload of whichever date last supplied it, so a date's
+  state is more than the date before's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from functools import reduce
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from cdc_assets.config import LoadType
+from cdc_assets.core import changes as cdc
+from cdc_assets.core.columns import BUSINESS_DATE
+
+# Rows per task when the outputs are written (at most the session's shuffle partitions). Each task
+# writes a file per date it holds, so fewer tasks for fewer rows keeps a range of small dates from
+# writing (tasks x dates) tiny files.
+ROWS_PER_WRITE_TASK = 250_000
+
+
+@dataclass
+class ChangePlan:
+    """A range's six CDC outputs, each a DataFrame dated by ``business_date``, and its counts by date."""
+
+    classification: DataFrame
+    inserts: DataFrame
+    deletes: DataFrame
+    updates: DataFrame
+    current: DataFrame
+    history: DataFrame
+    counts: dict[date, dict[str, int]]  # every date of the range, all five operations
+    _cached: list[DataFrame] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Free what the plan cached; call it once the outputs are written (or the step failed)."""
+        for frame in self._cached:
+            frame.unpersist()
+        self._cached.clear()
+
+
+def write_tasks(rows: int, max_tasks: int) -> int:
+    """How many tasks write ``rows`` rows: one per ``ROWS_PER_WRITE_TASK``, between 1 and ``max_tasks``."""
+    return max(1, min(max_tasks, -(-rows // ROWS_PER_WRITE_TASK)))
+
+
+def plan_changes(
+    incoming: DataFrame,
+    previous: DataFrame | None,
+    business_dates: Sequence[date],
+    load_type: LoadType,
+    payload_columns: Sequence[str],
+    max_write_tasks: int,
+) -> ChangePlan:
+    """Classify every date of the range against the state the date before left; the outputs to write.
+
+    ``incoming`` holds the range's accepted rows with a ``business_date`` column; ``previous`` is the
+    stored ``current_table`` as of the day before the first date (None: no earlier state). Runs the
+    Spark jobs that classify and count (the outputs then read from a cache); nothing is written.
+    """
+    dates = sorted(business_dates)
+    if load_type is LoadType.full and len(dates) > 1:
+        classification, changed, counts, cached = _full_loads_in_one_query(incoming, previous, dates, payload_columns)
+    else:
+        classification, changed, counts, cached = _date_by_date(
+            incoming, previous, dates, load_type, payload_columns, max_write_tasks
+        )
+    tasks = write_tasks(sum(sum(by_op.values()) for by_op in counts.values()), max_write_tasks)
+    changed = changed.coalesce(tasks)
+    return ChangePlan(
+        classification=classification.coalesce(tasks),
+        inserts=cdc.with_operations(changed, [cdc.INSERT]),
+        deletes=cdc.with_operations(changed, cdc.REMOVED_OPERATIONS),
+        updates=cdc.with_operations(changed, [cdc.UPDATE]),
+        current=cdc.build_current(changed),
+        history=cdc.build_history(changed),
+        counts=counts,
+        _cached=cached,
+    )
+
+
+def _counts_by_date(classification: DataFrame, dates: Sequence[date]) -> dict[date, dict[str, int]]:
+    found: dict[date, dict[str, int]] = {}
+    for row in classification.groupBy(BUSINESS_DATE, cdc.OPERATION).count().collect():
+        found.setdefault(row[BUSINESS_DATE], cdc.no_operations())[row[cdc.OPERATION]] = row["count"]
+    return {day: found.get(day, cdc.no_operations()) for day in dates}  # a date may have no rows
+
+
+def _full_loads_in_one_query(incoming: DataFrame, previous: DataFrame | None, dates: list[date], payload_columns):
+    classification = cdc.classify_full_loads(incoming, previous, dates).persist(StorageLevel.MEMORY_AND_DISK)
+    counts = _counts_by_date(classification, dates)
+    totals = {op: sum(by_op[op] for by_op in counts.values()) for op in cdc.OPERATIONS}
+    changed = cdc.join_payload_by_date(classification, incoming, previous, dates, payload_columns, totals)
+    changed = changed.persist(StorageLevel.MEMORY_AND_DISK)  # six outputs are filtered from it
+    return classification.select(*cdc.CLASSIFICATION_COLUMNS, BUSINESS_DATE), changed, counts, [changed, classification]
+
+
+def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, payload_columns, max_partitions: int):
+    classified, changed, counts, cached = [], [], {}, []
+    for day in dates:
+        # Filtering on the partition column prunes the scan to the date's folder.
+        rows = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
+        changes = cdc.classify_changes(rows, previous, day, load_type, payload_columns)
+        if len(dates) > 1:
+            # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from this
+            # date's rows instead of nesting every earlier date's plan (a 10-day range failed). The
+            # cap keeps the partitions from growing date by date.
+            changes = changes.coalesce(max_partitions).localCheckpoint()
+        else:
+            changes = changes.persist(StorageLevel.MEMORY_AND_DISK)  # six outputs are filtered from it
+        cached.append(changes)
+        counts[day] = cdc.count_operations(changes)
+        dated = F.lit(day).alias(BUSINESS_DATE)
+        classified.append(changes.select(*cdc.CLASSIFICATION_COLUMNS, dated))
+        changed.append(changes.select("*", dated))
+        previous = cdc.build_current(changes)  # the next date classifies against this date's state
+    return reduce(DataFrame.unionByName, classified), reduce(DataFrame.unionByName, changed), counts, cached

@@ -1,0 +1,186 @@
+"""The pipeline through Spark Connect, as a daily run uses it: the Dagster CLI with SPARK_REMOTE set.
+
+A Connect server runs in its own process (the session-scoped ``connect_server`` fixture); the runs are
+real ``dagster asset materialize`` processes that reach it through ``SPARK_REMOTE``, and their outputs
+must equal, row for row, what the classic session writes for the same input. Also here: a run killed
+(kill -9) during a commit through Connect, and two runs of one table started at once, through Connect
+and through the classic session, where the second waits for the first's writer lock.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import DagsterInstance
+
+from tests.pipeline import definitions_for, run_dates, write_table_config
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+DAYS = ["2024-01-01", "2024-01-02", "2024-01-03"]
+ASSETS = ("hashed_incoming", "rejects", "hash_join_classification", "inserts", "deletes", "updates",
+          "current_table", "history_partition")
+
+
+def _tables(tmp_path: Path):
+    """``synth`` (full loads from the generator; day 3 is day 1 again) and ``orders`` (the checked-in deltas)."""
+    data = tmp_path / "landing"
+    subprocess.run(
+        [str(REPO / ".venv/bin/cdc-generate"), "600", "600", "5", "10", "0.2", "0.4", "0.4",
+         str(data / DAYS[0]), str(data / DAYS[1]), "--seed", "3"],
+        check=True, capture_output=True,
+    )
+    shutil.copytree(data / DAYS[0], data / DAYS[2])  # a full snapshot equal to day 1's: I, U and D again
+    configs = tmp_path / "configs"
+    synth = write_table_config(configs, "synth", f"{data}/{{date}}", start_date=DAYS[0])
+    orders_doc = yaml.safe_load((REPO / "table_configs" / "orders.yaml").read_text())
+    orders_doc["source"]["path"] = str(REPO / "samples" / "orders" / "{date}.csv")
+    (configs / "orders.yaml").write_text(yaml.safe_dump(orders_doc))
+    return configs, synth
+
+
+def _environment(tmp_path: Path, name: str, configs: Path, remote: str | None, **extra) -> dict:
+    home = tmp_path / f"dagster_home_{name}"
+    home.mkdir(exist_ok=True)
+    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    # Create the instance's storage now: two runs started at once would both try (SQLite schema race).
+    with DagsterInstance.from_config(str(home)):
+        pass
+    env = {key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}
+    env.update(
+        PYTHONPATH=str(REPO), DAGSTER_HOME=str(home), CDC_TABLE_CONFIGS=str(configs),
+        CDC_WAREHOUSE=str(tmp_path / f"warehouse_{name}"),
+        CDC_SPARK_CONF='{"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false", "spark.driver.memory": "1g"}',
+        **extra,
+    )
+    if remote:
+        env["SPARK_REMOTE"] = remote
+    return env
+
+
+def _materialize(env: dict, selection: str, day: str, log: Path | None = None) -> subprocess.Popen:
+    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.definitions",
+               "--select", selection, "--partition", day]
+    output = open(log, "w") if log else subprocess.PIPE
+    return subprocess.Popen(command, env=env, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _run(env: dict, selection: str, day: str) -> str:
+    process = _materialize(env, selection, day)
+    output, _ = process.communicate(timeout=900)
+    assert process.returncode == 0, output[-6000:]
+    return output
+
+
+def _outputs(spark, warehouse: Path, table: str) -> dict:
+    """Every row of every asset (all dates), sorted: a comparison independent of file layout."""
+    return {
+        asset: sorted((tuple(row) for row in spark.read.parquet(str(warehouse / table / asset)).collect()), key=repr)
+        for asset in ASSETS
+    }
+
+
+def _operations(spark, warehouse: Path, table: str, asset: str) -> set[str]:
+    return {row["operation"] for row in spark.read.parquet(str(warehouse / table / asset)).select("operation").distinct().collect()}
+
+
+def test_seed_scenario_and_a_rerun_through_connect_equal_the_classic_session(spark, tmp_path, connect_server, monkeypatch):
+    configs, synth = _tables(tmp_path)
+    connect = _environment(tmp_path, "connect", configs, connect_server.url)
+    for day in DAYS:
+        output = _run(connect, "group:synth,group:orders", day)
+        assert "RUN_SUCCESS" in output
+    warehouse = Path(connect["CDC_WAREHOUSE"])
+    first_pass = {table: _outputs(spark, warehouse, table) for table in ("synth", "orders")}
+    # Re-running the middle date replaces exactly its partitions with the same rows.
+    _run(connect, "group:synth,group:orders", DAYS[1])
+    assert {table: _outputs(spark, warehouse, table) for table in ("synth", "orders")} == first_pass
+
+    # The same dates through the classic session (this process's), with the same code.
+    classic = tmp_path / "warehouse_classic"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(classic))
+    from cdc_assets.config import load_table_config
+
+    defs = definitions_for(synth, load_table_config(configs / "orders.yaml"))
+    assert all(result.success for result in run_dates(defs, DAYS, DagsterInstance.ephemeral()))
+    for table in ("synth", "orders"):
+        expected = _outputs(spark, classic, table)
+        assert first_pass[table] == expected, table
+    # The seed's shape on day 2 of the full load, and X rows kept by the delta.
+    assert _operations(spark, warehouse, "synth", "history_partition") == {"I", "U", "D"}
+    assert "X" in _operations(spark, warehouse, "orders", "current_table")
+    assert not list((warehouse / "synth" / "_staging").rglob("*.parquet"))
+
+
+def test_a_run_killed_during_a_commit_through_connect_keeps_the_stored_outputs(spark, tmp_path, connect_server):
+    configs, _ = _tables(tmp_path)
+    marker = tmp_path / "paused.marker"
+    env = _environment(tmp_path, "killed", configs, connect_server.url)
+    for day in DAYS[:2]:
+        _run(env, "group:synth", day)
+    warehouse = Path(env["CDC_WAREHOUSE"])
+    before = _outputs(spark, warehouse, "synth")
+
+    paused = {**env, "CDC_PAUSE_BEFORE_COMMIT": "synth/current_table", "CDC_PAUSE_MARKER": str(marker)}
+    process = _materialize(paused, "group:synth", DAYS[1], log=tmp_path / "killed.log")
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert marker.exists(), (tmp_path / "killed.log").read_text()[-4000:]
+        staged = list((warehouse / "synth" / "_staging" / "current_table").rglob("*.parquet"))
+        assert staged, "current_table was staged, not committed, when the run was killed"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    after_kill = _outputs(spark, warehouse, "synth")
+    # What readers see of current_table and history is the version from before the killed run.
+    assert after_kill["current_table"] == before["current_table"]
+    assert after_kill["history_partition"] == before["history_partition"]
+
+    _run(env, "group:synth", DAYS[1])  # the next run takes the dead run's lock and sweeps its leftovers
+    assert _outputs(spark, warehouse, "synth") == before
+    assert not list((warehouse / "synth" / "_staging").rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("through", ["classic", "connect"])
+def test_two_runs_of_one_table_at_once_the_second_waits_for_the_first(spark, tmp_path, connect_server, through):
+    configs, _ = _tables(tmp_path)
+    remote = connect_server.url if through == "connect" else None
+    env = _environment(tmp_path, through, configs, remote)
+    marker = tmp_path / "first.marker"
+    # The first run holds a staged current_table for a while before committing it.
+    first_env = {**env, "CDC_PAUSE_BEFORE_COMMIT": "synth/current_table", "CDC_PAUSE_MARKER": str(marker),
+                 "CDC_PAUSE_SECONDS": "20"}
+    first = _materialize(first_env, "group:synth", DAYS[0], log=tmp_path / "first.log")
+    time.sleep(1)
+    second = _materialize(env, "group:synth", DAYS[0], log=tmp_path / "second.log")
+    try:
+        assert first.wait(timeout=900) == 0, (tmp_path / "first.log").read_text()[-6000:]
+        assert second.wait(timeout=900) == 0, (tmp_path / "second.log").read_text()[-6000:]
+    finally:
+        for process in (first, second):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert marker.exists()
+    second_log = (tmp_path / "second.log").read_text()
+    assert "FileNotFoundException" not in second_log and "FileNotFoundException" not in (tmp_path / "first.log").read_text()
+    # Both succeeded and the stored date is one whole version: the same rows a lone run writes.
+    warehouse = Path(env["CDC_WAREHOUSE"])
+    both = _outputs(spark, warehouse, "synth")
+    alone_env = {**env, "CDC_WAREHOUSE": str(tmp_path / "warehouse_alone")}
+    _run(alone_env, "group:synth", DAYS[0])
+    assert both == _outputs(spark, tmp_path / "warehouse_alone", "synth")
+    # The second run's writes waited for the first run to let go of the lock.
+    assert "waiting for the writer lock" in second_log
