@@ -95,7 +95,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
 
     @property
     def root(self) -> str:
-        return WarehouseStorage(self.warehouse).root if self.warehouse else warehouse_root()
+        return warehouse_root(self.warehouse)
 
     @property
     def storage(self) -> WarehouseStorage:

@@ -54,12 +54,12 @@ _log = logging.getLogger(__name__)
 _OTHER_DATES = "rows_of_other_dates"
 
 
-def warehouse_root() -> str:
-    """``CDC_WAREHOUSE`` (a path, or a URI such as s3a://bucket/cdc) or ``./warehouse``, made absolute.
+def warehouse_root(configured: str | None = None) -> str:
+    """``configured``, else ``CDC_WAREHOUSE`` (a path, or a URI such as s3a://bucket/cdc), else ``./warehouse``.
 
-    Absolute because a Spark Connect server resolves a relative path in its own working directory.
+    Made absolute, because a Spark Connect server resolves a relative path in its own working directory.
     """
-    configured = os.environ.get(WAREHOUSE_ENV, "").strip()
+    configured = (configured or os.environ.get(WAREHOUSE_ENV, "")).strip()
     if not configured:
         return os.path.abspath("warehouse")
     return configured.rstrip("/") if "://" in configured else os.path.abspath(configured)
