@@ -140,9 +140,10 @@ class PipelineSparkResource(LazyPySparkResource):
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         session = self._spark_session
-        if session is None:
-            return
         self._spark_session = None
+        # The IO manager's copy of this resource is torn down too; the first teardown does the work.
+        if session is None or getattr(session, "is_stopped", False):
+            return
         try:
             session.interruptAll()
             if is_connect(session):
