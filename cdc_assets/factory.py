@@ -39,7 +39,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.checks import build_table_checks
-from cdc_assets.config import LoadType, TableConfig
+from cdc_assets.config import TableConfig
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.incoming import prepare_incoming_dates
