@@ -422,6 +422,7 @@ def as_stored(schema: StructType) -> StructType:
 
 
 PAUSE_ENV, PAUSE_MARKER_ENV, PAUSE_SECONDS_ENV = "CDC_PAUSE_BEFORE_COMMIT", "CDC_PAUSE_MARKER", "CDC_PAUSE_SECONDS"
+PAUSE_RELEASE_ENV = "CDC_PAUSE_RELEASE"
 
 
 def _pause_if_requested(table: str, asset: str) -> None:
@@ -429,7 +430,8 @@ def _pause_if_requested(table: str, asset: str) -> None:
 
     Set ``CDC_PAUSE_BEFORE_COMMIT=<table>/<asset>`` and ``CDC_PAUSE_MARKER=<file>``; the run touches
     the marker and waits there (``CDC_PAUSE_SECONDS``, default 600), between the staged write and its
-    commit. Unset, it does nothing.
+    commit. With ``CDC_PAUSE_RELEASE=<file>`` it goes on as soon as that file exists, so a test can
+    order two runs without guessing at timings. Unset, it does nothing.
     """
     if os.environ.get(PAUSE_ENV) != f"{table}/{asset}":
         return
@@ -437,4 +439,7 @@ def _pause_if_requested(table: str, asset: str) -> None:
     if marker:
         with open(marker, "w") as handle:
             handle.write(str(os.getpid()))
-    time.sleep(float(os.environ.get(PAUSE_SECONDS_ENV, "600")))
+    release = os.environ.get(PAUSE_RELEASE_ENV)
+    deadline = time.monotonic() + float(os.environ.get(PAUSE_SECONDS_ENV, "600"))
+    while time.monotonic() < deadline and not (release and os.path.exists(release)):
+        time.sleep(0.2)

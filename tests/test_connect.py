@@ -153,24 +153,37 @@ def test_a_run_killed_during_a_commit_through_connect_keeps_the_stored_outputs(s
     assert not list((warehouse / "synth" / "_staging").rglob("*.parquet"))
 
 
+def _wait_for(condition, process, log: Path, timeout: float = 600) -> None:
+    """Poll until ``condition()`` holds; fail with the log's tail if the process ends first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-6000:]
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize("through", ["classic", "connect"])
 def test_two_runs_of_one_table_at_once_the_second_waits_for_the_first(spark, tmp_path, connect_server, through):
     configs, _ = _tables(tmp_path)
     remote = connect_server.url if through == "connect" else None
     env = _environment(tmp_path, through, configs, remote)
-    marker = tmp_path / "first.marker"
-    # The first run holds a staged current_table for a while before committing it.
+    marker, release = tmp_path / "first.marker", tmp_path / "first.release"
+    # The first run holds the table's lock, with a staged current_table, until the test releases it.
     first_env = {**env, "CDC_PAUSE_BEFORE_COMMIT": "synth/current_table", "CDC_PAUSE_MARKER": str(marker),
-                 "CDC_PAUSE_SECONDS": "20"}
+                 "CDC_PAUSE_RELEASE": str(release)}
     first = _materialize(first_env, "group:synth", DAYS[0], log=tmp_path / "first.log")
-    time.sleep(1)
-    second = _materialize(env, "group:synth", DAYS[0], log=tmp_path / "second.log")
+    second = None
     try:
+        _wait_for(lambda: marker.exists(), first, tmp_path / "first.log")
+        second = _materialize(env, "group:synth", DAYS[0], log=tmp_path / "second.log")
+        # The second run reaches its first write and waits for the lock the paused first run holds.
+        _wait_for(lambda: "waiting for the writer lock" in (tmp_path / "second.log").read_text(), second,
+                  tmp_path / "second.log")
+        release.touch()
         assert first.wait(timeout=900) == 0, (tmp_path / "first.log").read_text()[-6000:]
         assert second.wait(timeout=900) == 0, (tmp_path / "second.log").read_text()[-6000:]
     finally:
         for process in (first, second):
-            if process.poll() is None:
+            if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     assert marker.exists()
     second_log = (tmp_path / "second.log").read_text()
@@ -181,5 +194,3 @@ def test_two_runs_of_one_table_at_once_the_second_waits_for_the_first(spark, tmp
     alone_env = {**env, "CDC_WAREHOUSE": str(tmp_path / "warehouse_alone")}
     _run(alone_env, "group:synth", DAYS[0])
     assert both == _outputs(spark, tmp_path / "warehouse_alone", "synth")
-    # The second run's writes waited for the first run to let go of the lock.
-    assert "waiting for the writer lock" in second_log
