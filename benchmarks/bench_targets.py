@@ -21,6 +21,10 @@ server started for the purpose. Measurements (names for `--only`):
               per date, then one `--partition-range FIRST...LAST` run into a fresh warehouse.
               range / single target <= 2.0 (<= 2.5 acceptable). Both warehouses must hold the same.
   range-warm  the same against a Connect server of its own; target <= 1.5.
+  changeset   a flagged change set (load_type: changeset, issue 11) of the same table: day 1 = the
+              day-1 rows as insert records, day 2 = `--changeset-records` records (40% updates, 20%
+              upserts that change nothing, 20% inserts, 20% deletes), each a cold CLI run. Printed
+              against (b)'s day 2, the full load of the same table; no target.
 
 "single" is the mean of the one-date runs of dates 2..N (date 1 has no previous state to join), as in
 bench_backfill.py; the mean over all dates is in the JSON too.
@@ -78,7 +82,10 @@ import bench_backfill  # noqa: E402 - its range data, table config and output co
 TABLE = "synthetic"
 DAY1, DAY2 = "2019-06-18", "2019-06-19"
 DEFAULT_YARDSTICK = REPO.parent / "shared" / "bench" / "plain_cdc.py"
-MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm")
+MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm", "changeset")
+CHANGESET_TABLE = "synthetic_changes"
+# The day-2 change set's mix: updates, upserts that change nothing, inserts and deletes.
+CHANGESET_MIX = {"U": 0.4, "N": 0.2, "I": 0.2, "D": 0.2}
 WARM = {"c", "range-warm"}
 RANGE = {"range-cold", "range-warm"}
 TARGETS = {"b/a": 1.0, "c/a": 0.7, "server_rss_gib": 3.0, "range_cold": 2.0, "range_cold_acceptable": 2.5, "range_warm": 1.5}
@@ -456,6 +463,66 @@ class Bench:
         finally:
             self.stop_servers()
 
+    def changeset_data(self) -> dict:
+        """Day 1: the synthetic day-1 rows as insert records; day 2: ``--changeset-records`` records."""
+        self.generate()
+        root = self.workdir / "data" / CHANGESET_TABLE
+        shutil.rmtree(root, ignore_errors=True)
+        started = time.perf_counter()
+        keys = [f"key_{i}" for i in range(1, 6)]
+        non_keys = [f"nonkey_{i}" for i in range(1, 11)]
+        columns = ", ".join(keys + non_keys)
+        on = " AND ".join(f"d1.{k} = d2.{k}" for k in keys)
+        differs = " OR ".join(f"d1.{c} <> d2.{c}" for c in non_keys)
+        counts = {op: int(self.args.changeset_records * share) for op, share in CHANGESET_MIX.items()}
+        db = duckdb.connect()
+        db.sql(f"CREATE TABLE d1 AS SELECT * FROM read_csv('{self.day_dir(DAY1)}/*.csv', header=true, all_varchar=true)")
+        db.sql(f"CREATE TABLE d2 AS SELECT * FROM read_csv('{self.day_dir(DAY2)}/*.csv', header=true, all_varchar=true)")
+        for day in (DAY1, DAY2):
+            (root / day).mkdir(parents=True)
+        db.sql(f"COPY (SELECT 'I' AS op, {columns}, 1::BIGINT AS seq FROM d1) TO '{root / DAY1 / 'changes.csv'}' (HEADER)")
+        d2_columns = ", ".join(f"d2.{c}" for c in keys + non_keys)
+        d1_columns = ", ".join(f"d1.{c}" for c in keys + non_keys)
+        db.sql(
+            f"""COPY (
+              (SELECT 'U' AS op, {d2_columns}, 2::BIGINT AS seq FROM d2 JOIN d1 ON {on} WHERE {differs} LIMIT {counts['U']})
+              UNION ALL (SELECT 'U', {d2_columns}, 2 FROM d2 JOIN d1 ON {on} WHERE NOT ({differs}) LIMIT {counts['N']})
+              UNION ALL (SELECT 'I', {d2_columns}, 2 FROM d2 ANTI JOIN d1 ON {on} LIMIT {counts['I']})
+              UNION ALL (SELECT 'D', {d1_columns}, 2 FROM d1 ANTI JOIN d2 ON {on} LIMIT {counts['D']})
+            ) TO '{root / DAY2 / 'changes.csv'}' (HEADER)"""
+        )
+        configs = self.workdir / "configs" / CHANGESET_TABLE
+        configs.mkdir(parents=True, exist_ok=True)
+        keys_yaml = "\n".join(f"  - {{name: {k}, type: string}}" for k in keys)
+        non_keys_yaml = "\n".join(f"  - {{name: {c}, type: double}}" for c in non_keys)
+        (configs / f"{CHANGESET_TABLE}.yaml").write_text(
+            f"name: {CHANGESET_TABLE}\nstart_date: '{DAY1}'\nload_type: changeset\n"
+            f"source:\n  path: {root}/{{date}}/\n  format: csv\n"
+            f"keys:\n{keys_yaml}\nnon_keys:\n{non_keys_yaml}\n"
+            "untracked_columns:\n  - {name: seq, type: bigint}\n"
+            "changes:\n  operation_column: op\n  sequence_columns: [seq]\n"
+        )
+        rows = db.sql("SELECT count(*) FROM d1").fetchall()[0][0]
+        log(f"changeset data: {rows} insert records, then {sum(counts.values())} change records, in {time.perf_counter() - started:.1f}s")
+        expected = {"I": counts["I"], "U": counts["U"], "N": counts["N"], "X": rows - counts["U"] - counts["N"] - counts["D"]}
+        return {"configs": configs, "day1_records": rows, "day2_records": sum(counts.values()), "expected_current": expected,
+                "expected_history": {"I": counts["I"], "U": counts["U"], "D": counts["D"]}}
+
+    def measure_changeset(self, result: dict) -> None:
+        data = self.changeset_data()
+        env = self.run_env("changeset_cold", data["configs"])
+        result["day1"] = self.materialize("changeset_day1", env, CHANGESET_TABLE, "--partition", DAY1)
+        log(f"changeset day 1 ({data['day1_records']:,} insert records), cold CLI: {describe(result['day1'])}")
+        result["day2"] = day2 = self.materialize("changeset_day2", env, CHANGESET_TABLE, "--partition", DAY2)
+        result.update(seconds=day2["seconds"], day2_records=data["day2_records"], current_rows=data["day1_records"])
+        log(f"changeset day 2 ({data['day2_records']:,} change records on {data['day1_records']:,} rows), cold CLI: {describe(day2)}")
+        stored = Path(env["CDC_WAREHOUSE"]) / CHANGESET_TABLE
+        found = {name: self.operation_counts(stored / name / f"business_date={DAY2}") for name in ("current_table", "history_partition")}
+        expected = {"current_table": data["expected_current"], "history_partition": data["expected_history"]}
+        result["day2_counts"] = found
+        if found != expected:
+            raise OutputsWrong(f"changeset: day-2 counts {found}, expected {expected}")
+
     def measure_range(self, result: dict, warm: bool) -> None:
         dates = self.range_data()
         table = bench_backfill.TABLE
@@ -506,6 +573,7 @@ class Bench:
             "c": self.measure_c,
             "range-cold": lambda result: self.measure_range(result, warm=False),
             "range-warm": lambda result: self.measure_range(result, warm=True),
+            "changeset": self.measure_changeset,
         }
         for name in selected:
             log(f"--- {name} ---")
@@ -599,6 +667,13 @@ def summarise(results: dict) -> list[dict]:
             met=verdict(r["ratio"], target, acceptable), note="outputs identical" if r.get("outputs_identical") else "OUTPUTS DIFFER")
         if "server_jvm_peak_rss_mib" in r:
             row("    server JVM peak RSS, GiB (VmHWM)", value=gib(r["server_jvm_peak_rss_mib"]), note="no target")
+    cs = m.get("changeset")
+    if cs and "day2" in cs:
+        row(f"changeset day 2: {cs['day2_records']:,} records on {cs['current_rows']:,} rows, cold CLI", cs["day2"])
+        if b:
+            row("    changeset day 2 / full load day 2 (b)", value=round(cs["seconds"] / b["seconds"], 2), note="no target")
+        else:
+            row("    changeset day 2 / full load day 2 (b)", note="needs b (--only b,changeset)")
     for name, error in results["errors"].items():
         row(f"{name}: {'WRONG OUTPUTS' if error['kind'] == 'outputs' else 'FAILED'}", note=error["message"].strip().splitlines()[0][:120])
     if results.get("interrupted"):
@@ -612,7 +687,7 @@ def print_table(results: dict) -> None:
     width = max((len(r["what"]) for r in rows), default=10)
     head = f"{'':<{width}}  {'seconds':>9}  {'other':>5}  {'value':>6}  {'target':<14} {'verdict':<15} note"
     print("\n" + "=" * len(head))
-    print(f"ISSUE 10 TARGETS  rows/day={results['rows']:,}  range={results['range_days']}x{results['range_rows']:,}  "
+    print(f"PERFORMANCE TARGETS (issues 10, 11)  rows/day={results['rows']:,}  range={results['range_days']}x{results['range_rows']:,}  "
           f"at {results.get('git_commit', '?')}  {results['started_utc']}  total {results.get('total_seconds', 0):.0f} s")
     print(head)
     for r in rows:
@@ -631,6 +706,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--range-days", type=int, default=10, help="dates in the range measurements (default 10)")
     parser.add_argument("--range-rows", type=int, default=10_000, help="rows per date in the range measurements (default 10,000)")
     parser.add_argument("--range-seed", type=int, default=3, help="seed of the range data (default 3, as bench_backfill.py)")
+    parser.add_argument("--changeset-records", type=int, default=100_000,
+                        help="records in the changeset measurement's day-2 change set (default 100,000; day 1 = --rows inserts)")
     parser.add_argument("--workdir", help="default: a fresh temp dir, deleted at the end unless --keep")
     parser.add_argument("--keep", action="store_true", help="keep the temp workdir (data, warehouses, logs)")
     parser.add_argument("--skip-warm", action="store_true", help="no Connect server: skip c and range-warm")

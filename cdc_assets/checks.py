@@ -29,6 +29,8 @@ from cdc_assets.core.reconcile import (
     Reconciliation,
     keyed_figures_by_date,
     operations_by_date,
+    reconcile_change_set,
+    reconcile_change_set_intake,
     reconcile_changes,
     reconcile_incoming,
 )
@@ -37,6 +39,7 @@ from cdc_assets.names import (
     CURRENT,
     HASHED_INCOMING,
     HISTORY,
+    LATE_CHANGES,
     REJECTS,
     asset_key,
     day_before,
@@ -61,6 +64,21 @@ CHECK_DESCRIPTIONS = {
 }
 INCOMING_CHECKS = [(HASHED_INCOMING, "rows_read_reconcile"), (HASHED_INCOMING, "keys_unique")]
 CDC_CHECKS = [key for key in CHECK_DESCRIPTIONS if key not in INCOMING_CHECKS]
+# A change set holds several records per key, and its incoming records are not one per classified key.
+CHANGESET_DESCRIPTIONS = {
+    (HASHED_INCOMING, "rows_read_reconcile"): (
+        "Nothing lost at intake: records read = records in hashed_incoming + records in rejects + tombstone lines."
+    ),
+    (CLASSIFICATION, "records_reconcile"): (
+        "Every accepted record is accounted for: hashed_incoming rows = winners + superseded + late_changes rows "
+        "+ duplicate events."
+    ),
+    (CURRENT, "previous_plus_changes"): "current_table rows = current_table rows the day before + I - D.",
+}
+CHANGESET_INCOMING_CHECKS = [(HASHED_INCOMING, "rows_read_reconcile")]
+CHANGESET_CDC_CHECKS = [(CLASSIFICATION, "records_reconcile"), (CURRENT, "previous_plus_changes")] + [
+    key for key in CDC_CHECKS if key != (CLASSIFICATION, "incoming_reconciles")
+]
 
 
 def _specs(config: TableConfig, partitions_def: DailyPartitionsDefinition, checks) -> list[AssetCheckSpec]:
@@ -68,7 +86,7 @@ def _specs(config: TableConfig, partitions_def: DailyPartitionsDefinition, check
         AssetCheckSpec(
             name,
             asset=asset_key(config, asset),
-            description=CHECK_DESCRIPTIONS[(asset, name)],
+            description={**CHECK_DESCRIPTIONS, **(CHANGESET_DESCRIPTIONS if config.changes else {})}[(asset, name)],
             blocking=True,
             partitions_def=partitions_def,
         )
@@ -89,18 +107,26 @@ def _evaluation(config: TableConfig, day: str, outcome: Reconciliation) -> Asset
     )
 
 
-def _rows_read(context: AssetCheckExecutionContext, key: AssetKey, day: str) -> int:
-    """Rows read at intake, as hashed_incoming's materialization for the date recorded them."""
+def _recorded(context: AssetCheckExecutionContext, key: AssetKey, day: str, names: tuple[str, ...]) -> dict[str, int]:
+    """Figures the asset's latest materialization of the date recorded (0 for one it did not record)."""
     records = context.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=key, asset_partitions=[day]), limit=1
     ).records
     if not records:
         raise RuntimeError(f"{key.to_user_string()} has no materialization for {day} to reconcile against")
-    return int(records[0].asset_materialization.metadata["rows_read"].value)
+    metadata = records[0].asset_materialization.metadata
+    return {name: int(metadata[name].value) if name in metadata else 0 for name in names}
+
+
+def _rows_read(context: AssetCheckExecutionContext, key: AssetKey, day: str) -> int:
+    """Rows read at intake, as hashed_incoming's materialization for the date recorded them."""
+    return _recorded(context, key, day, ("rows_read",))["rows_read"]
 
 
 def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> list:
     table = config.name
+    if config.changes is not None:
+        return _changeset_checks(config, partitions_def)
 
     @multi_asset_check(
         name=f"{table}__intake_checks",
@@ -144,6 +170,63 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
             outcomes = reconcile_changes(
                 operations=operations.get(on, no_operations()),
                 incoming_rows=incoming[day],
+                previous_rows=current.get(before, KeyedFigures()).rows,
+                current=current.get(on, KeyedFigures()),
+                history_rows=history[day],
+            )
+            for outcome in outcomes:
+                yield _evaluation(config, day, outcome)
+            context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
+
+    return [intake_checks, cdc_checks]
+
+
+def _changeset_checks(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> list:
+    table = config.name
+
+    @multi_asset_check(
+        name=f"{table}__intake_checks",
+        specs=_specs(config, partitions_def, CHANGESET_INCOMING_CHECKS),
+        can_subset=True,
+        pool=pool_name(config),
+    )
+    def intake_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
+        days = list(context.partition_keys)
+        accepted = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
+        rejected = parquet_io_manager.row_counts(table, REJECTS, days)
+        for day in days:
+            read = _recorded(context, asset_key(config, HASHED_INCOMING), day, ("rows_read", "tombstone_lines"))
+            yield _evaluation(config, day, reconcile_change_set_intake(read["rows_read"], accepted[day], rejected[day], read["tombstone_lines"]))
+
+    @multi_asset_check(
+        name=f"{table}__cdc_checks",
+        specs=_specs(config, partitions_def, CHANGESET_CDC_CHECKS),
+        can_subset=True,
+        pool=pool_name(config),
+    )
+    def cdc_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
+        days = list(context.partition_keys)
+        first_previous = day_before(days[0])
+        current_days = ([first_previous] if date.fromisoformat(first_previous) >= config.start_date else []) + days
+        incoming = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
+        history = parquet_io_manager.row_counts(table, HISTORY, days)
+        late = parquet_io_manager.row_counts(table, LATE_CHANGES, days)
+        operations, current = side_by_side(
+            lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), BUSINESS_DATE),
+            lambda: keyed_figures_by_date(
+                parquet_io_manager.read_partitions(table, CURRENT, current_days), BUSINESS_DATE, config.key_names
+            ),
+        )
+        for day in days:
+            on, before = date.fromisoformat(day), date.fromisoformat(day_before(day))
+            figures = _recorded(context, asset_key(config, CLASSIFICATION), day, ("winners", "superseded", "duplicate_events"))
+            outcomes = reconcile_change_set(
+                operations=operations.get(on, no_operations()),
+                incoming_rows=incoming[day],
+                winners=figures["winners"],
+                superseded=figures["superseded"],
+                late_rows=late[day],
+                duplicate_events=figures["duplicate_events"],
                 previous_rows=current.get(before, KeyedFigures()).rows,
                 current=current.get(on, KeyedFigures()),
                 history_rows=history[day],

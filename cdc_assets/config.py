@@ -27,7 +27,9 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # Column names end up in Parquet schemas and SQL; keep them to plain identifiers.
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Columns the pipeline adds itself; a configured column of the same name would be overwritten.
-RESERVED_COLUMNS = {"key_hash", "non_key_hash", "operation", "eff_start_date", "business_date"}
+RESERVED_COLUMNS = {
+    "key_hash", "non_key_hash", "operation", "eff_start_date", "business_date", "change_flag", "change_sequence",
+}
 # Working columns of the intake stage (core/source.py, core/hashing.py); a source column may not shadow them.
 INTERNAL_COLUMNS = {"_source_file", "_raw_record", "_reject_reason", "_record_id", "_corrupt_record"}
 INTERNAL_PREFIX = "__cdc_"
@@ -38,6 +40,7 @@ class LoadType(str, Enum):
 
     full = "full"  # the extract is a full snapshot: a missing key was deleted (D)
     delta = "delta"  # the extract holds changed rows only: a missing key was not supplied (X)
+    changeset = "changeset"  # change records (I/U/D flag + sequence): the latest per key is applied; untouched keys are X
 
 
 class BadRecordPolicy(str, Enum):
@@ -91,6 +94,63 @@ class SourceFormat(str, Enum):
     csv = "csv"
     parquet = "parquet"
     json = "json"
+    debezium = "debezium"  # JSON lines, one Debezium change event per line (bare or {"schema", "payload"})
+
+
+class TimestampUnit(str, Enum):
+    """How a Debezium timestamp without an embedded schema is encoded: epoch milli- or microseconds."""
+
+    millis = "millis"
+    micros = "micros"
+
+
+# Envelope fields of a Debezium event a sequence may be made of, e.g. source.lsn or ts_ms.
+_ENVELOPE_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+DEBEZIUM_OPERATIONS = {"c": "I", "r": "I", "u": "U", "d": "D", "t": "T"}
+
+
+class Changes(BaseModel):
+    """How a changeset's records say what they are (``load_type: changeset``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operation_column: str | None = Field(
+        default=None, description="The source column holding each record's flag (not for source.format: debezium)."
+    )
+    insert_values: list[str] = Field(default_factory=lambda: ["I"], min_length=1)
+    update_values: list[str] = Field(default_factory=lambda: ["U"], min_length=1)
+    delete_values: list[str] = Field(default_factory=lambda: ["D"], min_length=1)
+    sequence_columns: list[str] = Field(
+        min_length=1,
+        description="Columns (Debezium: envelope fields such as source.lsn) that order a key's changes, as a tuple.",
+    )
+    tombstone_retention_days: int = Field(default=30, ge=1)
+
+    @field_validator("operation_column")
+    @classmethod
+    def _plain_column(cls, value: str | None) -> str | None:
+        if value is not None and not _COLUMN.match(value):
+            raise ValueError(f"column name {value!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        return value
+
+    @model_validator(mode="after")
+    def _values_distinct(self) -> "Changes":
+        seen: dict[str, str] = {}
+        for group in ("insert_values", "update_values", "delete_values"):
+            for value in getattr(self, group):
+                if value in seen:
+                    raise ValueError(f"flag value {value!r} is listed in both {seen[value]} and {group}")
+                seen[value] = group
+        if len(set(self.sequence_columns)) != len(self.sequence_columns):
+            raise ValueError(f"sequence_columns lists a column twice: {self.sequence_columns}")
+        return self
+
+    def flag_for(self, value: str) -> str | None:
+        """I, U or D for a flag value of the source; None for a value the config does not list."""
+        for normalized, values in (("I", self.insert_values), ("U", self.update_values), ("D", self.delete_values)):
+            if value in values:
+                return normalized
+        return None
 
 
 class Source(BaseModel):
@@ -135,6 +195,7 @@ class TableConfig(BaseModel):
     duplicate_keys: DuplicateKeyPolicy = DuplicateKeyPolicy.fail
     max_delete_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     allow_extra_columns: bool = False
+    changes: Changes | None = None
     owners: list[str] = Field(default_factory=list)
     description: str | None = None
 
@@ -158,6 +219,55 @@ class TableConfig(BaseModel):
                     raise ValueError(f"column {column.name!r} is listed {where}")
                 seen[lowered] = group
         return self
+
+    @model_validator(mode="after")
+    def _changes_fit_the_load(self) -> "TableConfig":
+        changeset = self.load_type is LoadType.changeset
+        debezium = self.source.format is SourceFormat.debezium
+        if debezium and not changeset:
+            raise ValueError("source.format debezium holds change events: it needs load_type: changeset")
+        if not changeset:
+            if self.changes is not None:
+                raise ValueError("field 'changes' applies to load_type: changeset only")
+            return self
+        if self.changes is None:
+            raise ValueError("load_type changeset needs a 'changes' section (at least sequence_columns)")
+        changes, by_lower = self.changes, {column.name.lower(): column for column in self.columns}
+        if debezium:
+            given = changes.model_fields_set & {"operation_column", "insert_values", "update_values", "delete_values"}
+            if given:
+                raise ValueError(
+                    f"changes.{sorted(given)[0]} does not apply to source.format debezium: the event's op is the flag"
+                )
+            for field in changes.sequence_columns:
+                if not _ENVELOPE_FIELD.match(field):
+                    raise ValueError(f"changes.sequence_columns: {field!r} is not an envelope field path such as source.lsn")
+            unit = self.source.options.get("timestamp_unit")
+            if unit is not None and str(unit) not in {unit.value for unit in TimestampUnit}:
+                raise ValueError(f"source.options.timestamp_unit must be millis or micros, not {unit!r}")
+            return self
+        if changes.operation_column is None:
+            raise ValueError("changes.operation_column is required: the source column holding each record's I/U/D flag")
+        if changes.operation_column.lower() in by_lower:
+            raise ValueError(
+                f"changes.operation_column {changes.operation_column!r} is also a configured column; "
+                "the flag is not part of the table's payload"
+            )
+        for name in changes.sequence_columns:
+            column = by_lower.get(name.lower())
+            if column is None:
+                raise ValueError(
+                    f"changes.sequence_columns: {name!r} is not a configured column (declare it, usually under untracked_columns)"
+                )
+        return self
+
+    @property
+    def sequence_column_names(self) -> list[str]:
+        """A flagged changeset's sequence columns as configured (empty for other loads and for Debezium)."""
+        if self.changes is None or self.source.format is SourceFormat.debezium:
+            return []
+        by_lower = {column.name.lower(): column.name for column in self.columns}
+        return [by_lower[name.lower()] for name in self.changes.sequence_columns]
 
     @property
     def columns(self) -> list[Column]:

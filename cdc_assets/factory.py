@@ -6,7 +6,9 @@ Per table (asset keys ``[table, name]``, group ``table``, daily partitions from 
 - ``hash_join_classification``, ``inserts``, ``deletes``, ``updates``, ``current_table``,
   ``history_partition``: one multi-asset, because the classification of day d needs
   ``current_table`` of day d-1 and Dagster allows no cycle between assets, only an asset reading its
-  own earlier partition. Each output is still its own asset with its own metadata.
+  own earlier partition. Each output is still its own asset with its own metadata. A change set
+  (``load_type: changeset``) adds ``late_changes`` and ``applied_sequences`` (its state, which also
+  reads its own previous partition) to the same multi-asset.
 
 Both multi-assets take a whole date range in one run (``BackfillPolicy.single_run``), with outputs
 identical to one run per date: the intake validates every date in one query, the CDC step runs
@@ -39,7 +41,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.checks import build_table_checks
-from cdc_assets.config import TableConfig
+from cdc_assets.config import SourceFormat, TableConfig
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.incoming import prepare_incoming_dates
@@ -55,7 +57,10 @@ from cdc_assets.names import (
     INSERTS,
     REJECTS,
     UPDATES,
+    APPLIED_SEQUENCES,
+    LATE_CHANGES,
     asset_key,
+    cdc_outputs,
     day_before,
     pool_name,
 )
@@ -95,6 +100,16 @@ DESCRIPTIONS = {
     HISTORY: (
         "The date's net changes: I + U + D, each with eff_start_date = the business date (D rows carry "
         "their last payload). Read the asset folder as one dataset for the whole history."
+    ),
+    LATE_CHANGES: (
+        "Change records of the date that were not applied because they are late: their sequence is not "
+        "greater than the one already applied to their key on an earlier date (a deleted key's included). "
+        "Each row is the record as it came in, with `reason` and the `applied_sequence` it lost to."
+    ),
+    APPLIED_SEQUENCES: (
+        "The CDC step's own state: for every key in current_table, and every key deleted within "
+        "tombstone_retention_days, the last sequence applied to it (`deleted` for a tombstone). The next "
+        "date tells late records by it."
     ),
 }
 
@@ -163,9 +178,11 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
                     "rows_read": figures.rows_read,
                     "rows_accepted": figures.rows_accepted,
                     "rows_rejected": figures.rows_rejected,
-                    "duplicate_keys": figures.duplicate_keys,
+                    ("tied_keys" if config.changes else "duplicate_keys"): figures.duplicate_keys,
                     "source_path": MetadataValue.path(config.source.path_for(day)),
                 }
+                if config.source.format is SourceFormat.debezium:
+                    counts["tombstone_lines"] = figures.tombstone_lines
                 for key in (hashed_key, rejects_key):
                     context.add_asset_metadata(counts, asset_key=key, partition_key=day)
                 summary.append(
@@ -188,81 +205,107 @@ def _span(days: list[str]) -> str:
 
 def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:
     common = dict(group_name=config.name, kinds=KINDS, owners=config.owners, partitions_def=partitions_def)
-    keys = {name: asset_key(config, name) for name in CDC_OUTPUTS}
+    outputs = cdc_outputs(config)
+    keys = {name: asset_key(config, name) for name in outputs}
     hashed_key = asset_key(config, HASHED_INCOMING)
     previous_day = TimeWindowPartitionMapping(start_offset=-1, end_offset=-1, allow_nonexistent_upstream_partitions=True)
-    # Each output has a single parent inside the graph; current_table also depends on its own
-    # previous partition. README.md, "Graph shape", says why this shape and no other backfills.
-    specs = [
-        AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=DESCRIPTIONS[CLASSIFICATION], **common),
-        *(
-            AssetSpec(keys[name], deps=[keys[CLASSIFICATION]], description=DESCRIPTIONS[name], **common)
-            for name in (INSERTS, DELETES, UPDATES, HISTORY)
-        ),
-        AssetSpec(
-            keys[CURRENT],
-            deps=[keys[CLASSIFICATION], AssetDep(keys[CURRENT], partition_mapping=previous_day)],
-            description=DESCRIPTIONS[CURRENT],
-            **common,
-        ),
-    ]
+    # Each output has a single parent inside the graph; current_table (and a changeset's
+    # applied_sequences) also depends on its own previous partition. README.md, "Graph shape", says
+    # why this shape and no other backfills.
+    specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=DESCRIPTIONS[CLASSIFICATION], **common)]
+    for name in outputs[1:]:
+        deps = [keys[CLASSIFICATION]]
+        if name in (CURRENT, APPLIED_SEQUENCES):
+            deps.append(AssetDep(keys[name], partition_mapping=previous_day))
+        specs.append(AssetSpec(keys[name], deps=deps, description=DESCRIPTIONS[name], **common))
     specs = [spec.with_io_manager_key(IO_MANAGER_KEY) for spec in specs]
-    payload_columns = [column.name for column in config.columns]
-    table = config  # inside the step, `config` is the run config (Dagster's naming)
-
-    @multi_asset(
+    ins = {"incoming": AssetIn(hashed_key), "previous_current": AssetIn(keys[CURRENT])}
+    decorator = multi_asset(
         name=f"{config.name}__cdc",
         specs=specs,
-        ins={"incoming": AssetIn(hashed_key), "previous_current": AssetIn(keys[CURRENT])},
+        ins=ins if config.changes is None else {**ins, "previous_sequences": AssetIn(keys[APPLIED_SEQUENCES])},
         backfill_policy=BackfillPolicy.single_run(),
         can_subset=False,
         pool=pool_name(config),
     )
-    def apply_changes(
+    table = config  # inside the step, `config` is the run config (Dagster's naming)
+    if config.changes is None:
+
+        @decorator
+        def apply_changes(
+            context: AssetExecutionContext,
+            config: ApplyChangesConfig,
+            pyspark: LazyPySparkResource,
+            incoming: LazyPartitions,
+            previous_current: LazyPartitions | None,
+        ):
+            yield from _apply_changes(context, table, config, pyspark, keys, incoming, previous_current, None)
+
+        return apply_changes
+
+    @decorator
+    def apply_change_sets(
         context: AssetExecutionContext,
         config: ApplyChangesConfig,
         pyspark: LazyPySparkResource,
         incoming: LazyPartitions,
         previous_current: LazyPartitions | None,
+        previous_sequences: LazyPartitions | None,
     ):
-        days = list(context.partition_keys)  # oldest first
-        dates = [date.fromisoformat(day) for day in days]
-        first_previous = day_before(days[0])
-        previous = previous_current[first_previous] if previous_current and first_previous in previous_current else None
-        spark = pyspark.spark_session
-        with _timed(context, table.name, "classification", _span(days)):
-            plan = plan_changes(
-                incoming.read_all(),
-                previous,
-                dates,
-                table.load_type,
-                payload_columns,
-                max_write_tasks=int(spark.conf.get("spark.sql.shuffle.partitions")),
-            )
-        try:
-            counts = {day.isoformat(): by_op for day, by_op in plan.counts.items()}
-            context.log.info(
-                "\n".join(f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in counts[day].items()) for day in days)
-            )
-            for day in days:
-                _guard_deletions(context, table, day, counts[day], config.allow_mass_delete)
-                _add_count_metadata(context, keys, day, counts[day])
-            # Nothing is written until every date of the range has passed its guards.
-            outputs = {
-                CLASSIFICATION: plan.classification,
-                INSERTS: plan.inserts,
-                UPDATES: plan.updates,
-                DELETES: plan.deletes,
-                CURRENT: plan.current,
-                HISTORY: plan.history,
-            }
-            for name in CDC_OUTPUTS:
-                with _timed(context, table.name, f"write {name}", _span(days)):
-                    yield Output(DatedRows(outputs[name]), output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
-        finally:
-            plan.release()
+        yield from _apply_changes(context, table, config, pyspark, keys, incoming, previous_current, previous_sequences)
 
-    return apply_changes
+    return apply_change_sets
+
+
+def _apply_changes(context, table: TableConfig, config: ApplyChangesConfig, pyspark, keys, incoming, previous_current, previous_sequences):
+    """The CDC step: plan the range (core/plan.py), guard it, then write every output."""
+    days = list(context.partition_keys)  # oldest first
+    dates = [date.fromisoformat(day) for day in days]
+    first_previous = day_before(days[0])
+
+    def as_of_day_before(stored: LazyPartitions | None):
+        return stored[first_previous] if stored and first_previous in stored else None
+
+    spark = pyspark.spark_session
+    with _timed(context, table.name, "classification", _span(days)):
+        plan = plan_changes(
+            incoming.read_all(),
+            as_of_day_before(previous_current),
+            dates,
+            table.load_type,
+            [column.name for column in table.columns],
+            max_write_tasks=int(spark.conf.get("spark.sql.shuffle.partitions")),
+            previous_sequences=as_of_day_before(previous_sequences),
+            tombstone_retention_days=table.changes.tombstone_retention_days if table.changes else 0,
+        )
+    try:
+        counts = {day.isoformat(): by_op for day, by_op in plan.counts.items()}
+        figures = {day.isoformat(): found for day, found in plan.figures.items()}
+        context.log.info(
+            "\n".join(
+                f"{table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in {**counts[day], **figures.get(day, {})}.items())
+                for day in days
+            )
+        )
+        for day in days:
+            _guard_deletions(context, table, day, counts[day], config.allow_mass_delete)
+            _add_count_metadata(context, keys, day, counts[day], figures.get(day, {}))
+        # Nothing is written until every date of the range has passed its guards.
+        outputs = {
+            CLASSIFICATION: plan.classification,
+            INSERTS: plan.inserts,
+            UPDATES: plan.updates,
+            DELETES: plan.deletes,
+            CURRENT: plan.current,
+            HISTORY: plan.history,
+            LATE_CHANGES: plan.late,
+            APPLIED_SEQUENCES: plan.sequences,
+        }
+        for name in keys:
+            with _timed(context, table.name, f"write {name}", _span(days)):
+                yield Output(DatedRows(outputs[name]), output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
+    finally:
+        plan.release()
 
 
 def _guard_deletions(
@@ -285,13 +328,16 @@ def _guard_deletions(
         )
 
 
-def _add_count_metadata(context: AssetExecutionContext, keys: dict[str, AssetKey], day: str, counts: dict[str, int]) -> None:
+def _add_count_metadata(
+    context: AssetExecutionContext, keys: dict[str, AssetKey], day: str, counts: dict[str, int], figures: dict[str, int]
+) -> None:
     by_operation = {
         "inserts": counts[cdc.INSERT],
         "updates": counts[cdc.UPDATE],
         "deletes": counts[cdc.DELETE],
         "not_supplied": counts[cdc.NOT_SUPPLIED],
         "unchanged": counts[cdc.UNCHANGED],
+        **figures,  # a changeset's winners, superseded, late, duplicate events, deletes of unknown keys
     }
     for name in (CLASSIFICATION, CURRENT, HISTORY):
         context.add_asset_metadata(by_operation, asset_key=keys[name], partition_key=day)

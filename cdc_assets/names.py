@@ -15,6 +15,15 @@ UPDATES = "updates"
 CURRENT = "current_table"
 HISTORY = "history_partition"
 CDC_OUTPUTS = (CLASSIFICATION, INSERTS, DELETES, UPDATES, CURRENT, HISTORY)
+# A changeset's CDC step also writes its late records and the state late records are told by.
+LATE_CHANGES = "late_changes"
+APPLIED_SEQUENCES = "applied_sequences"
+CHANGESET_OUTPUTS = (LATE_CHANGES, APPLIED_SEQUENCES)
+
+
+def cdc_outputs(config: TableConfig) -> tuple[str, ...]:
+    """The assets a table's CDC step writes, in the order it writes them."""
+    return CDC_OUTPUTS + CHANGESET_OUTPUTS if config.changes is not None else CDC_OUTPUTS
 
 
 def asset_key(config: TableConfig, name: str) -> AssetKey:

@@ -28,9 +28,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 DAGSTER = Path(sys.executable).parent / "dagster"
-TABLE = "orders"
-DATES = ["2024-01-01", "2024-01-02", "2024-01-03"]
-ASSETS = [
+ORDERS_ASSETS = [
     "hashed_incoming",
     "rejects",
     "hash_join_classification",
@@ -40,7 +38,7 @@ ASSETS = [
     "current_table",
     "history_partition",
 ]
-CHECKS = {
+ORDERS_CHECKS = {
     ("hashed_incoming", "rows_read_reconcile"),
     ("hashed_incoming", "keys_unique"),
     ("hash_join_classification", "incoming_reconciles"),
@@ -50,13 +48,45 @@ CHECKS = {
     ("current_table", "keys_not_null"),
     ("history_partition", "row_count_reconciles"),
 }
-EXPECTED = {
+ORDERS_EXPECTED = {
     ("current_table", "2024-01-01"): {"I": 6},
     ("history_partition", "2024-01-01"): {"I": 6},
     ("current_table", "2024-01-02"): {"I": 1, "U": 2, "N": 1, "X": 3},
     ("history_partition", "2024-01-02"): {"I": 1, "U": 2},
     ("current_table", "2024-01-03"): {"U": 2, "I": 1, "X": 5},
     ("history_partition", "2024-01-03"): {"U": 2, "I": 1},
+}
+# A changeset (seed 003's shape): a second self-dependent output, applied_sequences, in the same
+# multi-asset; the UI's backfill of every asset must still launch as one single run.
+ACCOUNTS_CHECKS = {
+    ("hashed_incoming", "rows_read_reconcile"),
+    ("hash_join_classification", "records_reconcile"),
+    ("hash_join_classification", "previous_state_reconciles"),
+    ("current_table", "previous_plus_changes"),
+    ("current_table", "row_count_reconciles"),
+    ("current_table", "key_hash_unique"),
+    ("current_table", "keys_not_null"),
+    ("history_partition", "row_count_reconciles"),
+}
+CASES = {
+    "orders": {
+        "dates": ["2024-01-01", "2024-01-02", "2024-01-03"],
+        "assets": ORDERS_ASSETS,
+        "checks": ORDERS_CHECKS,
+        "expected": ORDERS_EXPECTED,
+    },
+    "accounts": {
+        "dates": ["2024-02-01", "2024-02-02", "2024-02-03"],
+        "assets": [*ORDERS_ASSETS, "late_changes", "applied_sequences"],
+        "checks": ACCOUNTS_CHECKS,
+        "expected": {
+            ("current_table", "2024-02-01"): {"I": 4},
+            ("current_table", "2024-02-02"): {"U": 1, "N": 1, "X": 1},
+            ("history_partition", "2024-02-02"): {"U": 1, "D": 1},
+            ("current_table", "2024-02-03"): {"I": 1, "U": 1, "X": 2},
+            ("history_partition", "2024-02-03"): {"I": 1, "U": 1},
+        },
+    },
 }
 
 SERVER_TIMEOUT = 180
@@ -227,16 +257,19 @@ def _stop(process: subprocess.Popen, dagster_home: str, known: dict[int, psutil.
     psutil.wait_procs(alive, timeout=10)
 
 
-def test_dagster_dev_backfill_of_orders(tmp_path):
+@pytest.mark.parametrize("table", sorted(CASES))
+def test_dagster_dev_backfill(tmp_path, table):
+    TABLE = table
+    DATES, ASSETS, CHECKS, EXPECTED = (CASES[table][name] for name in ("dates", "assets", "checks", "expected"))
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
     (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     warehouse = tmp_path / "warehouse"
     warehouse.mkdir()
-    # Only the orders table: the test does not depend on (or load) whatever other configs exist.
+    # Only the table under test: the test does not depend on (or load) whatever other configs exist.
     configs = tmp_path / "table_configs"
     configs.mkdir()
-    shutil.copy(REPO / "table_configs" / "orders.yaml", configs / "orders.yaml")
+    shutil.copy(REPO / "table_configs" / f"{table}.yaml", configs / f"{table}.yaml")
     log_path = tmp_path / "dagster_dev.log"
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -317,7 +350,7 @@ def test_dagster_dev_backfill_of_orders(tmp_path):
             time.sleep(1)
         _progress("code location loaded")
 
-        # 3. Launch the backfill of every orders asset over the three dates.
+        # 3. Launch the backfill of every asset of the table over the three dates.
         params = {
             "assetSelection": [{"path": [TABLE, asset]} for asset in ASSETS],
             "partitionNames": DATES,
@@ -381,8 +414,8 @@ def test_dagster_dev_backfill_of_orders(tmp_path):
         for day in DATES:
             assert (warehouse / TABLE / asset / f"business_date={day}").is_dir(), f"{asset} {day} was not written"
     for (asset, day), expected in EXPECTED.items():
-        table = pq.read_table(warehouse / TABLE / asset / f"business_date={day}")
-        counts = dict(Counter(table.column("operation").to_pylist()))
+        stored = pq.read_table(warehouse / TABLE / asset / f"business_date={day}")
+        counts = dict(Counter(stored.column("operation").to_pylist()))
         assert counts == expected, f"{asset} {day}: {counts} != {expected}"
 
     # 6. Every asset check passed, once per date, in the backfill's run.

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 
 from cdc_assets.config import LoadType
 from cdc_assets.core import changes as cdc
+from cdc_assets.core.changeset import apply_change_set
 from cdc_assets.core.columns import BUSINESS_DATE
 
 # Rows per task when the outputs are written (at most the session's shuffle partitions). Each task
@@ -44,6 +45,10 @@ class ChangePlan:
     current: DataFrame
     history: DataFrame
     counts: dict[date, dict[str, int]]  # every date of the range, all five operations
+    # A changeset's late records and applied_sequences state, dated, and its figures by date.
+    late: DataFrame | None = None
+    sequences: DataFrame | None = None
+    figures: dict[date, dict[str, int]] = field(default_factory=dict)
     _cached: list[DataFrame] = field(default_factory=list)
 
     def release(self) -> None:
@@ -65,6 +70,8 @@ def plan_changes(
     load_type: LoadType,
     payload_columns: Sequence[str],
     max_write_tasks: int,
+    previous_sequences: DataFrame | None = None,
+    tombstone_retention_days: int = 30,
 ) -> ChangePlan:
     """Classify every date of the range against the state the date before left; the outputs to write.
 
@@ -73,6 +80,10 @@ def plan_changes(
     Spark jobs that classify and count (the outputs then read from a cache); nothing is written.
     """
     dates = sorted(business_dates)
+    if load_type is LoadType.changeset:
+        return _change_sets_date_by_date(
+            incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, tombstone_retention_days
+        )
     if load_type is LoadType.full and len(dates) > 1:
         classification, changed, counts, cached = _full_loads_in_one_query(incoming, previous, dates, payload_columns)
     else:
@@ -129,3 +140,42 @@ def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, pa
         changed.append(changes.select("*", dated))
         previous = cdc.build_current(changes)  # the next date classifies against this date's state
     return reduce(DataFrame.unionByName, classified), reduce(DataFrame.unionByName, changed), counts, cached
+
+
+def _change_sets_date_by_date(
+    incoming, previous, previous_sequences, dates: list[date], payload_columns, max_partitions: int, retention: int
+) -> ChangePlan:
+    """Change sets go date by date, oldest first: a date's late records depend on every earlier date."""
+    classified, changed, late, sequences, counts, figures, cached = [], [], [], [], {}, {}, []
+    for day in dates:
+        records = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
+        result = apply_change_set(records, previous, previous_sequences, day, payload_columns, retention)
+        changes, state = result.changes, result.state
+        if len(dates) > 1:
+            # As for deltas: a local checkpoint keeps the next date's plan from nesting this one's.
+            changes = changes.coalesce(max_partitions).localCheckpoint()
+            state = state.coalesce(max_partitions).localCheckpoint()
+            cached += [changes, state]
+        cached += result.cached
+        counts[day], figures[day] = result.counts, result.figures
+        dated = F.lit(day).alias(BUSINESS_DATE)
+        classified.append(changes.select(*cdc.CLASSIFICATION_COLUMNS, dated))
+        changed.append(changes.select("*", dated))
+        late.append(result.late.select("*", dated))
+        sequences.append(state.select("*", dated))
+        previous, previous_sequences = cdc.build_current(changes), state
+    tasks = write_tasks(sum(sum(by_op.values()) for by_op in counts.values()), max_partitions)
+    changed_all = reduce(DataFrame.unionByName, changed).coalesce(tasks)
+    return ChangePlan(
+        classification=reduce(DataFrame.unionByName, classified).coalesce(tasks),
+        inserts=cdc.with_operations(changed_all, [cdc.INSERT]),
+        deletes=cdc.with_operations(changed_all, cdc.REMOVED_OPERATIONS),
+        updates=cdc.with_operations(changed_all, [cdc.UPDATE]),
+        current=cdc.build_current(changed_all),
+        history=cdc.build_history(changed_all),
+        counts=counts,
+        late=reduce(DataFrame.unionByName, late).coalesce(1),
+        sequences=reduce(DataFrame.unionByName, sequences).coalesce(tasks),
+        figures=figures,
+        _cached=cached,
+    )

@@ -107,3 +107,35 @@ def reconcile_changes(
         _rule("history_partition", "row_count_reconciles", "history_partition rows", history_rows, "I + U + D",
               i + u + d, **counts),
     ]
+
+
+def reconcile_change_set_intake(rows_read: int, accepted_rows: int, rejected_rows: int, tombstone_lines: int) -> Reconciliation:
+    """Nothing lost at a change set's intake: records read = accepted + rejected + tombstone lines."""
+    return _rule("hashed_incoming", "rows_read_reconcile", "records read", rows_read,
+                 "accepted + rejected + tombstone lines", accepted_rows + rejected_rows + tombstone_lines,
+                 rows_read=rows_read, rows_accepted=accepted_rows, rows_rejected=rejected_rows, tombstone_lines=tombstone_lines)
+
+
+def reconcile_change_set(
+    operations: Mapping[str, int],
+    incoming_rows: int,
+    winners: int,
+    superseded: int,
+    late_rows: int,
+    duplicate_events: int,
+    previous_rows: int,
+    current: KeyedFigures,
+    history_rows: int,
+) -> list[Reconciliation]:
+    """Every rule for one date of a change set's stored CDC outputs (``previous_rows`` is 0 on the first date)."""
+    i, d = operations[INSERT], operations[DELETE]
+    rules = [
+        _rule("hash_join_classification", "records_reconcile", "hashed_incoming rows", incoming_rows,
+              "winners + superseded + late + duplicate events", winners + superseded + late_rows + duplicate_events,
+              winners=winners, superseded=superseded, late=late_rows, duplicate_events=duplicate_events),
+        _rule("current_table", "previous_plus_changes", "current_table rows", current.rows,
+              "previous current_table rows + I - D", previous_rows + i - d, inserts=i, deletes=d, previous_rows=previous_rows),
+    ]
+    # The rules shared with full and delta loads, but the one that takes one incoming row per key.
+    shared = reconcile_changes(operations, incoming_rows, previous_rows, current, history_rows)
+    return rules + [rule for rule in shared if rule.name != "incoming_reconciles"]

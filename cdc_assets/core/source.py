@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from cdc_assets.config import INTERNAL_PREFIX, SourceFormat, TableConfig
+from cdc_assets.config import DEBEZIUM_OPERATIONS, INTERNAL_PREFIX, SourceFormat, TableConfig
 from cdc_assets.core.columns import BUSINESS_DATE
 
 SOURCE_FILE = "_source_file"
@@ -150,10 +150,35 @@ def header_mismatch(config: TableConfig, error: BaseException) -> SourceError | 
     )
 
 
+# A changeset's working columns (see core/changeset.py): the record's flag as found in the source,
+# and, for Debezium, each sequence field's text, tombstone lines, and a reason the reader gave up.
+FLAG = f"{INTERNAL_PREFIX}flag"
+TOMBSTONE = f"{INTERNAL_PREFIX}tombstone"
+READER_PROBLEM = f"{INTERNAL_PREFIX}bad"
+RAW_LINE = f"{INTERNAL_PREFIX}raw_line"
+CHANGE_FLAG, CHANGE_SEQUENCE = "change_flag", "change_sequence"
+TRUNCATE = "T"
+
+
+SEQUENCE_PREFIX = f"{INTERNAL_PREFIX}sequence_"
+
+
+def sequence_text_column(index: int) -> str:
+    return f"{SEQUENCE_PREFIX}{index}"
+
+
+def _source_columns(config: TableConfig) -> list[str]:
+    """The columns the extract must have: the configured ones, and a flagged changeset's flag column."""
+    names = [column.name for column in config.columns]
+    if config.changes is not None and config.changes.operation_column:
+        names.append(config.changes.operation_column)
+    return names
+
+
 def check_columns(config: TableConfig, found: list[str], path: str) -> None:
     """Configured columns must be present (matched by name); unexpected extra columns are an error."""
     found_lower = {name.lower() for name in found}
-    configured = [column.name for column in config.columns]
+    configured = _source_columns(config)
     missing = [name for name in configured if name.lower() not in found_lower]
     configured_lower = {name.lower() for name in configured}
     extra = [name for name in found if name.lower() not in configured_lower]
@@ -175,11 +200,18 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     against it as it reads the rows (``enforceSchema: false``): a file whose columns differ, or are in
     another order, fails the read (see :func:`header_mismatch`) instead of being read by position.
     """
+    if config.source.format is SourceFormat.debezium:
+        from cdc_assets.core.debezium import read_debezium
+
+        return read_debezium(spark, config, business_date)
     path = config.source.path_for(business_date)
     found = _header_columns(spark, config, path)
     # Columns come out named as configured (headers match case-insensitively), so several dates'
-    # extracts line up by name even when their headers' case differs.
+    # extracts line up by name even when their headers' case differs. A changeset's flag column
+    # comes out as the working column FLAG.
     as_configured = {column.name.lower(): column.name for column in config.columns}
+    if config.changes is not None and config.changes.operation_column:
+        as_configured[config.changes.operation_column.lower()] = FLAG
     if config.source.format is SourceFormat.csv:
         reader = _reader(spark, config).option("columnNameOfCorruptRecord", _CORRUPT)
         if _has_header(config):
@@ -190,7 +222,7 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
         else:
             # Without a header the fields are positional, in config order; a record with another
             # number of fields is malformed.
-            found = [column.name for column in config.columns]
+            found = _source_columns(config)
         schema = StructType([StructField(name, StringType()) for name in (*found, _CORRUPT)])
         frame = reader.schema(schema).load(path)
     else:
@@ -215,15 +247,21 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
 
     A record is bad when it has the wrong number of fields, a value that does not cast to its configured
     type (``try_cast``, so ANSI mode does not abort the whole job on the first one), or a NULL or empty
-    key column.
+    key column. A changeset's record also carries ``change_flag`` (I, U, D, or T for a truncate, which
+    has no key) and ``change_sequence`` (a struct of the sequence values); an unknown flag or a NULL
+    sequence value makes it bad, and so does anything the reader found wrong (Debezium).
 
     Built in projections that refer to each other's columns: every value is cast once, a cheap boolean
     decides whether a row is bad, and only bad rows pay for the wording of their reason and their raw
     text. Spark keeps projections apart rather than repeat a non-trivial expression, so nothing below
     is evaluated twice per row.
     """
-    carried = [name for name in (SOURCE_FILE, RECORD_ID, BUSINESS_DATE) if name in raw.columns]
-    raw_columns = [name for name in raw.columns if name not in (*carried, _CORRUPT)]
+    working = {FLAG, TOMBSTONE, READER_PROBLEM, RAW_LINE, _CORRUPT}
+    carried = [name for name in (SOURCE_FILE, RECORD_ID, BUSINESS_DATE, TOMBSTONE) if name in raw.columns]
+    raw_columns = [
+        name for name in raw.columns
+        if name not in (*carried, *working) and not name.startswith(SEQUENCE_PREFIX)
+    ]
     by_lower = {name.lower(): name for name in raw_columns}
     has_corrupt = _CORRUPT in raw.columns
     source = {column.name: F.col(f"`{by_lower[column.name.lower()]}`") for column in config.columns}
@@ -234,9 +272,16 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
             for column in config.columns
         }
     )
+    changes = change_columns(config, raw, typed_alias) if config.changes is not None else {}
+    if changes:
+        typed = typed.withColumns({f"{INTERNAL_PREFIX}{name}": value for name, value in changes.items()})
     candidates: list[tuple[F.Column, F.Column]] = []
+    if READER_PROBLEM in raw.columns:
+        candidates.append((F.col(READER_PROBLEM).isNotNull(), F.col(READER_PROBLEM)))
     if has_corrupt:
         candidates.append((F.col(_CORRUPT).isNotNull(), F.lit(f"malformed record: expected {len(raw_columns)} fields")))
+    if changes:
+        candidates += change_problems(config, raw, F.col(f"{INTERNAL_PREFIX}{CHANGE_FLAG}"))
     for column in config.columns:
         value = F.col(typed_alias[column.name])
         candidates.append(
@@ -249,18 +294,28 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
                 ),
             )
         )
+    # A truncate (Debezium op t) names no key: it applies to every key.
+    keyed = F.col(f"{INTERNAL_PREFIX}{CHANGE_FLAG}").isNull() | (F.col(f"{INTERNAL_PREFIX}{CHANGE_FLAG}") != TRUNCATE) if changes else F.lit(True)
     for key in config.keys:
         text = source[key.name].cast("string")
-        candidates.append((text.isNull() | (F.trim(text) == ""), F.lit(f"key column {key.name} is NULL or empty")))
+        candidates.append((keyed & (text.isNull() | (F.trim(text) == "")), F.lit(f"key column {key.name} is NULL or empty")))
+    if changes:
+        candidates += sequence_problems(config, raw, typed_alias)
     is_bad = F.lit(False)
     for condition, _ in candidates:
         is_bad = is_bad | condition
+    if TOMBSTONE in raw.columns:  # a tombstone line is neither a record nor bad: it is counted apart
+        is_bad = F.coalesce(~F.col(TOMBSTONE), F.lit(True)) & is_bad
     bad_alias = f"{INTERNAL_PREFIX}is_bad"
     flagged = typed.withColumn(bad_alias, is_bad)
-    raw_record = F.col(_CORRUPT) if has_corrupt else F.lit(None).cast("string")
-    raw_json = F.to_json(F.struct(*(F.col(f"`{name}`") for name in raw_columns)))
+    raw_record = F.col(RAW_LINE) if RAW_LINE in raw.columns else F.col(_CORRUPT) if has_corrupt else F.lit(None).cast("string")
+    raw_fields = [F.col(f"`{name}`") for name in raw_columns]
+    if FLAG in raw.columns and config.changes.operation_column:
+        raw_fields.insert(0, F.col(FLAG).alias(config.changes.operation_column))
+    raw_json = F.to_json(F.struct(*raw_fields))
     return flagged.select(
         *(F.col(typed_alias[name]).alias(name) for name in typed_alias),
+        *(F.col(f"{INTERNAL_PREFIX}{name}").alias(name) for name in changes),
         F.when(F.col(bad_alias), _first_reason(candidates)).alias(REJECT_REASON),
         # Only rejected rows keep their raw text; good rows would just carry it around.
         F.when(F.col(bad_alias), F.coalesce(raw_record, raw_json)).alias(RAW_RECORD),
@@ -268,8 +323,76 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
     )
 
 
+def change_columns(config: TableConfig, raw: DataFrame, typed_alias: dict[str, str]) -> dict[str, F.Column]:
+    """``change_flag`` (I/U/D/T, NULL for a value the config does not list) and ``change_sequence``."""
+    flag = F.col(FLAG).cast("string")
+    if config.source.format is SourceFormat.debezium:
+        pairs = DEBEZIUM_OPERATIONS.items()
+    else:
+        changes = config.changes
+        pairs = [
+            *((value, "I") for value in changes.insert_values),
+            *((value, "U") for value in changes.update_values),
+            *((value, "D") for value in changes.delete_values),
+        ]
+    normalized = F.lit(None).cast("string")
+    for value, meaning in reversed(list(pairs)):
+        normalized = F.when(flag == F.lit(value), F.lit(meaning)).otherwise(normalized)
+    if config.source.format is SourceFormat.debezium:
+        # Envelope fields are integers (LSN, ts_ms, pos, SCN) or text (a binlog file name): each is
+        # kept as a number when it is one, else as text, so integers compare as numbers.
+        fields = []
+        for index, path in enumerate(config.changes.sequence_columns):
+            text = F.col(sequence_text_column(index)).cast("string")
+            number = F.expr(f"try_cast({sequence_text_column(index)} AS decimal(38,0))")
+            fields.append(
+                F.struct(number.alias("number"), F.when(number.isNull(), text).alias("text")).alias(_field_name(path))
+            )
+        sequence = F.struct(*fields)
+    else:
+        sequence = F.struct(*(F.col(typed_alias[name]).alias(name) for name in config.sequence_column_names))
+    return {CHANGE_FLAG: normalized, CHANGE_SEQUENCE: sequence}
+
+
+def _field_name(path: str) -> str:
+    return path.replace(".", "_")
+
+
+def change_problems(config: TableConfig, raw: DataFrame, normalized_flag: F.Column) -> list[tuple[F.Column, F.Column]]:
+    if config.source.format is SourceFormat.debezium:
+        allowed = ", ".join(DEBEZIUM_OPERATIONS)
+        what = "op"
+    else:
+        changes = config.changes
+        allowed = ", ".join([*changes.insert_values, *changes.update_values, *changes.delete_values])
+        what = f"flag column {changes.operation_column}"
+    found = F.coalesce(F.col(FLAG).cast("string"), F.lit("NULL"))
+    return [(normalized_flag.isNull(), F.concat(F.lit(f"{what}: value '"), found, F.lit(f"' is not one of {allowed}")))]
+
+
+def sequence_problems(config: TableConfig, raw: DataFrame, typed_alias: dict[str, str]) -> list[tuple[F.Column, F.Column]]:
+    if config.source.format is SourceFormat.debezium:
+        return [
+            (F.col(sequence_text_column(index)).isNull(), F.lit(f"sequence field {path} is missing or NULL"))
+            for index, path in enumerate(config.changes.sequence_columns)
+        ]
+    return [
+        (F.col(typed_alias[name]).isNull(), F.lit(f"sequence column {name} is NULL"))
+        for name in config.sequence_column_names
+    ]
+
+
+def is_tombstone(frame: DataFrame) -> F.Column:
+    return F.coalesce(F.col(TOMBSTONE), F.lit(False)) if TOMBSTONE in frame.columns else F.lit(False)
+
+
+def _not_tombstone(validated: DataFrame) -> F.Column:
+    return ~is_tombstone(validated)
+
+
 def accepted_records(validated: DataFrame) -> DataFrame:
-    return validated.filter(F.col(REJECT_REASON).isNull()).drop(REJECT_REASON, RAW_RECORD, SOURCE_FILE, RECORD_ID)
+    accepted = validated.filter(F.col(REJECT_REASON).isNull() & _not_tombstone(validated))
+    return accepted.drop(REJECT_REASON, RAW_RECORD, SOURCE_FILE, RECORD_ID, TOMBSTONE)
 
 
 def rejected_records(validated: DataFrame) -> DataFrame:

@@ -1,0 +1,237 @@
+"""Applying one day's change set (flagged records with a sequence) to the previous state.
+
+Reference semantics: seed 003's Table 1 and its ``RANK() OVER (PARTITION BY key ORDER BY sequence
+DESC)``. Per key, the day's record with the greatest sequence wins, unless it is *late*: not newer
+than the sequence already applied to the key on an earlier date (a deleted key's last sequence is
+kept as a tombstone for ``tombstone_retention_days``, so a late update cannot resurrect it).
+
+The winner is compared with the previous ``current_table`` on the hashes only:
+
+- delete: a key in current is D (history carries its last payload from current); a key not in
+  current leaves no trace but its tombstone (counted as a delete of an unknown key);
+- insert or update (an upsert): I for a key not in current, U for another non-key hash, else N;
+- a truncate (Debezium op ``t``) deletes every key from its sequence on; a key's later record of
+  the day re-inserts it, compared with current like any upsert;
+- a key current holds that the day does not touch is X: kept as it was.
+
+Besides the usual CDC columns (``classify_changes``'s, so ``build_current``/``build_history``
+apply unchanged) a day yields its late records and the new ``applied_sequences`` state: one row
+per key in current, plus the tombstones still retained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from cdc_assets.core.changes import (
+    CLASSIFICATION_COLUMNS,
+    DELETE,
+    EFF_START_DATE,
+    INSERT,
+    NOT_SUPPLIED,
+    OPERATION,
+    OPERATIONS,
+    UNCHANGED,
+    UPDATE,
+)
+from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
+from cdc_assets.core.source import CHANGE_FLAG, CHANGE_SEQUENCE, TRUNCATE
+
+# applied_sequences: the last sequence applied to each key, and whether that change deleted it.
+SEQUENCE, DELETED, APPLIED_ON = "sequence", "deleted", "applied_on"
+STATE_COLUMNS = (KEY_HASH, SEQUENCE, DELETED, APPLIED_ON)
+# late_changes: a late record as it came in, why it was not applied, and what had been applied.
+REASON, APPLIED_SEQUENCE = "reason", "applied_sequence"
+LATE = "late"
+# The operation of a delete whose key current does not hold: it changes nothing but its tombstone.
+_UNKNOWN_DELETE = "-"
+_COPIES, _APPLIED, _TRUNCATED_AT, _RANK = "__cdc_copies", "__cdc_applied", "__cdc_truncated_at", "__cdc_rank"
+
+FIGURES = ("winners", "superseded", "late", "duplicate_events", "deletes_of_unknown_keys", "truncates")
+
+
+@dataclass
+class ChangeSetDay:
+    """One date's results: ``changes`` as :func:`changes.classify_changes` gives them, and the rest."""
+
+    changes: DataFrame  # payload + key_hash, non_key_hash, operation, eff_start_date (cached)
+    late: DataFrame  # the day's late records + reason, applied_sequence
+    state: DataFrame  # applied_sequences as of the date
+    counts: dict[str, int]  # the five operations
+    figures: dict[str, int]  # FIGURES
+    cached: list[DataFrame]
+
+
+def apply_change_set(
+    records: DataFrame,
+    previous_current: DataFrame | None,
+    previous_state: DataFrame | None,
+    business_date: date,
+    payload_columns: Sequence[str],
+    tombstone_retention_days: int,
+) -> ChangeSetDay:
+    """Apply the date's accepted records (hashed_incoming: payload, hashes, change_flag, change_sequence).
+
+    Runs two small jobs (the figures, and the latest truncate's sequence); nothing is written.
+    """
+    day = F.lit(business_date).cast("date")
+    record_columns = [*payload_columns, KEY_HASH, NON_KEY_HASH, CHANGE_FLAG, CHANGE_SEQUENCE]
+    # An exactly repeated record (at-least-once delivery) counts once.
+    distinct = records.groupBy(*record_columns).agg(F.count(F.lit(1)).alias(_COPIES))
+    if previous_state is not None:
+        applied = previous_state.select(KEY_HASH, F.col(SEQUENCE).alias(_APPLIED))
+        distinct = distinct.join(applied, on=KEY_HASH, how="left")
+    else:
+        distinct = distinct.withColumn(_APPLIED, F.lit(None).cast(records.schema[CHANGE_SEQUENCE].dataType))
+    is_truncate = F.col(CHANGE_FLAG) == TRUNCATE
+    is_late = ~is_truncate & F.col(_APPLIED).isNotNull() & (F.col(CHANGE_SEQUENCE) <= F.col(_APPLIED))
+    by_key = Window.partitionBy(KEY_HASH).orderBy(F.col(CHANGE_SEQUENCE).desc())
+    ranked = (
+        distinct.filter(~is_truncate & ~is_late)
+        .withColumn(_RANK, F.row_number().over(by_key))
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    truncates = distinct.filter(is_truncate)
+    late = distinct.filter(is_late)
+
+    figures_row = (
+        distinct.agg(
+            F.sum(F.col(_COPIES) - 1).alias("duplicate_events"),
+            F.count(F.when(is_late, F.lit(1))).alias("late"),
+            F.count(F.when(is_truncate, F.lit(1))).alias("truncates"),
+            F.max(F.when(is_truncate, F.col(CHANGE_SEQUENCE))).alias("last_truncate"),
+        ).collect()[0]
+    )
+    keyed_counts = ranked.agg(
+        F.count(F.when(F.col(_RANK) == 1, F.lit(1))).alias("winners"), F.count(F.lit(1)).alias("candidates")
+    ).collect()[0]
+    truncated = figures_row["truncates"] > 0
+    figures = {
+        "winners": keyed_counts["winners"] + (1 if truncated else 0),
+        "superseded": keyed_counts["candidates"] - keyed_counts["winners"] + max(0, figures_row["truncates"] - 1),
+        "late": figures_row["late"],
+        "duplicate_events": figures_row["duplicate_events"] or 0,
+        "truncates": figures_row["truncates"],
+    }
+
+    winners = ranked.filter(F.col(_RANK) == 1).drop(_RANK, _COPIES)
+    last_truncate = truncates.agg(F.max(CHANGE_SEQUENCE).alias(_TRUNCATED_AT))
+    if truncated:
+        winners = winners.crossJoin(F.broadcast(last_truncate))
+    else:
+        winners = winners.withColumn(_TRUNCATED_AT, F.lit(None).cast(records.schema[CHANGE_SEQUENCE].dataType))
+    resolved = _resolve(winners, previous_current, previous_state, last_truncate if truncated else None, day, payload_columns)
+    resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
+    counts = {operation: 0 for operation in OPERATIONS}
+    unknown_deletes = 0
+    for row in resolved.groupBy(OPERATION).count().collect():
+        if row[OPERATION] == _UNKNOWN_DELETE:
+            unknown_deletes = row["count"]
+        else:
+            counts[row[OPERATION]] = row["count"]
+    figures["deletes_of_unknown_keys"] = unknown_deletes
+
+    changes = resolved.filter(F.col(OPERATION) != _UNKNOWN_DELETE).select(*payload_columns, *CLASSIFICATION_COLUMNS)
+    late_records = late.select(
+        *record_columns, F.lit(LATE).alias(REASON), F.col(_APPLIED).alias(APPLIED_SEQUENCE)
+    )
+    state = _next_state(resolved, previous_state, business_date, tombstone_retention_days)
+    return ChangeSetDay(
+        changes=changes, late=late_records, state=state, counts=counts, figures=figures, cached=[ranked, resolved]
+    )
+
+
+def _resolve(winners, previous_current, previous_state, last_truncate, day, payload_columns) -> DataFrame:
+    """Each touched or held key's operation (``_UNKNOWN_DELETE`` included), payload and applied sequence.
+
+    One full outer join of the winners with the previous current, carrying the payload; the
+    operation is decided from the flags and hashes only.
+    """
+    truncated = F.col(_TRUNCATED_AT).isNotNull() & (F.col(CHANGE_SEQUENCE) < F.col(_TRUNCATED_AT))
+    incoming = winners.select(
+        *(F.col(name).alias(f"_in_{index}") for index, name in enumerate(payload_columns)),
+        KEY_HASH,
+        F.col(NON_KEY_HASH).alias("_in_hash"),
+        ((F.col(CHANGE_FLAG) == DELETE) | truncated).alias("_in_deletes"),
+        F.when(truncated, F.col(_TRUNCATED_AT)).otherwise(F.col(CHANGE_SEQUENCE)).alias("_in_sequence"),
+    )
+    if previous_current is None:
+        return incoming.select(
+            *(F.col(f"_in_{index}").alias(name) for index, name in enumerate(payload_columns)),
+            KEY_HASH,
+            F.col("_in_hash").alias(NON_KEY_HASH),
+            F.when(F.col("_in_deletes"), F.lit(_UNKNOWN_DELETE)).otherwise(F.lit(INSERT)).alias(OPERATION),
+            day.alias(EFF_START_DATE),
+            F.col("_in_sequence").alias(SEQUENCE),
+        )
+    held = previous_current.select(
+        *(F.col(name).alias(f"_held_{index}") for index, name in enumerate(payload_columns)),
+        KEY_HASH,
+        F.col(NON_KEY_HASH).alias("_held_hash"),
+        F.col(EFF_START_DATE).alias("_held_eff"),
+    )
+    held_truncated = F.lit(False)
+    if last_truncate is not None:
+        # A held key the day does not touch is deleted by the truncate unless its applied sequence
+        # is newer (the truncate is late for that key).
+        if previous_state is not None:
+            held = held.join(previous_state.select(KEY_HASH, F.col(SEQUENCE).alias("_held_applied")), on=KEY_HASH, how="left")
+        else:
+            held = held.withColumn("_held_applied", F.lit(None))
+        truncated_at = F.col(_TRUNCATED_AT)
+        held = held.crossJoin(F.broadcast(last_truncate)).select(
+            *held.columns,
+            F.when(F.col("_held_applied").isNull() | (F.col("_held_applied") < truncated_at), truncated_at).alias("_held_deleted_at"),
+        )
+        held_truncated = F.col("_held_deleted_at").isNotNull()
+    joined = incoming.join(held, on=KEY_HASH, how="full_outer")
+    in_hash, held_hash = F.col("_in_hash"), F.col("_held_hash")
+    touched, is_held = F.col("_in_sequence").isNotNull(), held_hash.isNotNull()
+    operation = (
+        F.when(touched & ~is_held, F.when(F.col("_in_deletes"), F.lit(_UNKNOWN_DELETE)).otherwise(F.lit(INSERT)))
+        .when(~touched, F.when(held_truncated, F.lit(DELETE)).otherwise(F.lit(NOT_SUPPLIED)))
+        .when(F.col("_in_deletes"), F.lit(DELETE))
+        .when(in_hash == held_hash, F.lit(UNCHANGED))
+        .otherwise(F.lit(UPDATE))
+    )
+    takes_incoming = operation.isin(INSERT, UPDATE, UNCHANGED, _UNKNOWN_DELETE)
+    sequence = F.col("_in_sequence")
+    if last_truncate is not None:
+        sequence = F.coalesce(sequence, F.col("_held_deleted_at"))
+    return joined.select(
+        *(
+            F.when(takes_incoming, F.col(f"_in_{index}")).otherwise(F.col(f"_held_{index}")).alias(name)
+            for index, name in enumerate(payload_columns)
+        ),
+        KEY_HASH,
+        F.when(takes_incoming, in_hash).otherwise(held_hash).alias(NON_KEY_HASH),
+        operation.alias(OPERATION),
+        F.when(operation.isin(UNCHANGED, NOT_SUPPLIED), F.col("_held_eff")).otherwise(day).alias(EFF_START_DATE),
+        sequence.alias(SEQUENCE),  # NULL: X, the key's applied sequence is unchanged
+    )
+
+
+def _next_state(resolved: DataFrame, previous_state: DataFrame | None, business_date: date, retention_days: int) -> DataFrame:
+    """applied_sequences as of the date: the day's applied sequences over the earlier ones.
+
+    A tombstone (a deleted key's last sequence) is dropped ``retention_days`` business days after
+    its delete; a key current holds keeps its entry as long as it is held.
+    """
+    day = F.lit(business_date).cast("date")
+    today = resolved.filter(F.col(SEQUENCE).isNotNull()).select(
+        KEY_HASH,
+        F.col(SEQUENCE),
+        F.col(OPERATION).isin(DELETE, _UNKNOWN_DELETE).alias(DELETED),
+        day.alias(APPLIED_ON),
+    )
+    if previous_state is None:
+        return today
+    kept = previous_state.select(*STATE_COLUMNS).join(today.select(KEY_HASH), on=KEY_HASH, how="left_anti")
+    retained = ~F.col(DELETED) | (F.date_diff(day, F.col(APPLIED_ON)) < F.lit(retention_days))
+    return kept.filter(retained).unionByName(today)
