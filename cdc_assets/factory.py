@@ -74,7 +74,8 @@ DESCRIPTIONS = {
     HASHED_INCOMING: (
         "The day's extract as read from the source, cast to the configured types, with `key_hash` and "
         "`non_key_hash` (MD5 of the canonical encoding, see README) computed once and stored. Rows that "
-        "fail validation are in `rejects`, never here."
+        "fail validation are in `rejects`, never here. A change set keeps every accepted record of the day, "
+        "with its `change_flag` (I/U/D, T for a truncate) and `change_sequence`."
     ),
     REJECTS: (
         "Quarantined input rows of the day: the raw record, why it was rejected (malformed, a value that "
@@ -84,7 +85,9 @@ DESCRIPTIONS = {
     CLASSIFICATION: (
         "One row per key: the day's incoming hashes FULL OUTER JOIN the previous day's current_table "
         "hashes ON key_hash, classified I (insert), U (update), N (no change), and D (deleted, full "
-        "loads) or X (not supplied, delta loads). Only hash columns take part in the join."
+        "loads) or X (not supplied, delta and change-set loads). Only hash columns take part in the join. "
+        "For a change set the incoming side is each key's winning record (greatest sequence), and a "
+        "delete record makes D."
     ),
     INSERTS: "Rows whose key is new today (I), with their full payload from the day's input.",
     DELETES: (

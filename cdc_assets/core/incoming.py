@@ -181,8 +181,8 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
     # Hash while the typed values are at hand; the cache spares a second parse of the source.
     validated = add_hashes(validate_records(raw, config), keys, non_keys).persist(StorageLevel.MEMORY_AND_DISK)
     # One job fills the cache and yields every date's figures: rows read, rows rejected, and the keys
-    # that occur more than once among the date's accepted rows (with their rows).
-    accepted_flag = F.col(REJECT_REASON).isNull() & ~is_tombstone(validated)
+    # that occur more than once among the date's accepted rows (with their rows); for a change set,
+    # its tombstone lines instead (its ties are looked for afterwards, in _set_ties_aside).
     changeset = config.load_type is LoadType.changeset
     if changeset:
         # A change set holds several records per key: ties are looked for once bad records are out.
@@ -194,6 +194,7 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
             F.lit(0).alias("duplicate_rows"),
         )
     else:
+        accepted_flag = F.col(REJECT_REASON).isNull()
         per_key = validated.groupBy(BUSINESS_DATE, accepted_flag.alias("accepted"), KEY_HASH).count()
         duplicated_group = F.col("accepted") & (F.col("count") > 1)
         totals_query = per_key.groupBy(BUSINESS_DATE).agg(
@@ -233,7 +234,7 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
     accepted = accepted_records(dated)
     rejected = rejected_records(dated)
     if changeset:
-        return _set_ties_aside(config, days, figures, dated, accepted, rejected, validated)
+        return _set_ties_aside(config, figures, dated, accepted, rejected, validated)
     duplicated_day = next((day for day in days if figures[day].duplicate_keys), None)
     if duplicated_day:
         duplicates = accepted.groupBy(BUSINESS_DATE, KEY_HASH).count().filter(F.col("count") > 1)
@@ -267,7 +268,14 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
     return IncomingDates(accepted=accepted, rejected=rejected, figures=figures, _cached=validated)
 
 
-def _set_ties_aside(config, days, figures, dated, accepted, rejected, validated) -> IncomingDates:
+def _set_ties_aside(
+    config: TableConfig,
+    figures: dict[str, DateFigures],
+    dated: DataFrame,
+    accepted: DataFrame,
+    rejected: DataFrame,
+    validated: DataFrame,
+) -> IncomingDates:
     """A change set's ties: two different records of one key share the key's greatest sequence.
 
     Which one is the key's last change is then unknown. ``duplicate_keys: fail`` names the key and
