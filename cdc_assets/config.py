@@ -29,6 +29,10 @@ _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Columns the pipeline adds itself; a configured column of the same name would be overwritten.
 RESERVED_COLUMNS = {
     "key_hash", "non_key_hash", "operation", "eff_start_date", "business_date", "change_flag", "change_sequence",
+    # Operational metadata of current_table and history_partition.
+    "process_id", "processed_at", "changed_columns",
+    # Columns the consumer views add: the SCD type 2 view and the changes between two dates.
+    "valid_from", "valid_to", "is_current", "is_deleted", "_change_type", "_from_date", "_to_date",
 }
 # Working columns of the intake stage (core/source.py, core/hashing.py); a source column may not shadow them.
 INTERNAL_COLUMNS = {"_source_file", "_raw_record", "_reject_reason", "_record_id", "_corrupt_record"}
@@ -153,6 +157,25 @@ class Changes(BaseModel):
         return None
 
 
+class HardDeletes(str, Enum):
+    """How the SCD type 2 view shows a deleted key (dbt snapshots' ``hard_deletes``)."""
+
+    invalidate = "invalidate"  # the delete only closes the key's open version
+    new_record = "new_record"  # it also starts a deletion row (is_deleted true) that the key's return closes
+
+
+class Scd2(BaseModel):
+    """How the SCD type 2 view (``cdc_assets.consumers.scd2_view``) represents open versions and deletes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    open_end: date | None = Field(
+        default=None,
+        description="valid_to of an open version: null (dbt's convention), or a high date such as 9999-12-31.",
+    )
+    hard_deletes: HardDeletes = HardDeletes.invalidate
+
+
 class Source(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -196,6 +219,7 @@ class TableConfig(BaseModel):
     max_delete_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     allow_extra_columns: bool = False
     changes: Changes | None = None
+    scd2: Scd2 = Scd2()
     owners: list[str] = Field(default_factory=list)
     description: str | None = None
 

@@ -34,6 +34,7 @@ from dagster import (
     DailyPartitionsDefinition,
     MetadataValue,
     Output,
+    ResourceParam,
     TimeWindowPartitionMapping,
     multi_asset,
 )
@@ -48,7 +49,6 @@ from cdc_assets.core.incoming import prepare_incoming_dates
 from cdc_assets.core.plan import plan_changes
 from cdc_assets.core.source import read_source
 from cdc_assets.names import (
-    CDC_OUTPUTS,
     CLASSIFICATION,
     CURRENT,
     DELETES,
@@ -64,7 +64,8 @@ from cdc_assets.names import (
     day_before,
     pool_name,
 )
-from resources.parquet_io_manager import DatedRows, LazyPartitions
+from cdc_assets.runs_log import cdc_left_out, run_started_at, runs_logged
+from resources.parquet_io_manager import DatedRows, LazyPartitions, PartitionedParquetIOManager
 from resources.spark import map_dates
 
 IO_MANAGER_KEY = "parquet_io_manager"
@@ -94,15 +95,21 @@ DESCRIPTIONS = {
         "Keys missing from today's input, with their last payload from the previous current_table: "
         "D (deleted) for full loads, X (not supplied) for delta loads."
     ),
-    UPDATES: "Rows whose non-key values changed today (U), with their full payload from the day's input.",
+    UPDATES: (
+        "Rows whose non-key values changed today (U), with their full payload from the day's input and "
+        "`changed_columns`: the sorted non-key columns whose values differ from the previous version."
+    ),
     CURRENT: (
         "The table's state as of the business date: I + U + N (payload from the day's input) + X "
         "(payload kept from the previous state). Deleted keys leave. `eff_start_date` is the date the "
-        "row's current version started. Each partition is the full state as of its date."
+        "row's current version started, and `process_id`/`processed_at` the run that started it. Each "
+        "partition is the full state as of its date."
     ),
     HISTORY: (
         "The date's net changes: I + U + D, each with eff_start_date = the business date (D rows carry "
-        "their last payload). Read the asset folder as one dataset for the whole history."
+        "their last payload), `changed_columns` on U rows, and `process_id`/`processed_at` of the run "
+        "that wrote the date. Read the asset folder as one dataset for the whole history; "
+        "`cdc_assets.consumers.scd2_view` and `cdc-scd2` turn it into SCD type 2 versions."
     ),
     LATE_CHANGES: (
         "Change records of the date that were not applied because they are late: their sequence is not "
@@ -162,44 +169,53 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
         can_subset=False,
         pool=pool_name(config),
     )
-    def read_incoming(context: AssetExecutionContext, pyspark: LazyPySparkResource):
-        spark = pyspark.spark_session
+    def read_incoming(
+        context: AssetExecutionContext, pyspark: LazyPySparkResource, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]
+    ):
         days = list(context.partition_keys)  # oldest first
-        # Each date's extract is located and its header checked on its own, side by side (the header
-        # is read by Spark, a small job each); then every date is validated and hashed in
-        # one query, and written in one write per output. Per-date jobs, not rows, are what a range
-        # of small days would otherwise pay for.
-        with _timed(context, config.name, "reading the extracts' headers", _span(days)):
-            sources = dict(zip(days, map_dates(lambda day: read_source(spark, config, day), days)))
-        with _timed(context, config.name, "validation and hashing", _span(days)):
-            prepared = prepare_incoming_dates(config, sources)
-        try:
-            summary = []  # one log line per date, logged as one message: each message is an event stored
-            for day in days:
-                figures = prepared.figures[day]
-                counts = {
-                    "rows_read": figures.rows_read,
-                    "rows_accepted": figures.rows_accepted,
-                    "rows_rejected": figures.rows_rejected,
-                    ("tied_keys" if config.changes else "duplicate_keys"): figures.duplicate_keys,
-                    "source_path": MetadataValue.path(config.source.path_for(day)),
-                }
-                if config.source.format is SourceFormat.debezium:
-                    counts["tombstone_lines"] = figures.tombstone_lines
-                for key in (hashed_key, rejects_key):
-                    context.add_asset_metadata(counts, asset_key=key, partition_key=day)
-                summary.append(
-                    f"{config.name} {day}: read {figures.rows_read} rows, accepted {figures.rows_accepted}, "
-                    f"rejected {figures.rows_rejected}"
-                )
-            context.log.info("\n".join(summary))
-            for key, rows in ((hashed_key, prepared.accepted), (rejects_key, prepared.rejected)):
-                with _timed(context, config.name, f"write {key.path[-1]}", _span(days)):
-                    yield Output(DatedRows(rows), output_name=context.assets_def.get_output_name_for_asset_key(key))
-        finally:
-            prepared.release()
+        # The CDC step logs the run's dates; this step does when the run ends here.
+        with runs_logged(context, config, parquet_io_manager.storage, days, "intake", only_if_last=cdc_left_out(context, config)):
+            yield from _read_incoming(context, config, pyspark, days, hashed_key, rejects_key)
 
     return read_incoming
+
+
+def _read_incoming(context: AssetExecutionContext, config: TableConfig, pyspark, days: list[str], hashed_key, rejects_key):
+    """The intake step: read, validate and hash every date of the range, then write both outputs."""
+    spark = pyspark.spark_session
+    # Each date's extract is located and its header checked on its own, side by side (the header
+    # is read by Spark, a small job each); then every date is validated and hashed in
+    # one query, and written in one write per output. Per-date jobs, not rows, are what a range
+    # of small days would otherwise pay for.
+    with _timed(context, config.name, "reading the extracts' headers", _span(days)):
+        sources = dict(zip(days, map_dates(lambda day: read_source(spark, config, day), days)))
+    with _timed(context, config.name, "validation and hashing", _span(days)):
+        prepared = prepare_incoming_dates(config, sources)
+    try:
+        summary = []  # one log line per date, logged as one message: each message is an event stored
+        for day in days:
+            figures = prepared.figures[day]
+            counts = {
+                "rows_read": figures.rows_read,
+                "rows_accepted": figures.rows_accepted,
+                "rows_rejected": figures.rows_rejected,
+                ("tied_keys" if config.changes else "duplicate_keys"): figures.duplicate_keys,
+                "source_path": MetadataValue.path(config.source.path_for(day)),
+            }
+            if config.source.format is SourceFormat.debezium:
+                counts["tombstone_lines"] = figures.tombstone_lines
+            for key in (hashed_key, rejects_key):
+                context.add_asset_metadata(counts, asset_key=key, partition_key=day)
+            summary.append(
+                f"{config.name} {day}: read {figures.rows_read} rows, accepted {figures.rows_accepted}, "
+                f"rejected {figures.rows_rejected}"
+            )
+        context.log.info("\n".join(summary))
+        for key, rows in ((hashed_key, prepared.accepted), (rejects_key, prepared.rejected)):
+            with _timed(context, config.name, f"write {key.path[-1]}", _span(days)):
+                yield Output(DatedRows(rows), output_name=context.assets_def.get_output_name_for_asset_key(key))
+    finally:
+        prepared.release()
 
 
 def _span(days: list[str]) -> str:
@@ -239,10 +255,13 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
             context: AssetExecutionContext,
             config: ApplyChangesConfig,
             pyspark: LazyPySparkResource,
+            parquet_io_manager: ResourceParam[PartitionedParquetIOManager],
             incoming: LazyPartitions,
             previous_current: LazyPartitions | None,
         ):
-            yield from _apply_changes(context, table, config, pyspark, keys, incoming, previous_current, None)
+            days = list(context.partition_keys)
+            with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged:
+                yield from _apply_changes(context, table, config, pyspark, keys, incoming, previous_current, None, logged)
 
         return apply_changes
 
@@ -251,16 +270,23 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         context: AssetExecutionContext,
         config: ApplyChangesConfig,
         pyspark: LazyPySparkResource,
+        parquet_io_manager: ResourceParam[PartitionedParquetIOManager],
         incoming: LazyPartitions,
         previous_current: LazyPartitions | None,
         previous_sequences: LazyPartitions | None,
     ):
-        yield from _apply_changes(context, table, config, pyspark, keys, incoming, previous_current, previous_sequences)
+        days = list(context.partition_keys)
+        with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged:
+            yield from _apply_changes(
+                context, table, config, pyspark, keys, incoming, previous_current, previous_sequences, logged
+            )
 
     return apply_change_sets
 
 
-def _apply_changes(context, table: TableConfig, config: ApplyChangesConfig, pyspark, keys, incoming, previous_current, previous_sequences):
+def _apply_changes(
+    context, table: TableConfig, config: ApplyChangesConfig, pyspark, keys, incoming, previous_current, previous_sequences, logged
+):
     """The CDC step: plan the range (core/plan.py), guard it, then write every output."""
     days = list(context.partition_keys)  # oldest first
     dates = [date.fromisoformat(day) for day in days]
@@ -280,9 +306,12 @@ def _apply_changes(context, table: TableConfig, config: ApplyChangesConfig, pysp
             max_write_tasks=int(spark.conf.get("spark.sql.shuffle.partitions")),
             previous_sequences=as_of_day_before(previous_sequences),
             tombstone_retention_days=table.changes.tombstone_retention_days if table.changes else 0,
+            audit=cdc.RunAudit(context.run_id, run_started_at(context)),
+            non_key_columns=[column.name for column in table.non_keys],
         )
     try:
         counts = {day.isoformat(): by_op for day, by_op in plan.counts.items()}
+        logged.counts = counts
         figures = {day.isoformat(): found for day, found in plan.figures.items()}
         context.log.info(
             "\n".join(

@@ -6,6 +6,7 @@ Layout, per table::
     {root}/{table}/_staging/{asset}/{write}/...                       a write in progress (unique per write)
     {root}/{table}/_staging/{asset}/business_date=D.{write}.old       a version being replaced
     {root}/{table}/_writer.lock                                       who is writing the table
+    {root}/_runs/{table}-{time}-{run}-{id}.parquet                    the runs log, a file per append
 
 Spark writes the files; everything else (listing, renaming, deleting, the lock, row counts from
 Parquet footers) happens on the client through pyarrow's file system for the warehouse URI. So the
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -49,6 +51,8 @@ LOCK_TIMEOUT_ENV = "CDC_WRITER_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_SECONDS = 900.0
 STAGING_FOLDER = "_staging"
 LOCK_FILE = "_writer.lock"
+# The runs log's folder, beside the tables (no table name starts with "_").
+RUNS_FOLDER = "_runs"
 _ROWS = "rows"
 _log = logging.getLogger(__name__)
 _OTHER_DATES = "rows_of_other_dates"
@@ -368,6 +372,27 @@ class WarehouseStorage:
             yield
         finally:
             probe.release()
+
+    def runs_log_path(self) -> str:
+        return f"{self.root}/{RUNS_FOLDER}"
+
+    def append_to_runs_log(self, rows: pa.Table, table: str) -> str:
+        """Add ``rows`` to the runs log as a new file (never rewriting one); returns its path.
+
+        Written under a hidden name and renamed, so a reader never sees half a file.
+        """
+        folder = self.runs_log_path()
+        name = f"{table}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{self.run_id[:8]}-{uuid.uuid4().hex[:8]}.parquet"
+        self._fs.create_dir(self._client(folder), recursive=True)
+        hidden = f"{folder}/.{name}.tmp"
+        pq.write_table(rows, self._client(hidden), filesystem=self._fs)
+        self._fs.move(self._client(hidden), self._client(f"{folder}/{name}"))
+        return f"{folder}/{name}"
+
+    def stored_dates(self, table: str, asset: str) -> list[str]:
+        """The business dates the asset has a committed partition for, oldest first (no Spark job)."""
+        prefix = f"{BUSINESS_DATE}="
+        return sorted(name[len(prefix) :] for name in self.list_names(self.asset_path(table, asset)) if name.startswith(prefix))
 
     def has_partition(self, table: str, asset: str, business_date: str) -> bool:
         """Whether the partition is stored (no Spark read, nothing restored)."""

@@ -62,6 +62,17 @@ def partition_dir(warehouse: Path, table: str, asset: str, day: str) -> Path:
     return warehouse / table / asset / f"business_date={day}"
 
 
-def sorted_rows(spark, path: Path | str) -> list[tuple]:
-    """Every row of a Parquet folder as sorted tuples: a content comparison independent of file layout."""
-    return sorted(tuple(row) for row in spark.read.parquet(str(path)).collect())
+# Who wrote a row differs between any two runs, by design (README, "Audit columns"): comparisons of
+# outputs written by different runs leave these out.
+AUDIT_COLUMNS = ("process_id", "processed_at")
+
+
+def sorted_rows(spark, path: Path | str, with_audit: bool = False) -> list[tuple]:
+    """Every row of a Parquet folder as sorted tuples: a content comparison independent of file layout.
+
+    Without ``with_audit`` the audit columns are left out, so outputs of different runs compare.
+    """
+    frame = spark.read.parquet(str(path))
+    if not with_audit:
+        frame = frame.drop(*AUDIT_COLUMNS)
+    return sorted((tuple(row) for row in frame.collect()), key=repr)

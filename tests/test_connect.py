@@ -20,7 +20,7 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
-from tests.pipeline import definitions_for, run_dates, write_table_config
+from tests.pipeline import definitions_for, run_dates, sorted_rows, write_table_config
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ def _run(env: dict, selection: str, day: str) -> str:
 def _outputs(spark, warehouse: Path, table: str) -> dict:
     """Every row of every asset (all dates), sorted: a comparison independent of file layout."""
     return {
-        asset: sorted((tuple(row) for row in spark.read.parquet(str(warehouse / table / asset)).collect()), key=repr)
+        asset: sorted_rows(spark, warehouse / table / asset)
         for asset in ASSETS
     }
 
@@ -214,7 +214,7 @@ def test_change_sets_through_connect_equal_the_classic_session(spark, tmp_path, 
 
     def stored(root: Path, table: str) -> dict:
         return {
-            asset: sorted((tuple(row) for row in spark.read.parquet(str(root / table / asset)).collect()), key=repr)
+            asset: sorted_rows(spark, root / table / asset)
             for asset in CHANGESET_ASSETS
         }
 

@@ -90,8 +90,8 @@ def test_seed_scenario_full_load(spark, warehouse, tmp_path, seed_data):
     assert metadata("hashed_incoming")["rows_read"] == 10000
     assert metadata("rejects")["dagster/row_count"] == 0
     current_metadata = metadata("current_table")
-    assert [column.name for column in current_metadata["dagster/column_schema"].columns][-4:] == [
-        "key_hash", "non_key_hash", "operation", "eff_start_date"
+    assert [column.name for column in current_metadata["dagster/column_schema"].columns][-6:] == [
+        "key_hash", "non_key_hash", "operation", "eff_start_date", "process_id", "processed_at"
     ]
     assert current_metadata["preview"].count("\n") == 1 + 5  # header, separator and five rows
     assert current_metadata["path"].endswith("synthetic/current_table/business_date=2019-06-19")
@@ -103,9 +103,12 @@ def test_output_schema_and_history_as_one_dataset(spark, warehouse, tmp_path, se
 
     current = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "current_table", DAY2)))
     expected = [f"key_{i}" for i in range(1, 6)] + [f"nonkey_{i}" for i in range(1, 11)]
-    assert current.columns == [*expected, "key_hash", "non_key_hash", "operation", "eff_start_date"]
+    assert current.columns == [*expected, "key_hash", "non_key_hash", "operation", "eff_start_date", "process_id", "processed_at"]
     types = dict(current.dtypes)
-    assert types["nonkey_1"] == "double" and types["eff_start_date"] == "date"
+    assert types["nonkey_1"] == "double" and types["eff_start_date"] == "date" and types["processed_at"] == "timestamp"
+    history = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "history_partition", DAY2)))
+    assert history.columns == [*current.columns, "changed_columns"]
+    assert dict(history.dtypes)["changed_columns"] == "array<string>"
     assert current.filter("key_hash not rlike '^[0-9a-f]{32}$' or non_key_hash not rlike '^[0-9a-f]{32}$'").count() == 0
 
     history_root = warehouse / "synthetic" / "history_partition"
@@ -135,20 +138,26 @@ def test_seed_scenario_delta_load(spark, warehouse, tmp_path, seed_data):
     assert operation_counts(spark, partition_dir(warehouse, "synthetic_delta", "deletes", DAY2)) == {"X": 2000}
 
 
-def _snapshot(spark, warehouse: Path, table: str) -> dict[tuple[str, str], list[tuple]]:
+def _snapshot(spark, warehouse: Path, table: str, with_audit: bool = False) -> dict[tuple[str, str], list[tuple]]:
     snapshot = {}
     for asset_dir in sorted((warehouse / table).iterdir()):
         if asset_dir.name.startswith("_"):
             continue
         for part in sorted(asset_dir.iterdir()):
-            snapshot[(asset_dir.name, part.name)] = sorted_rows(spark, part)
+            snapshot[(asset_dir.name, part.name)] = sorted_rows(spark, part, with_audit=with_audit)
     return snapshot
+
+
+def _writers(spark, warehouse: Path, asset: str, day: str) -> set[tuple[str, str]]:
+    """(operation, process_id) pairs of a stored partition."""
+    frame = spark.read.parquet(str(partition_dir(warehouse, "synthetic", asset, day)))
+    return {(row[0], row[1]) for row in frame.select("operation", "process_id").distinct().collect()}
 
 
 def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, warehouse, tmp_path, seed_data):
     defs = definitions_for(_config(tmp_path, seed_data))
     instance = DagsterInstance.ephemeral()
-    run_dates(defs, [DAY1, DAY2, DAY3], instance)
+    first = run_dates(defs, [DAY1, DAY2, DAY3], instance)
 
     assert operation_counts(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY3)) == {
         "D": 500,
@@ -157,15 +166,34 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, warehouse, tm
     }
     current3 = operation_counts(spark, partition_dir(warehouse, "synthetic", "current_table", DAY3))
     assert current3 == {"U": 1000, "I": 700, "N": 10000 - 500 - 1000}
+    first_runs = [result.run_id for result in first]  # DAY1, DAY2, DAY3
+    # Audit columns: history rows carry the run that wrote the date; current rows the run that
+    # started their version, so N rows keep it from an earlier date, as eff_start_date does.
+    assert _writers(spark, warehouse, "history_partition", DAY3) == {(op, first_runs[2]) for op in "IUD"}
+    assert _writers(spark, warehouse, "current_table", DAY3) == {
+        ("I", first_runs[2]), ("U", first_runs[2]), ("N", first_runs[1]), ("N", first_runs[0]),
+    }
     before = _snapshot(spark, warehouse, "synthetic")
+    audited_before = _snapshot(spark, warehouse, "synthetic", with_audit=True)
     day3_files = sorted(p.name for p in partition_dir(warehouse, "synthetic", "current_table", DAY3).iterdir())
 
-    run_dates(defs, [DAY2], instance)
+    (rerun,) = run_dates(defs, [DAY2], instance)
 
+    # Identical outputs but for the audit columns, and those only on the rows the re-run wrote.
     after = _snapshot(spark, warehouse, "synthetic")
     assert after.keys() == before.keys()
     for key in before:
         assert after[key] == before[key], f"{key} changed after re-running {DAY2}"
+    audited_after = _snapshot(spark, warehouse, "synthetic", with_audit=True)
+    rewritten = {key for key in audited_before if audited_after[key] != audited_before[key]}
+    audited = ("inserts", "deletes", "updates", "current_table", "history_partition")
+    assert rewritten == {(asset, f"business_date={DAY2}") for asset in audited}
+    assert _writers(spark, warehouse, "history_partition", DAY2) == {(op, rerun.run_id) for op in "IUD"}
+    assert _writers(spark, warehouse, "current_table", DAY2) == {("I", rerun.run_id), ("U", rerun.run_id), ("N", first_runs[0])}
+    processed_at = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "history_partition", DAY2)))
+    started = instance.get_run_record_by_id(rerun.run_id).start_time
+    stamps = [row[0].timestamp() for row in processed_at.select("processed_at").distinct().collect()]
+    assert len(stamps) == 1 and stamps[0] == pytest.approx(started, abs=1e-3)  # the run's start
     # Re-running day 2 rewrote day 2 only: day 3's files are the very same files.
     assert sorted(p.name for p in partition_dir(warehouse, "synthetic", "current_table", DAY3).iterdir()) == day3_files
     assert not any((warehouse / "synthetic" / "_staging").rglob("*.parquet")), "no staging leftovers after a clean run"

@@ -39,7 +39,12 @@ from cdc_assets.core.changes import (
     OPERATIONS,
     UNCHANGED,
     UPDATE,
+    RunAudit,
+    changed_columns_of_update,
+    extra_columns,
+    stored_audit,
 )
+from cdc_assets.core.compare import CHANGED_COLUMNS, no_changed_columns
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 from cdc_assets.core.source import CHANGE_FLAG, CHANGE_SEQUENCE, TRUNCATE
 
@@ -75,9 +80,12 @@ def apply_change_set(
     business_date: date,
     payload_columns: Sequence[str],
     tombstone_retention_days: int,
+    audit: RunAudit | None = None,
+    non_key_columns: Sequence[str] | None = None,
 ) -> ChangeSetDay:
     """Apply the date's accepted records (hashed_incoming: payload, hashes, change_flag, change_sequence).
 
+    ``audit`` and ``non_key_columns`` add the columns they add to :func:`changes.classify_changes`.
     Runs two small jobs (the figures, and the latest truncate's sequence); nothing is written.
     """
     day = F.lit(business_date).cast("date")
@@ -126,7 +134,9 @@ def apply_change_set(
         winners = winners.crossJoin(F.broadcast(last_truncate))
     else:
         winners = winners.withColumn(_TRUNCATED_AT, F.lit(None).cast(records.schema[CHANGE_SEQUENCE].dataType))
-    resolved = _resolve(winners, previous_current, previous_state, last_truncate if truncated else None, day, payload_columns)
+    resolved = _resolve(
+        winners, previous_current, previous_state, last_truncate if truncated else None, day, payload_columns, audit, non_key_columns
+    )
     resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
     counts = {operation: 0 for operation in OPERATIONS}
     unknown_deletes = 0
@@ -137,7 +147,9 @@ def apply_change_set(
             counts[row[OPERATION]] = row["count"]
     figures["deletes_of_unknown_keys"] = unknown_deletes
 
-    changes = resolved.filter(F.col(OPERATION) != _UNKNOWN_DELETE).select(*payload_columns, *CLASSIFICATION_COLUMNS)
+    changes = resolved.filter(F.col(OPERATION) != _UNKNOWN_DELETE).select(
+        *payload_columns, *CLASSIFICATION_COLUMNS, *extra_columns(audit, non_key_columns)
+    )
     late_records = late.select(
         *record_columns, F.lit(LATE).alias(REASON), F.col(_APPLIED).alias(APPLIED_SEQUENCE)
     )
@@ -147,7 +159,7 @@ def apply_change_set(
     )
 
 
-def _resolve(winners, previous_current, previous_state, last_truncate, day, payload_columns) -> DataFrame:
+def _resolve(winners, previous_current, previous_state, last_truncate, day, payload_columns, audit, non_key_columns) -> DataFrame:
     """Each touched or held key's operation (``_UNKNOWN_DELETE`` included), payload and applied sequence.
 
     One full outer join of the winners with the previous current, carrying the payload; the
@@ -168,6 +180,8 @@ def _resolve(winners, previous_current, previous_state, last_truncate, day, payl
             F.col("_in_hash").alias(NON_KEY_HASH),
             F.when(F.col("_in_deletes"), F.lit(_UNKNOWN_DELETE)).otherwise(F.lit(INSERT)).alias(OPERATION),
             day.alias(EFF_START_DATE),
+            *(audit.own_columns() if audit else ()),
+            *([no_changed_columns().alias(CHANGED_COLUMNS)] if non_key_columns is not None else ()),
             F.col("_in_sequence").alias(SEQUENCE),
         )
     held = previous_current.select(
@@ -175,6 +189,7 @@ def _resolve(winners, previous_current, previous_state, last_truncate, day, payl
         KEY_HASH,
         F.col(NON_KEY_HASH).alias("_held_hash"),
         F.col(EFF_START_DATE).alias("_held_eff"),
+        *(stored_audit(previous_current, lambda name: f"_held_{name}") if audit else ()),
     )
     held_truncated = F.lit(False)
     if last_truncate is not None:
@@ -201,9 +216,21 @@ def _resolve(winners, previous_current, previous_state, last_truncate, day, payl
         .otherwise(F.lit(UPDATE))
     )
     takes_incoming = operation.isin(INSERT, UPDATE, UNCHANGED, _UNKNOWN_DELETE)
+    kept = operation.isin(UNCHANGED, NOT_SUPPLIED)
     sequence = F.col("_in_sequence")
     if last_truncate is not None:
         sequence = F.coalesce(sequence, F.col("_held_deleted_at"))
+    index_of = {name: index for index, name in enumerate(payload_columns)}
+    extras = [*(audit.columns(kept, lambda name: F.col(f"_held_{name}")) if audit else ())]
+    if non_key_columns is not None:
+        extras.append(
+            changed_columns_of_update(
+                operation,
+                non_key_columns,
+                before=lambda name: F.col(f"_held_{index_of[name]}"),
+                after=lambda name: F.col(f"_in_{index_of[name]}"),
+            )
+        )
     return joined.select(
         *(
             F.when(takes_incoming, F.col(f"_in_{index}")).otherwise(F.col(f"_held_{index}")).alias(name)
@@ -212,7 +239,8 @@ def _resolve(winners, previous_current, previous_state, last_truncate, day, payl
         KEY_HASH,
         F.when(takes_incoming, in_hash).otherwise(held_hash).alias(NON_KEY_HASH),
         operation.alias(OPERATION),
-        F.when(operation.isin(UNCHANGED, NOT_SUPPLIED), F.col("_held_eff")).otherwise(day).alias(EFF_START_DATE),
+        F.when(kept, F.col("_held_eff")).otherwise(day).alias(EFF_START_DATE),
+        *extras,
         sequence.alias(SEQUENCE),  # NULL: X, the key's applied sequence is unchanged
     )
 

@@ -72,23 +72,28 @@ def plan_changes(
     max_write_tasks: int,
     previous_sequences: DataFrame | None = None,
     tombstone_retention_days: int = 30,
+    audit: cdc.RunAudit | None = None,
+    non_key_columns: Sequence[str] | None = None,
 ) -> ChangePlan:
     """Classify every date of the range against the state the date before left; the outputs to write.
 
     ``incoming`` holds the range's accepted rows with a ``business_date`` column; ``previous`` is the
-    stored ``current_table`` as of the day before the first date (None: no earlier state). Runs the
-    Spark jobs that classify and count (the outputs then read from a cache); nothing is written.
+    stored ``current_table`` as of the day before the first date (None: no earlier state). With
+    ``audit`` the outputs carry who wrote each row, with ``non_key_columns`` the changes carry
+    ``changed_columns`` (see :func:`changes.classify_changes`). Runs the Spark jobs that classify and
+    count (the outputs then read from a cache); nothing is written.
     """
     dates = sorted(business_dates)
+    stamps = dict(audit=audit, non_key_columns=non_key_columns)
     if load_type is LoadType.changeset:
         return _change_sets_date_by_date(
-            incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, tombstone_retention_days
+            incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, tombstone_retention_days, stamps
         )
     if load_type is LoadType.full and len(dates) > 1:
-        classification, changed, counts, cached = _full_loads_in_one_query(incoming, previous, dates, payload_columns)
+        classification, changed, counts, cached = _full_loads_in_one_query(incoming, previous, dates, payload_columns, stamps)
     else:
         classification, changed, counts, cached = _date_by_date(
-            incoming, previous, dates, load_type, payload_columns, max_write_tasks
+            incoming, previous, dates, load_type, payload_columns, max_write_tasks, stamps
         )
     tasks = write_tasks(sum(sum(by_op.values()) for by_op in counts.values()), max_write_tasks)
     changed = changed.coalesce(tasks)
@@ -111,21 +116,23 @@ def _counts_by_date(classification: DataFrame, dates: Sequence[date]) -> dict[da
     return {day: found.get(day, cdc.no_operations()) for day in dates}  # a date may have no rows
 
 
-def _full_loads_in_one_query(incoming: DataFrame, previous: DataFrame | None, dates: list[date], payload_columns):
-    classification = cdc.classify_full_loads(incoming, previous, dates).persist(StorageLevel.MEMORY_AND_DISK)
+def _full_loads_in_one_query(incoming: DataFrame, previous: DataFrame | None, dates: list[date], payload_columns, stamps):
+    classification = cdc.classify_full_loads(incoming, previous, dates, stamps["audit"]).persist(StorageLevel.MEMORY_AND_DISK)
     counts = _counts_by_date(classification, dates)
     totals = {op: sum(by_op[op] for by_op in counts.values()) for op in cdc.OPERATIONS}
-    changed = cdc.join_payload_by_date(classification, incoming, previous, dates, payload_columns, totals)
+    changed = cdc.join_payload_by_date(
+        classification, incoming, previous, dates, payload_columns, totals, non_key_columns=stamps["non_key_columns"]
+    )
     changed = changed.persist(StorageLevel.MEMORY_AND_DISK)  # six outputs are filtered from it
     return classification.select(*cdc.CLASSIFICATION_COLUMNS, BUSINESS_DATE), changed, counts, [changed, classification]
 
 
-def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, payload_columns, max_partitions: int):
+def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, payload_columns, max_partitions: int, stamps):
     classified, changed, counts, cached = [], [], {}, []
     for day in dates:
         # Filtering on the partition column prunes the scan to the date's folder.
         rows = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
-        changes = cdc.classify_changes(rows, previous, day, load_type, payload_columns)
+        changes = cdc.classify_changes(rows, previous, day, load_type, payload_columns, **stamps)
         if len(dates) > 1:
             # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from this
             # date's rows instead of nesting every earlier date's plan (a 10-day range failed). The
@@ -143,13 +150,13 @@ def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, pa
 
 
 def _change_sets_date_by_date(
-    incoming, previous, previous_sequences, dates: list[date], payload_columns, max_partitions: int, retention: int
+    incoming, previous, previous_sequences, dates: list[date], payload_columns, max_partitions: int, retention: int, stamps
 ) -> ChangePlan:
     """Change sets go date by date, oldest first: a date's late records depend on every earlier date."""
     classified, changed, late, sequences, counts, figures, cached = [], [], [], [], {}, {}, []
     for day in dates:
         records = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
-        result = apply_change_set(records, previous, previous_sequences, day, payload_columns, retention)
+        result = apply_change_set(records, previous, previous_sequences, day, payload_columns, retention, **stamps)
         changes, state = result.changes, result.state
         if len(dates) > 1:
             # As for deltas: a local checkpoint keeps the next date's plan from nesting this one's.

@@ -1,0 +1,147 @@
+"""Reading the warehouse as a consumer: the SCD type 2 view and the changes between two dates.
+
+Both are computed when read, from what the pipeline stored; neither is an asset. They only read:
+no lock is taken and nothing is written or repaired. ``cdc-scd2`` and ``cdc-changes``
+(``cdc_assets/cli.py``) run them from the command line.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import date
+
+from pyspark.sql import DataFrame, SparkSession
+
+from cdc_assets.config import TableConfig, load_table_configs, table_configs_dir
+from cdc_assets.core.between import changes_between_states
+from cdc_assets.core.scd2 import Dialect, as_date, quote_identifier, scd2_sql
+from cdc_assets.names import CURRENT, HISTORY
+from resources.storage import WarehouseStorage, warehouse_root
+
+
+def table_config(table: TableConfig | str) -> TableConfig:
+    """``table`` itself, or the config named ``table`` in the table config folder (``CDC_TABLE_CONFIGS``)."""
+    if isinstance(table, TableConfig):
+        return table
+    configs = load_table_configs()
+    for config in configs:
+        if config.name == table:
+            return config
+    known = ", ".join(config.name for config in configs) or "none"
+    raise ValueError(f"unknown table {table!r}: the table configs in {table_configs_dir()} define {known}")
+
+
+def scd2_view(
+    spark: SparkSession, table: TableConfig | str, as_of: str | date | None = None, warehouse: str | None = None
+) -> DataFrame:
+    """The table's SCD type 2 view as of ``as_of``: one row per version of each key.
+
+    Columns: the configured columns, ``valid_from``, ``valid_to``, ``is_current``, and with
+    ``scd2.hard_deletes: new_record`` ``is_deleted`` (see :func:`cdc_assets.core.scd2.scd2_sql` and the
+    table config's ``scd2`` block). Computed from every stored ``history_partition`` date up to
+    ``as_of`` (default: the newest stored date) with one scan and one window sorted by key, so its cost
+    grows with the stored history. ``warehouse`` defaults to ``CDC_WAREHOUSE``.
+    """
+    config = table_config(table)
+    storage = WarehouseStorage(warehouse_root(warehouse))
+    day = scd2_as_of(config, as_of, warehouse)
+    dates = [stored for stored in storage.stored_dates(config.name, HISTORY) if stored <= day]
+    history = storage.read(spark, config.name, HISTORY, dates)
+    # A name of its own per call: on Spark Connect the returned DataFrame resolves the view each time
+    # it runs, so a later call for the same table must not replace the view under it.
+    view = f"cdc_scd2_history_{config.name}_{uuid.uuid4().hex[:12]}"
+    history.createOrReplaceTempView(view)
+    return spark.sql(
+        scd2_sql(
+            [column.name for column in config.columns],
+            quote_identifier(view, Dialect.spark),
+            day,
+            config.scd2.open_end,
+            config.scd2.hard_deletes,
+            Dialect.spark,
+        )
+    )
+
+
+def scd2_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, as_of: str | date | None = None) -> str:
+    """The SCD type 2 query of :func:`scd2_view` for DuckDB, reading the table's stored history.
+
+    It reads ``read_parquet('<root>/<table>/history_partition/*/*.parquet', hive_partitioning = true,
+    union_by_name = true)`` (partitions written before a column was added read it as NULL). ``as_of``
+    defaults to the newest stored date. Run it with e.g. ``duckdb.sql(scd2_duckdb_sql("orders"))``;
+    an ``s3a://`` warehouse is read as ``s3://``, which needs DuckDB's httpfs extension.
+    """
+    config = table_config(config)
+    root = warehouse_root(warehouse)
+    day = scd2_as_of(config, as_of, warehouse)
+    if root.startswith(("s3a://", "s3n://")):
+        root = "s3://" + root.split("://", 1)[1]
+    glob = f"{root}/{config.name}/{HISTORY}/*/*.parquet".replace("'", "''")
+    relation = f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true)"
+    return scd2_sql(
+        [column.name for column in config.columns],
+        relation,
+        day,
+        config.scd2.open_end,
+        config.scd2.hard_deletes,
+        Dialect.duckdb,
+    )
+
+
+def changes_between(
+    spark: SparkSession, table: TableConfig | str, from_date: str | date, to_date: str | date, warehouse: str | None = None
+) -> DataFrame:
+    """The table's net changes from ``from_date`` to ``to_date``, from the two stored ``current_table`` states.
+
+    See :func:`cdc_assets.core.between.changes_between_states` for the rows. Raises ValueError when
+    ``from_date`` is not before ``to_date``, or when either date has no stored ``current_table``.
+    """
+    config = table_config(table)
+    start, end = changes_dates(config, from_date, to_date, warehouse)
+    storage = WarehouseStorage(warehouse_root(warehouse))
+    before = storage.read_one(spark, config.name, CURRENT, start.isoformat())
+    after = storage.read_one(spark, config.name, CURRENT, end.isoformat())
+    return changes_between_states(before, after, config, start, end)
+
+
+def scd2_as_of(config: TableConfig, as_of: str | date | None = None, warehouse: str | None = None) -> str:
+    """The SCD type 2 view's date as ``YYYY-MM-DD``: ``as_of``, or the newest stored history date.
+
+    Raises ValueError when the table has no stored history on or before it (no Spark needed).
+    """
+    storage = WarehouseStorage(warehouse_root(warehouse))
+    stored = storage.stored_dates(config.name, HISTORY)
+    if not stored:
+        raise ValueError(
+            f"{config.name} has no stored history_partition (looked in {storage.asset_path(config.name, HISTORY)}): "
+            "materialize the table first"
+        )
+    if as_of is None:
+        return stored[-1]
+    day = as_date(as_of).isoformat()
+    if day < stored[0]:
+        raise ValueError(
+            f"{config.name} has no history_partition on or before {day}: its stored dates run from {stored[0]} to {stored[-1]}"
+        )
+    return day
+
+
+def changes_dates(
+    config: TableConfig, from_date: str | date, to_date: str | date, warehouse: str | None = None
+) -> tuple[date, date]:
+    """The two dates of :func:`changes_between`, checked: ``from_date`` before ``to_date``, and a stored
+    ``current_table`` partition for each. Raises ValueError naming the date otherwise (no Spark needed)."""
+    start, end = as_date(from_date), as_date(to_date)
+    if start >= end:
+        raise ValueError(f"the from date {start} must be before the to date {end}")
+    storage = WarehouseStorage(warehouse_root(warehouse))
+    for day in (start, end):
+        if storage.has_partition(config.name, CURRENT, day.isoformat()):
+            continue
+        if day < config.start_date:
+            reason = f"the date is before the table's start_date {config.start_date}"
+        else:
+            stored = storage.stored_dates(config.name, CURRENT)
+            reason = f"stored dates run from {stored[0]} to {stored[-1]}" if stored else "no date is stored"
+        raise ValueError(f"{config.name} has no current_table partition for {day}: {reason}")
+    return start, end

@@ -1,0 +1,241 @@
+"""Issue 12 end to end: a 4-day change set through real Dagster runs, then what consumers read of it.
+
+One backfill run writes the 4 dates (so the runs log gets a row per date), a failed run adds a failed
+row, and the stored outputs are read back as an auditor, an analyst (SCD2 view, ``cdc-scd2``) and a
+downstream job (``cdc-changes``) would.
+
+The chain (key ``id``; non-keys name, score (double), balance (decimal), joined (date); ``changed_at``
+untracked, the sequence):
+
+    day 1  I 1, I 2, I 3 (joined NULL), I 4
+    day 2  U 1 score 1.5 -> 2.5 | D 2 | U 3 joined NULL -> 2024-02-03 | I 5 | 4 not supplied (X)
+    day 3  U 1 balance 10.00 -> 11.00 | I 2 again (re-insert) | D 5 | U 4 with only changed_at new (N)
+    day 4  U 4 joined 2024-01-04 -> 2024-04-04 | 1, 2, 3, 5 not supplied
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+from pathlib import Path
+
+import duckdb
+import pytest
+from dagster import DagsterInstance
+
+from cdc_assets import cli
+from cdc_assets.consumers import changes_between, scd2_duckdb_sql, scd2_view
+from tests.pipeline import definitions_for, partition_dir, run_dates, run_range, write_table_config
+
+D1, D2, D3, D4, D5 = "2024-03-01", "2024-03-02", "2024-03-03", "2024-03-04", "2024-03-05"
+HEADER = "op,id,name,score,balance,joined,changed_at"
+DAYS = {
+    D1: ["I,1,Ann,1.5,10.00,2024-01-01,2024-03-01 08:00:00", "I,2,Bob,2.0,20.00,2024-01-02,2024-03-01 08:00:01",
+         "I,3,Cy,3.0,30.00,,2024-03-01 08:00:02", "I,4,Di,4.0,40.00,2024-01-04,2024-03-01 08:00:03"],
+    D2: ["U,1,Ann,2.5,10.00,2024-01-01,2024-03-02 08:00:00", "D,2,Bob,2.0,20.00,2024-01-02,2024-03-02 08:00:01",
+         "U,3,Cy,3.0,30.00,2024-02-03,2024-03-02 08:00:02", "I,5,Ed,5.0,50.00,2024-01-05,2024-03-02 08:00:03"],
+    D3: ["U,1,Ann,2.5,11.00,2024-01-01,2024-03-03 08:00:00", "I,2,Bob,2.0,22.00,2024-01-02,2024-03-03 08:00:01",
+         "D,5,Ed,5.0,50.00,2024-01-05,2024-03-03 08:00:03", "U,4,Di,4.0,40.00,2024-01-04,2024-03-03 09:00:00"],
+    D4: ["U,4,Di,4.0,40.00,2024-04-04,2024-03-04 08:00:00"],
+}
+TABLE = "members"
+ANN1, ANN2, ANN3 = ("Ann", 1.5, Decimal("10.00")), ("Ann", 2.5, Decimal("10.00")), ("Ann", 2.5, Decimal("11.00"))
+
+
+def _write_config(folder: Path, source: Path, **fields):
+    return write_table_config(
+        folder,
+        TABLE,
+        f"{source}/{{date}}.csv",
+        start_date=D1,
+        load_type="changeset",
+        keys=[{"name": "id", "type": "int"}],
+        non_keys=[
+            {"name": "name", "type": "string"},
+            {"name": "score", "type": "double"},
+            {"name": "balance", "type": "decimal(10,2)"},
+            {"name": "joined", "type": "date"},
+        ],
+        untracked_columns=[{"name": "changed_at", "type": "timestamp"}],
+        changes={"operation_column": "op", "sequence_columns": ["changed_at"]},
+        **fields,
+    )
+
+
+@pytest.fixture(scope="module")
+def chain(spark, tmp_path_factory):
+    """The 4 dates in one backfill run, then a run of day 5 that fails (its extract never landed)."""
+    root = tmp_path_factory.mktemp("consumers")
+    source, warehouse = root / "source", root / "warehouse"
+    source.mkdir()
+    for day, lines in DAYS.items():
+        (source / f"{day}.csv").write_text("\n".join([HEADER, *lines]) + "\n")
+    config = _write_config(root / "configs", source)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("CDC_WAREHOUSE", str(warehouse))
+    patch.setenv("CDC_TABLE_CONFIGS", str(root / "configs"))
+    instance = DagsterInstance.ephemeral()
+    try:
+        backfill = run_range(definitions_for(config), D1, D4, instance)
+        assert backfill.success
+        (failed,) = run_dates(definitions_for(config), [D5], instance, raise_on_error=False)
+        assert not failed.success
+        yield {"root": root, "warehouse": warehouse, "config": config, "backfill": backfill, "failed": failed,
+               "instance": instance}
+    finally:
+        patch.undo()
+
+
+def _history(spark, chain, day):
+    return spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, "history_partition", day)))
+
+
+def test_changed_columns_name_the_non_keys_that_changed(spark, chain):
+    def changed(day):
+        return {(r["id"], r["operation"]): r["changed_columns"] for r in _history(spark, chain, day).collect()}
+
+    assert changed(D1) == {(1, "I"): [], (2, "I"): [], (3, "I"): [], (4, "I"): []}
+    # A double, and NULL -> value on a date; the delete and the insert list nothing.
+    assert changed(D2) == {(1, "U"): ["score"], (2, "D"): [], (3, "U"): ["joined"], (5, "I"): []}
+    # A decimal; key 4's record changed only changed_at (untracked): N, so it is not in history at all.
+    assert changed(D3) == {(1, "U"): ["balance"], (2, "I"): [], (5, "D"): []}
+    assert changed(D4) == {(4, "U"): ["joined"]}
+    updates = spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, "updates", D2)))
+    assert {r["id"]: r["changed_columns"] for r in updates.collect()} == {1: ["score"], 3: ["joined"]}
+    current = spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, "current_table", D3)))
+    assert "changed_columns" not in current.columns
+    assert {r["id"]: r["operation"] for r in current.collect()}[4] == "N"
+
+
+def test_audit_columns_after_a_backfill(spark, chain):
+    run_id = chain["backfill"].run_id
+    started = chain["instance"].get_run_record_by_id(run_id).start_time
+    for day in (D1, D2, D3, D4):
+        for asset in ("current_table", "history_partition"):
+            frame = spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, asset, day)))
+            stamps = {(r["process_id"], r["processed_at"].timestamp()) for r in frame.collect()}
+            assert len(stamps) == 1, (asset, day)
+            (process_id, processed_at), = stamps
+            assert process_id == run_id and processed_at == pytest.approx(started, abs=1e-3), (asset, day)
+
+
+def test_runs_log_has_a_row_per_date_of_the_backfill_and_the_failed_run(spark, chain):
+    runs = spark.read.parquet(str(chain["warehouse"] / "_runs")).orderBy("business_date").collect()
+    backfill = [row for row in runs if row["run_id"] == chain["backfill"].run_id]
+    assert [row["business_date"].isoformat() for row in backfill] == [D1, D2, D3, D4]
+    assert {(row["status"], row["step"], row["table"]) for row in backfill} == {("succeeded", "cdc", TABLE)}
+    assert {(row["run_first_date"], row["run_last_date"]) for row in backfill} == {(date(2024, 3, 1), date(2024, 3, 4))}
+    counts = {row["business_date"].isoformat(): (row["inserts"], row["updates"], row["deletes"], row["not_supplied"],
+                                                 row["unchanged"]) for row in backfill}
+    assert counts == {D1: (4, 0, 0, 0, 0), D2: (1, 2, 1, 1, 0), D3: (1, 1, 1, 1, 1), D4: (0, 1, 0, 3, 0)}
+    assert {row["config_hash"] for row in runs} == {_config_hash(chain)}
+    assert all(row["code_version"] and row["error"] is None for row in backfill)
+
+    (failed,) = [row for row in runs if row["run_id"] == chain["failed"].run_id]
+    assert (failed["business_date"].isoformat(), failed["status"], failed["step"]) == (D5, "failed", "intake")
+    assert D5 in failed["error"] and failed["inserts"] is None
+    # DuckDB reads the same folder as one dataset.
+    assert duckdb.sql(f"select count(*) from read_parquet('{chain['warehouse']}/_runs/*.parquet')").fetchall() == [(5,)]
+
+
+def _config_hash(chain) -> str:
+    from cdc_assets.runs_log import config_hash
+
+    return config_hash(chain["config"])
+
+
+def _versions(rows, *extra):
+    return sorted(
+        ((r["id"], r["name"], r["score"], r["balance"], r["valid_from"].isoformat(),
+          r["valid_to"].isoformat() if r["valid_to"] else None, r["is_current"], *(r[name] for name in extra))
+         for r in rows),
+        key=repr,
+    )
+
+
+def test_scd2_view_of_the_chain(spark, chain):
+    expected = [  # id, name, score, balance, valid_from, valid_to, is_current
+        (1, *ANN1, D1, D2, False), (1, *ANN2, D2, D3, False), (1, *ANN3, D3, None, True),
+        (2, "Bob", 2.0, Decimal("20.00"), D1, D2, False), (2, "Bob", 2.0, Decimal("22.00"), D3, None, True),
+        (3, "Cy", 3.0, Decimal("30.00"), D1, D2, False), (3, "Cy", 3.0, Decimal("30.00"), D2, None, True),
+        # Not supplied on day 2 and unchanged on day 3 close nothing: day 4's update does.
+        (4, "Di", 4.0, Decimal("40.00"), D1, D4, False), (4, "Di", 4.0, Decimal("40.00"), D4, None, True),
+        (5, "Ed", 5.0, Decimal("50.00"), D2, D3, False),
+    ]
+    view = scd2_view(spark, TABLE, warehouse=str(chain["warehouse"]))
+    assert _versions(view.collect()) == sorted(expected, key=repr)
+    joined = {(r["id"], r["valid_from"].isoformat()): r["joined"] for r in view.collect()}
+    assert joined[(3, D1)] is None and joined[(3, D2)] == date(2024, 2, 3)
+    # The same query in DuckDB over the same files gives the same rows.
+    duck = duckdb.sql(scd2_duckdb_sql(TABLE, str(chain["warehouse"])))
+    duck_rows = [dict(zip(duck.columns, row)) for row in duck.fetchall()]
+    assert _versions(duck_rows, "joined") == _versions(view.collect(), "joined")
+    # As of day 2, day 3's changes are not seen.
+    as_of_d2 = scd2_view(spark, TABLE, as_of=D2, warehouse=str(chain["warehouse"])).collect()
+    assert _versions(as_of_d2) == sorted([
+        (1, *ANN1, D1, D2, False), (1, *ANN2, D2, None, True), (2, "Bob", 2.0, Decimal("20.00"), D1, D2, False),
+        (3, "Cy", 3.0, Decimal("30.00"), D1, D2, False), (3, "Cy", 3.0, Decimal("30.00"), D2, None, True),
+        (4, "Di", 4.0, Decimal("40.00"), D1, None, True), (5, "Ed", 5.0, Decimal("50.00"), D2, None, True),
+    ], key=repr)
+
+
+def test_cdc_scd2_command_with_deletion_rows_and_a_high_end_date(spark, chain, tmp_path, monkeypatch):
+    configs = tmp_path / "configs"
+    _write_config(configs, chain["root"] / "source", scd2={"open_end": "9999-12-31", "hard_deletes": "new_record"})
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
+    monkeypatch.setenv("CDC_WAREHOUSE", str(chain["warehouse"]))
+    out = tmp_path / "scd2"
+    assert cli.scd2_main([TABLE, "--out", str(out)]) == 0
+    rows = spark.read.parquet(str(out)).collect()
+    deletions = _versions([r for r in rows if r["is_deleted"]])
+    # Bob's deletion row runs until he comes back; Ed's is still open, at the high date.
+    assert deletions == sorted(
+        [(2, "Bob", 2.0, Decimal("20.00"), D2, D3, False), (5, "Ed", 5.0, Decimal("50.00"), D3, "9999-12-31", True)], key=repr
+    )
+    versions = _versions([r for r in rows if not r["is_deleted"]])
+    assert [v for v in versions if v[0] == 1] == [(1, *ANN1, D1, D2, False), (1, *ANN2, D2, D3, False),
+                                                 (1, *ANN3, D3, "9999-12-31", True)]
+    assert len(versions) == 10
+
+
+def test_cdc_changes_from_day_1_to_day_3(spark, chain, tmp_path, monkeypatch):
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(chain["root"] / "configs"))
+    monkeypatch.setenv("CDC_WAREHOUSE", str(chain["warehouse"]))
+    out = tmp_path / "changes"
+    assert cli.changes_main([TABLE, "--from", D1, "--to", D3, "--out", str(out), "--format", "parquet"]) == 0
+    rows = sorted(
+        (r["id"], r["_change_type"], r["name"], r["balance"], r["changed_columns"], r["_from_date"].isoformat(),
+         r["_to_date"].isoformat())
+        for r in spark.read.parquet(str(out)).collect()
+    )
+    assert rows == [
+        # Updated twice in between: one preimage (day 1) and one postimage (day 3).
+        (1, "update_postimage", "Ann", Decimal("11.00"), ["balance", "score"], D1, D3),
+        (1, "update_preimage", "Ann", Decimal("10.00"), ["balance", "score"], D1, D3),
+        # Deleted on day 2 and back on day 3 with another balance: an update between the two states.
+        (2, "update_postimage", "Bob", Decimal("22.00"), ["balance"], D1, D3),
+        (2, "update_preimage", "Bob", Decimal("20.00"), ["balance"], D1, D3),
+        (3, "update_postimage", "Cy", Decimal("30.00"), ["joined"], D1, D3),
+        (3, "update_preimage", "Cy", Decimal("30.00"), ["joined"], D1, D3),
+        # Key 4 changed only its untracked column, key 5 came and went in between: no row for either.
+    ]
+    # The Python function gives the same rows.
+    same = changes_between(spark, TABLE, D1, D3, warehouse=str(chain["warehouse"]))
+    assert same.count() == len(rows)
+    assert cli.changes_main([TABLE, "--from", D3, "--to", D1]) == 2
+
+
+def test_runs_log_records_a_run_that_failed_storing_an_output(spark, tmp_path, monkeypatch):
+    """An output that fails in the IO manager fails outside the step's code: the step is told when Dagster closes it."""
+    warehouse, source = tmp_path / "warehouse", tmp_path / "source"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    source.mkdir()
+    (source / f"{D1}.csv").write_text("\n".join([HEADER, *DAYS[D1]]) + "\n")
+    config = _write_config(tmp_path / "configs", source)
+    (warehouse / TABLE).mkdir(parents=True)
+    (warehouse / TABLE / "history_partition").write_text("a file where the asset's folder belongs")
+    (result,) = run_dates(definitions_for(config), [D1], DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success
+    runs = spark.read.parquet(str(warehouse / "_runs")).collect()
+    assert [(r["run_id"], r["status"], r["step"], r["inserts"]) for r in runs] == [(result.run_id, "failed", "cdc", 4)]
+    assert "outputs were stored" in runs[0]["error"]
