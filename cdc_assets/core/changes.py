@@ -235,8 +235,7 @@ def classify_full_loads(
         # Computed before the stored rows are filtered out: the window must see them.
         from_store = F.col(EFF_START_DATE) < F.lit(first)
         dated = dated.select(
-            *(name for name in dated.columns if name not in AUDIT_COLUMNS),
-            *audit.columns(from_store, lambda name: F.last(F.col(stored(name)), ignorenulls=True).over(since_first)),
+            "*", *audit.columns(from_store, lambda name: F.last(F.col(stored(name)), ignorenulls=True).over(since_first))
         )
         audit_names = AUDIT_COLUMNS
     present = dated.filter(F.col(OPERATION).isNotNull()).select(BUSINESS_DATE, *CLASSIFICATION_COLUMNS, *audit_names)
@@ -328,8 +327,7 @@ def build_current(changes: DataFrame) -> DataFrame:
 
     A state holds versions, not changes: ``changed_columns`` stays with the changes.
     """
-    current = with_operations(changes, CURRENT_OPERATIONS)
-    return current.drop(CHANGED_COLUMNS) if CHANGED_COLUMNS in changes.columns else current
+    return with_operations(changes, CURRENT_OPERATIONS).drop(CHANGED_COLUMNS)  # no-op when it is absent
 
 
 def build_history(changes: DataFrame) -> DataFrame:
