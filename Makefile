@@ -16,6 +16,9 @@ DEMO_DATES := 2019-06-18 2019-06-19
 # names it, e.g. `make demo SPARK_REMOTE=sc://127.0.0.1:15002`.
 SPARK_CONNECT_PORT ?= 15002
 SPARK_SERVER_DIR := $(CURDIR)/.spark-server
+# A Spark standalone cluster on 127.0.0.1 (`make cluster-up`): a master and two workers of 1 core and 2g;
+# runs use it with CDC_SPARK_MASTER=spark://127.0.0.1:7077. Other sizes and ports: CLUSTER_ARGS='--worker-memory 4g'.
+SPARK_CLUSTER_DIR := $(CURDIR)/.spark-cluster
 # SPARK_REMOTE reaches the commands only when it is non-empty: pyspark takes an empty one as a Connect URL.
 ifeq ($(strip $(SPARK_REMOTE)),)
 unexport SPARK_REMOTE
@@ -23,7 +26,7 @@ else
 export SPARK_REMOTE
 endif
 
-.PHONY: install demo test test-fast ui validate benchmark spark-server spark-server-stop clean
+.PHONY: install demo test test-fast ui validate benchmark spark-server spark-server-stop cluster-up cluster-down sql sql-server sql-server-stop clean
 
 $(BIN)/dagster: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,11 +70,39 @@ spark-server: install
 spark-server-stop: install
 	$(BIN)/python -m cdc_assets.connect_server stop --state-dir $(SPARK_SERVER_DIR)
 
-# Stops no server: .spark-server/ (pid file, logs) goes only when its server is not running.
+# Prints the master's spark:// URL once both workers have registered; pids, logs and executors' work dirs in .spark-cluster/.
+cluster-up: install
+	$(BIN)/python -m cdc_assets.cluster start --state-dir $(SPARK_CLUSTER_DIR) $(CLUSTER_ARGS)
+
+# Stops the master and the workers, and with them their executors.
+cluster-down: install
+	$(BIN)/python -m cdc_assets.cluster stop --state-dir $(SPARK_CLUSTER_DIR)
+
+# spark-sql on the SQL catalog (database cdc: <table>_current, _history, _latest, _scd2, runs_log), e.g.
+# make sql SQL_ARGS='-e "SELECT * FROM cdc.orders_latest"'. Goes through the SQL server when it runs.
+sql: install
+	$(BIN)/cdc-catalog sql $(SQL_ARGS)
+
+# The Spark Thrift server on 127.0.0.1:$(SQL_PORT) over the same catalog, for JDBC and beeline clients.
+SQL_PORT ?= 10000
+sql-server: install
+	$(BIN)/cdc-catalog server start --port $(SQL_PORT)
+
+sql-server-stop: install
+	$(BIN)/cdc-catalog server stop
+
+# Stops no server: .spark-server/ (pid file, logs) goes only when its server is not running, .spark-cluster/ likewise.
 clean:
+	@# The SQL server keeps its metastore in warehouse/_catalog: stop it before that goes.
+	@if [ -x $(BIN)/cdc-catalog ]; then $(BIN)/cdc-catalog server stop; fi
 	rm -rf data warehouse spark-warehouse metastore_db .dagster_home
 	@if [ -f $(SPARK_SERVER_DIR)/server.pid ] && kill -0 "$$(cat $(SPARK_SERVER_DIR)/server.pid)" 2>/dev/null; then \
 		echo "kept .spark-server/: its Spark Connect server is running (make spark-server-stop)"; \
 	else \
 		rm -rf $(SPARK_SERVER_DIR); \
+	fi
+	@if [ -n "$$(for pid in $(SPARK_CLUSTER_DIR)/*.pid; do [ -f "$$pid" ] && kill -0 "$$(cat "$$pid")" 2>/dev/null && echo alive; done)" ]; then \
+		echo "kept .spark-cluster/: a daemon of its Spark cluster is running (make cluster-down)"; \
+	else \
+		rm -rf $(SPARK_CLUSTER_DIR); \
 	fi

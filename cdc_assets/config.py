@@ -176,6 +176,22 @@ class Scd2(BaseModel):
     hard_deletes: HardDeletes = HardDeletes.invalidate
 
 
+class Retention(BaseModel):
+    """How many stored states of the table to keep (``resources.storage.WarehouseStorage.drop_outside_retention``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Strict: YAML's `true` or `"2"` is a typo here, not a number of dates. At least 2: a date's run
+    # reads the day before's state and never drops what it read, so 1 would keep 2 anyway.
+    current_days: int | None = Field(
+        default=None,
+        ge=2,
+        strict=True,
+        description="Keep current_table for the newest N business dates (the newest stored date and the N-1 "
+        "calendar days before it); older partitions are dropped. null keeps every date. History is never dropped.",
+    )
+
+
 class Source(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -220,6 +236,7 @@ class TableConfig(BaseModel):
     allow_extra_columns: bool = False
     changes: Changes | None = None
     scd2: Scd2 = Scd2()
+    retention: Retention | None = None
     owners: list[str] = Field(default_factory=list)
     description: str | None = None
 

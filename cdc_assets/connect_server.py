@@ -347,6 +347,8 @@ def _wait_for_exit(pid: int, timeout: float) -> bool:
 
 def _port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As a server binds: connections of a server just stopped (TIME_WAIT) do not make the port taken.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((HOST, port))
         except OSError:

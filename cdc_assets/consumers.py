@@ -94,7 +94,8 @@ def changes_between(
     """The table's net changes from ``from_date`` to ``to_date``, from the two stored ``current_table`` states.
 
     See :func:`cdc_assets.core.between.changes_between_states` for the rows. Raises ValueError when
-    ``from_date`` is not before ``to_date``, or when either date has no stored ``current_table``.
+    ``from_date`` is not before ``to_date``, or when either date has no stored ``current_table`` (never
+    written, or dropped by the table's ``retention.current_days``).
     """
     config = table_config(table)
     start, end = changes_dates(config, from_date, to_date, warehouse)
@@ -130,7 +131,8 @@ def changes_dates(
     config: TableConfig, from_date: str | date, to_date: str | date, warehouse: str | None = None
 ) -> tuple[date, date]:
     """The two dates of :func:`changes_between`, checked: ``from_date`` before ``to_date``, and a stored
-    ``current_table`` partition for each. Raises ValueError naming the date otherwise (no Spark needed)."""
+    ``current_table`` partition for each. Raises ValueError naming the date otherwise, and the table's
+    ``retention.current_days`` when that dropped it (no Spark needed)."""
     start, end = as_date(from_date), as_date(to_date)
     if start >= end:
         raise ValueError(f"the from date {start} must be before the to date {end}")
@@ -143,5 +145,11 @@ def changes_dates(
         else:
             stored = storage.stored_dates(config.name, CURRENT)
             reason = f"stored dates run from {stored[0]} to {stored[-1]}" if stored else "no date is stored"
+            dropped = storage.dropped_partition(config.name, CURRENT, day.isoformat())
+            if dropped is not None:
+                reason = (
+                    f"retention.current_days ({dropped['current_days']}, in the table config of {config.name}) "
+                    f"dropped it; {reason}"
+                )
         raise ValueError(f"{config.name} has no current_table partition for {day}: {reason}")
     return start, end

@@ -333,9 +333,12 @@ def _apply_changes(
             LATE_CHANGES: plan.late,
             APPLIED_SEQUENCES: plan.sequences,
         }
+        # Only current_table is dropped by retention: history is never, and a change set's other state is not.
+        current_days = table.retention.current_days if table.retention else None
         for name in keys:
+            rows = DatedRows(outputs[name], retention_current_days=current_days if name == CURRENT else None)
             with _timed(context, table.name, f"write {name}", _span(days)):
-                yield Output(DatedRows(outputs[name]), output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
+                yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
         plan.release()
 

@@ -41,10 +41,13 @@ class DatedRows:
     """A step's rows for every partition of its run in one DataFrame, dated by a ``business_date`` column.
 
     Written with one partitioned write and committed date by date; a date without rows still gets a
-    partition (with no rows).
+    partition (with no rows). With ``retention_current_days`` (the table's ``retention.current_days``,
+    for ``current_table``), the asset's partitions older than that many newest dates are dropped once
+    the write is committed (``WarehouseStorage.drop_outside_retention``).
     """
 
     frame: DataFrame
+    retention_current_days: int | None = None
 
 
 class LazyPartitions(Mapping[str, DataFrame]):
@@ -143,14 +146,31 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         rows_written = self.storage.write(frame, table, asset, dates)
         stored_schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         previews = self._previews(table, asset, rows_written)
+        retention = self._apply_retention(context, table, asset, obj)
         for business_date in dates:
             path = self.partition_path(table, asset, business_date)
             metadata = describe_partition(stored_schema, path, rows_written[business_date], previews[business_date])
+            metadata.update(retention)
             if len(dates) == 1:
                 context.add_output_metadata(metadata)
             else:
                 # One materialization per date, each with its own figures.
                 context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=business_date)
+
+    def _apply_retention(self, context: OutputContext, table: str, asset: str, obj: DataFrame | DatedRows) -> dict:
+        """Drop what ``retention.current_days`` no longer keeps; metadata for each date this run wrote."""
+        current_days = obj.retention_current_days if isinstance(obj, DatedRows) else None
+        if current_days is None:
+            return {}
+        dropped = self.storage.drop_outside_retention(table, asset, current_days)
+        context.log.info(
+            f"{table}/{asset}: retention.current_days={current_days} dropped "
+            + (f"{len(dropped)} partition(s): {', '.join(dropped)}" if dropped else "nothing")
+        )
+        return {
+            "retention_current_days": MetadataValue.int(current_days),
+            "dropped_current_partitions": MetadataValue.json(dropped),
+        }
 
     def _previews(self, table: str, asset: str, rows: dict[str, int]) -> dict[str, list[tuple]]:
         """Up to ``PREVIEW_ROWS`` stored rows of each date, read back from the committed partitions.

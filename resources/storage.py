@@ -5,8 +5,11 @@ Layout, per table::
     {root}/{table}/{asset}/business_date=YYYY-MM-DD/part-*.parquet   what readers see
     {root}/{table}/_staging/{asset}/{write}/...                       a write in progress (unique per write)
     {root}/{table}/_staging/{asset}/business_date=D.{write}.old       a version being replaced
+    {root}/{table}/_staging/{asset}/business_date=D.{write}.dropped   a partition retention is deleting
+    {root}/{table}/_retention/{asset}/business_date=D.json            a partition retention dropped (when, why)
     {root}/{table}/_writer.lock                                       who is writing the table
     {root}/_runs/{table}-{time}-{run}-{id}.parquet                    the runs log, a file per append
+    {root}/_catalog/                                                  the SQL catalog's metastore (cdc_assets.catalog)
 
 Spark writes the files; everything else (listing, renaming, deleting, the lock, row counts from
 Parquet footers) happens on the client through pyarrow's file system for the warehouse URI. So the
@@ -34,7 +37,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from typing import IO
 
 import pyarrow as pa
@@ -53,6 +56,10 @@ STAGING_FOLDER = "_staging"
 LOCK_FILE = "_writer.lock"
 # The runs log's folder, beside the tables (no table name starts with "_").
 RUNS_FOLDER = "_runs"
+# Per table, one small file per partition dropped by retention: what tells "dropped" from "never written".
+RETENTION_FOLDER = "_retention"
+# The SQL catalog's own state (Derby metastore, server state), beside the tables.
+CATALOG_FOLDER = "_catalog"
 _ROWS = "rows"
 _log = logging.getLogger(__name__)
 _OTHER_DATES = "rows_of_other_dates"
@@ -76,6 +83,10 @@ def lock_timeout_seconds() -> float:
 
 class MissingPartitionError(RuntimeError):
     """An upstream partition the step needs has never been written."""
+
+
+class DroppedPartitionError(MissingPartitionError):
+    """The partition was stored, then dropped by the table's retention setting (``retention.current_days``)."""
 
 
 class WriterLockTimeout(RuntimeError):
@@ -117,6 +128,9 @@ class WarehouseStorage:
     _committed: dict[str, tuple[StructType, frozenset[str]]] = field(default_factory=dict)
     _locks: dict[str, _HeldLock] = field(default_factory=dict)
     _writes: int = 0
+    # Partitions this run has read or committed, as (table, asset, date): retention leaves them alone,
+    # since the run's later writes and checks may still scan them (DataFrames are read lazily).
+    _in_use: set[tuple[str, str, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.root = self.root.rstrip("/")
@@ -324,6 +338,7 @@ class WarehouseStorage:
         for day in business_dates:
             self._commit(table, asset, day, f"{staged}/{BUSINESS_DATE}={day}", schema)
         self._delete(staged)
+        self._forget_dropped(table, asset, business_dates)
         return rows
 
     def _commit(self, table: str, asset: str, business_date: str, staged: str, schema: StructType) -> None:
@@ -335,10 +350,82 @@ class WarehouseStorage:
         self._rename(staged, final)
         self._delete(retired)
         self._committed[final] = (schema, frozenset(self.list_names(final)))
+        self._in_use.add((table, asset, business_date))
+
+    # -- retention -------------------------------------------------------------------------------------
+    def drop_outside_retention(self, table: str, asset: str, current_days: int) -> list[str]:
+        """Apply ``retention.current_days``: drop the asset's partitions older than its newest ``current_days``
+        business dates; returns the dates dropped, oldest first.
+
+        The window is counted in calendar days back from the newest stored date: it keeps that date and
+        the ``current_days - 1`` days before it (dates are materialized in order, so these are the
+        newest ``current_days`` partitions). A partition this run has read or committed stays whatever
+        its date, because the run's later writes and its checks may still scan it; the table's next run
+        drops it. Each date is first recorded under ``_retention`` (so that a later read can say why it
+        is missing), then its folder is renamed into staging and deleted: readers listing the asset see
+        the whole partition or none of it, as with a commit, and a drop killed half-way is finished by
+        the next writer's sweep. Holds the table's writer lock.
+        """
+        if current_days < 1:
+            raise ValueError(f"{table}/{asset}: retention.current_days must be at least 1, got {current_days}")
+        self.hold_writer_lock(table)
+        stored = self.stored_dates(table, asset)
+        if not stored:
+            return []
+        oldest_kept = (date.fromisoformat(stored[-1]) - timedelta(days=current_days - 1)).isoformat()
+        expired = [day for day in stored if day < oldest_kept and (table, asset, day) not in self._in_use]
+        for day in expired:
+            self._record_dropped(
+                table,
+                asset,
+                day,
+                {
+                    "current_days": current_days,
+                    "newest": stored[-1],
+                    "run_id": self.run_id,
+                    "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                },
+            )
+            final = self.partition_path(table, asset, day)
+            retiring = f"{self._staging(table, asset)}/{BUSINESS_DATE}={day}.{self._token}.dropped"
+            self._committed.pop(final, None)
+            self._rename(final, retiring)
+            self._delete(retiring)
+        return expired
+
+    def dropped_partition(self, table: str, asset: str, business_date: str) -> dict | None:
+        """What retention recorded when it dropped the partition (``current_days``, ``newest``, ``run_id``,
+        ``dropped_at``), or None if it never dropped it. Reads one small file; no lock, no Spark."""
+        path = self._dropped_marker(table, asset, business_date)
+        if not self.exists(path):
+            return None
+        with self._fs.open_input_stream(self._client(path)) as stream:
+            return json.loads(stream.read().decode("utf-8"))
+
+    def _dropped_marker(self, table: str, asset: str, business_date: str) -> str:
+        return f"{self.root}/{table}/{RETENTION_FOLDER}/{asset}/{BUSINESS_DATE}={business_date}.json"
+
+    def _record_dropped(self, table: str, asset: str, business_date: str, record: dict) -> None:
+        # Written under a hidden name and renamed, so a reader never parses half a record.
+        marker = self._dropped_marker(table, asset, business_date)
+        hidden = f"{marker.rsplit('/', 1)[0]}/.{marker.rsplit('/', 1)[1]}.{self._token}.tmp"
+        self._fs.create_dir(self._client(hidden.rsplit("/", 1)[0]), recursive=True)
+        with self._fs.open_output_stream(self._client(hidden)) as stream:
+            stream.write((json.dumps(record) + "\n").encode("utf-8"))
+        self._fs.move(self._client(hidden), self._client(marker))
+
+    def _forget_dropped(self, table: str, asset: str, business_dates: list[str]) -> None:
+        """A date written again is no longer a dropped one (one listing per write; usually nothing there)."""
+        folder = f"{self.root}/{table}/{RETENTION_FOLDER}/{asset}"
+        recorded = set(self.list_names(folder))
+        for day in business_dates:
+            if f"{BUSINESS_DATE}={day}.json" in recorded:
+                self._delete(self._dropped_marker(table, asset, day))
 
     # -- reading ---------------------------------------------------------------------------------------
     def stored_path(self, table: str, asset: str, business_date: str) -> str:
-        """The partition's folder; raises :class:`MissingPartitionError` if it was never written.
+        """The partition's folder; raises :class:`MissingPartitionError` if it was never written, and
+        :class:`DroppedPartitionError` (naming ``retention.current_days``) if retention dropped it.
 
         A folder missing because a commit was killed half-way is restored first, unless another
         run holds the table's lock (its commit may be in flight).
@@ -349,6 +436,14 @@ class WarehouseStorage:
         self._restore_if_unheld(table, asset, business_date)
         if self.exists(path):
             return path
+        dropped = self.dropped_partition(table, asset, business_date)
+        if dropped is not None:
+            raise DroppedPartitionError(
+                f"{table}/{asset} has no partition for {business_date}: retention.current_days "
+                f"({dropped['current_days']}, in the table config of {table}) dropped it when the newest stored date "
+                f"was {dropped['newest']} (run {dropped['run_id']}). What needs the state as of {business_date}, "
+                "such as a run of the date after it, cannot run; raise retention.current_days to keep more dates."
+            )
         raise MissingPartitionError(
             f"{table}/{asset} has no partition for {business_date} (looked in {path}). "
             "Materialize the dates in order: each date needs the previous date's outputs."
@@ -375,6 +470,15 @@ class WarehouseStorage:
 
     def runs_log_path(self) -> str:
         return f"{self.root}/{RUNS_FOLDER}"
+
+    def catalog_path(self) -> str:
+        """Where the SQL catalog keeps its metastore: a local folder, since Derby needs one."""
+        if "://" in self.root:
+            raise ValueError(
+                f"the warehouse {self.root} is not a local folder, so the SQL catalog cannot keep its Derby "
+                "metastore in it: set CDC_CATALOG_DIR to a local folder"
+            )
+        return f"{self.root}/{CATALOG_FOLDER}"
 
     def append_to_runs_log(self, rows: pa.Table, table: str) -> str:
         """Add ``rows`` to the runs log as a new file (never rewriting one); returns its path.
@@ -405,6 +509,7 @@ class WarehouseStorage:
         this run committed are read with the schema they were written with (no inference job).
         """
         paths = [self.stored_path(table, asset, day) for day in business_dates]
+        self._in_use.update((table, asset, day) for day in business_dates)
         reader = spark.read.option("basePath", self.asset_path(table, asset))
         schemas = {self._committed_schema(path) for path in paths}
         if len(schemas) == 1 and None not in schemas:
@@ -414,6 +519,7 @@ class WarehouseStorage:
     def read_one(self, spark: SparkSession, table: str, asset: str, business_date: str) -> DataFrame:
         """One stored partition, without the ``business_date`` column."""
         path = self.stored_path(table, asset, business_date)
+        self._in_use.add((table, asset, business_date))
         schema = self._committed_schema(path)
         return (spark.read.schema(schema) if schema is not None else spark.read).parquet(path)
 

@@ -1,0 +1,178 @@
+"""The SQL catalog through the real tools: spark-sql, the Spark Thrift server with beeline, and runs.
+
+A backfill, a re-run of a date, two tables' runs in separate processes while the SQL server holds the
+metastore, and a fresh machine (the catalog folder deleted): each time the catalog must show exactly
+what the warehouse holds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance
+
+from cdc_assets.catalog import CatalogBusy, _hold, catalog_dir
+from cdc_assets.config import load_table_config
+from cdc_assets.connect_server import free_port
+from cdc_assets.consumers import scd2_view
+from resources.storage import WarehouseStorage
+from tests.pipeline import definitions_for, run_dates, run_range
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / ".venv" / "bin"
+ORDERS_DAYS = ["2024-01-01", "2024-01-02", "2024-01-03"]
+ACCOUNTS_DAY = "2024-02-01"
+_PROMPT = re.compile(r"^\d+: jdbc:hive2://\S+> ")
+
+
+@pytest.fixture(scope="module")
+def lake(spark, tmp_path_factory):
+    """orders backfilled for its first two dates (one run) into a temp warehouse; accounts configured, not run."""
+    root = tmp_path_factory.mktemp("catalog")
+    configs = root / "configs"
+    configs.mkdir()
+    for name in ("orders", "accounts"):
+        shutil.copy(REPO / "table_configs" / f"{name}.yaml", configs / f"{name}.yaml")
+    home = root / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    with DagsterInstance.from_config(str(home)):
+        pass  # the instance's storage exists before two runs start at once
+    env = {key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}
+    env.update(
+        PYTHONPATH=str(REPO), DAGSTER_HOME=str(home), CDC_TABLE_CONFIGS=str(configs), CDC_DATA_ROOT=str(REPO),
+        CDC_WAREHOUSE=str(root / "warehouse"),
+        CDC_SPARK_CONF='{"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false", "spark.driver.memory": "1g"}',
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("CDC_TABLE_CONFIGS", "CDC_DATA_ROOT", "CDC_WAREHOUSE"):
+            patch.setenv(key, env[key])
+        defs = definitions_for(load_table_config(configs / "orders.yaml"))
+        assert run_range(defs, ORDERS_DAYS[0], ORDERS_DAYS[1]).success
+    yield env
+    subprocess.run([str(BIN / "cdc-catalog"), "server", "stop"], env=env, capture_output=True)
+
+
+def _storage(env) -> WarehouseStorage:
+    return WarehouseStorage(env["CDC_WAREHOUSE"])
+
+
+def _spark_sql(env, query: str) -> list[list[str]]:
+    """Rows of ``query`` run by ``cdc-catalog sql -S -e`` (spark-sql on the catalog, or beeline via the server)."""
+    done = subprocess.run([str(BIN / "cdc-catalog"), "sql", "-S", "-e", query], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return [line.split("\t") for line in done.stdout.splitlines() if line.strip()]
+
+
+def _beeline(env, port: int, query: str) -> list[list[str]]:
+    """Rows of ``query`` through the SQL server, with pyspark's beeline as a JDBC client would send it (header dropped)."""
+    from cdc_assets.catalog import _spark_env, beeline_command
+
+    command = beeline_command(port, "cdc", ["--silent=true", "--outputformat=tsv2", "-e", query])
+    done = subprocess.run(command, env={**_spark_env(), **env}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    lines = [_PROMPT.sub("", line) for line in done.stdout.splitlines()]
+    return [line.split("\t") for line in lines if line.strip()][1:]
+
+
+def _counts_by_date(rows: list[list[str]]) -> dict[str, int]:
+    return {day: int(count) for day, count in rows}
+
+
+def _stored_counts(env, table: str, asset: str) -> dict[str, int]:
+    storage = _storage(env)
+    return storage.row_counts(table, asset, storage.stored_dates(table, asset))
+
+
+def _materialize(env, table: str, day: str) -> subprocess.Popen:
+    command = [str(BIN / "dagster"), "asset", "materialize", "-m", "cdc_assets.definitions", "--select", f"group:{table}", "--partition", day]
+    return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_spark_sql_reads_every_table_of_a_backfill_by_name(spark, lake):
+    tables = {row[-2] if len(row) > 2 else row[0] for row in _spark_sql(lake, "SHOW TABLES IN cdc")}
+    assert {"orders_current", "orders_history", "orders_latest", "orders_scd2", "runs_log"} <= tables
+    assert not {name for name in tables if name.startswith("accounts_")}  # configured, nothing stored yet
+
+    current = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1")
+    history = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_history GROUP BY 1 ORDER BY 1")
+    assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
+    assert list(_counts_by_date(current)) == ORDERS_DAYS[:2]
+    assert _counts_by_date(history) == _stored_counts(lake, "orders", "history_partition")
+
+    latest = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_latest GROUP BY 1")
+    assert latest == [[ORDERS_DAYS[1], str(_stored_counts(lake, "orders", "current_table")[ORDERS_DAYS[1]])]]
+
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("CDC_TABLE_CONFIGS", "CDC_WAREHOUSE"):
+            patch.setenv(key, lake[key])
+        expected_versions = scd2_view(spark, "orders").count()
+    (versions,) = _spark_sql(lake, "SELECT count(*) FROM cdc.orders_scd2")
+    assert int(versions[0]) == expected_versions > 0
+
+    (logged,) = _spark_sql(lake, "SELECT count(*) FROM cdc.runs_log WHERE `table` = 'orders' AND status = 'succeeded'")
+    assert int(logged[0]) == 2  # one row per date of the backfill
+
+
+def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake):
+    storage = _storage(lake)
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("CDC_TABLE_CONFIGS", "CDC_DATA_ROOT", "CDC_WAREHOUSE"):
+            patch.setenv(key, lake[key])
+        defs = definitions_for(load_table_config(Path(lake["CDC_TABLE_CONFIGS"]) / "orders.yaml"))
+        (rerun,) = run_dates(defs, [ORDERS_DAYS[1]])  # replaces every partition of the date
+    assert rerun.success
+
+    port = free_port()
+    started = subprocess.run([str(BIN / "cdc-catalog"), "server", "start", "--port", str(port)], env=lake, capture_output=True, text=True, timeout=600)
+    assert started.returncode == 0, started.stderr[-5000:]
+    assert started.stdout.strip() == f"jdbc:hive2://127.0.0.1:{port}/cdc"
+
+    # The server holds the metastore: another opener is told who does, rather than getting Derby's error.
+    with pytest.raises(CatalogBusy, match=f"the SQL server on 127.0.0.1:{port}"):
+        _hold(catalog_dir(storage), "a test")
+
+    # The replaced partition as it is on disk, not the old files or a mix: I and U rows carry the
+    # re-run's id, N and X rows keep the writer of their stored version (README, "Audit columns").
+    query = f"SELECT process_id, count(*) FROM orders_current WHERE business_date = DATE '{ORDERS_DAYS[1]}' GROUP BY 1"
+    on_disk = spark.read.parquet(storage.partition_path("orders", "current_table", ORDERS_DAYS[1])).groupBy("process_id").count().collect()
+    writers = {process_id: int(count) for process_id, count in _beeline(lake, port, query)}
+    assert writers == {row["process_id"]: row["count"] for row in on_disk}
+    assert rerun.run_id in writers
+    current = _beeline(lake, port, "SELECT business_date, count(*) FROM orders_current GROUP BY 1 ORDER BY 1")
+    assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
+
+    # Two tables' runs at once, in processes of their own, while the server holds the metastore.
+    runs = [_materialize(lake, "orders", ORDERS_DAYS[2]), _materialize(lake, "accounts", ACCOUNTS_DAY)]
+    for run in runs:
+        output, _ = run.communicate(timeout=900)
+        assert run.returncode == 0, output[-6000:]
+
+    # orders' new date is there without any registration: the commit's folder is the partition.
+    current = _beeline(lake, port, "SELECT business_date, count(*) FROM orders_current GROUP BY 1 ORDER BY 1")
+    assert list(_counts_by_date(current)) == ORDERS_DAYS
+    assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
+    # accounts is a new table: it appears with the next sync, which goes through the server.
+    assert not [row for row in _beeline(lake, port, "SHOW TABLES IN cdc") if "accounts_current" in row]
+    synced = subprocess.run([str(BIN / "cdc-catalog"), "sync"], env=lake, capture_output=True, text=True, timeout=600)
+    assert synced.returncode == 0, synced.stderr[-5000:]
+    accounts = _beeline(lake, port, "SELECT business_date, count(*) FROM accounts_current GROUP BY 1")
+    assert _counts_by_date(accounts) == _stored_counts(lake, "accounts", "current_table") != {}
+
+    stopped = subprocess.run([str(BIN / "cdc-catalog"), "server", "stop"], env=lake, capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0 and "stopped" in stopped.stderr
+    os.close(_hold(catalog_dir(storage), "a test"))  # the lock went with the server
+
+    # A fresh machine: no metastore at all, the same warehouse. Every partition of both tables is back.
+    shutil.rmtree(catalog_dir(storage))
+    current = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1")
+    assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
+    history = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.accounts_history GROUP BY 1")
+    assert _counts_by_date(history) == _stored_counts(lake, "accounts", "history_partition")

@@ -1,0 +1,88 @@
+"""The SQL catalog's sync statements, names and lock, without starting a metastore (tests/test_catalog.py does)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cdc_assets.catalog import CatalogBusy, _hold, catalog_database, catalog_dir, sync_statements
+from cdc_assets.config import load_table_config
+from resources.storage import WarehouseStorage
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _store(root: Path, table: str, asset: str, day: str) -> None:
+    folder = root / table / asset / f"business_date={day}"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"key_hash": ["a"]}), folder / "part-0.parquet")
+
+
+def test_sync_defines_what_is_stored_and_drops_what_is_not(tmp_path, monkeypatch):
+    monkeypatch.delenv("CDC_CATALOG_DIR", raising=False)
+    root = tmp_path / "ware'house"  # a quote in the path must stay inside the SQL string literal
+    _store(root, "orders", "current_table", "2024-01-01")
+    _store(root, "orders", "history_partition", "2024-01-01")
+    configs = [load_table_config(REPO / "table_configs" / f"{name}.yaml") for name in ("orders", "accounts")]
+    statements = sync_statements(configs, WarehouseStorage(str(root)), "cdc")
+
+    creates = [statement for statement in statements if statement.startswith("CREATE")]
+    assert creates[0].startswith("CREATE DATABASE IF NOT EXISTS `cdc` LOCATION")
+    assert [statement.split(" ")[2] for statement in creates[1:]] == [
+        "`cdc`.`orders_current`", "`cdc`.`orders_history`", "`cdc`.`orders_latest`", "`cdc`.`orders_scd2`",
+    ]  # fmt: skip
+    assert f"LOCATION '{tmp_path}/ware\\'house/orders/current_table'" in creates[1]
+    assert "max(business_date)" in creates[3] and "LEAD(business_date)" in creates[4]
+    # accounts has nothing stored: its objects are dropped (a reset warehouse leaves no stale table).
+    assert "DROP TABLE IF EXISTS `cdc`.`accounts_current`" in statements
+    assert not [statement for statement in creates if "accounts" in statement or "runs_log" in statement]
+    assert statements[-1] == "USE `cdc`"
+    # Every statement is one line: the sync file has one per line, ;-terminated.
+    assert all("\n" not in statement for statement in statements)
+
+
+def test_database_name_and_catalog_folder_are_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("CDC_CATALOG_DATABASE", "cdc; DROP")
+    with pytest.raises(ValueError, match="CDC_CATALOG_DATABASE"):
+        catalog_database()
+    monkeypatch.setenv("CDC_CATALOG_DATABASE", "lake_sql")
+    assert catalog_database() == "lake_sql"
+
+    monkeypatch.delenv("CDC_CATALOG_DIR", raising=False)
+    # A warehouse named by URI (an object store, here one that needs no network) has no folder for Derby.
+    by_uri = WarehouseStorage(f"file://{tmp_path}/warehouse")
+    with pytest.raises(ValueError, match="CDC_CATALOG_DIR"):
+        catalog_dir(by_uri)
+    monkeypatch.setenv("CDC_CATALOG_DIR", str(tmp_path / "catalog"))
+    assert catalog_dir(by_uri) == tmp_path / "catalog"
+
+
+def test_a_second_opener_is_told_who_holds_the_catalog(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from cdc_assets.catalog import _hold; "
+         "_hold(Path(sys.argv[1]), 'the test holder'); print('held', flush=True); time.sleep(60)", str(tmp_path)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CatalogBusy, match="open in the test holder.*make sql-server"):
+            _hold(tmp_path, "this test")
+    finally:
+        holder.kill()
+        holder.wait()
+    deadline = time.monotonic() + 10
+    while True:  # the lock goes with its holder's process
+        try:
+            os.close(_hold(tmp_path, "this test"))
+            break
+        except CatalogBusy:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert (tmp_path / "catalog.lock").read_text() == "this test"

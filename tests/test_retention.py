@@ -1,0 +1,278 @@
+"""``retention.current_days``: old current_table partitions are dropped, history is kept, and whatever needs a
+dropped state fails naming the setting.
+
+Two tables with the same source run side by side in the same Dagster runs, one date per run: ``retained``
+(``retention: {current_days: 2}``) and ``kept`` (no retention), so every output of ``retained`` that is
+still stored can be compared with ``kept``'s. A small full load with key ``id``:
+
+    day 1  I 1, 2, 3
+    day 2  U 1 | D 3 | I 4
+    day 3  U 2 | I 5
+    day 4  D 1 | U 4 | I 6
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+from pyspark.sql import functions as F
+
+from cdc_assets import cli, report
+from cdc_assets.config import TableConfigError, load_table_config
+from cdc_assets.consumers import changes_between, scd2_view
+from resources.storage import DroppedPartitionError, MissingPartitionError, WarehouseStorage
+from tests.pipeline import definitions_for, partition_dir, run_dates, sorted_rows, write_table_config
+
+D1, D2, D3, D4 = "2024-05-01", "2024-05-02", "2024-05-03", "2024-05-04"
+HEADER = "id,name,amount"
+DAYS = {
+    D1: ["1,ann,1.0", "2,bob,2.0", "3,cy,3.0"],
+    D2: ["1,ann,1.5", "2,bob,2.0", "4,di,4.0"],
+    D3: ["1,ann,1.5", "2,bobby,2.0", "4,di,4.0", "5,ed,5.0"],
+    D4: ["2,bobby,2.0", "4,di,4.5", "5,ed,5.0", "6,flo,6.0"],
+}
+RETAINED, KEPT = "retained", "kept"
+CDC_OUTPUTS = ("hash_join_classification", "inserts", "deletes", "updates", "current_table", "history_partition")
+
+
+def _write_config(folder: Path, name: str, source: Path, **fields):
+    return write_table_config(
+        folder,
+        name,
+        f"{source}/{{date}}.csv",
+        start_date=D1,
+        load_type="full",
+        keys=[{"name": "id", "type": "int"}],
+        non_keys=[{"name": "name", "type": "string"}, {"name": "amount", "type": "double"}],
+        **fields,
+    )
+
+
+@pytest.fixture(scope="module")
+def chain(spark, tmp_path_factory):
+    """Days 1 to 4 of both tables, one run per date."""
+    root = tmp_path_factory.mktemp("retention")
+    source, warehouse, configs = root / "source", root / "warehouse", root / "configs"
+    source.mkdir()
+    for day, lines in DAYS.items():
+        (source / f"{day}.csv").write_text("\n".join([HEADER, *lines]) + "\n")
+    retained = _write_config(configs, RETAINED, source, retention={"current_days": 2})
+    kept = _write_config(configs, KEPT, source)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("CDC_WAREHOUSE", str(warehouse))
+    patch.setenv("CDC_TABLE_CONFIGS", str(configs))
+    instance = DagsterInstance.ephemeral()
+    try:
+        results = run_dates(definitions_for(retained, kept), [D1, D2, D3, D4], instance)
+        assert all(result.success for result in results)
+        yield {"warehouse": warehouse, "retained": retained, "kept": kept, "instance": instance, "runs": results}
+    finally:
+        patch.undo()
+
+
+def _stored(warehouse: Path, table: str, asset: str) -> list[str]:
+    return sorted(p.name.removeprefix("business_date=") for p in (warehouse / table / asset).glob("business_date=*"))
+
+
+def test_only_the_newest_current_days_states_remain_and_history_keeps_every_date(chain):
+    warehouse = chain["warehouse"]
+    assert _stored(warehouse, RETAINED, "current_table") == [D3, D4]
+    assert _stored(warehouse, KEPT, "current_table") == [D1, D2, D3, D4]
+    for asset in set(CDC_OUTPUTS) - {"current_table"}:
+        assert _stored(warehouse, RETAINED, asset) == [D1, D2, D3, D4], asset
+    # The drops went through staging and left nothing there.
+    assert not any(p.is_file() for p in (warehouse / RETAINED / "_staging").rglob("*"))
+
+
+def test_what_is_kept_equals_a_run_without_retention(spark, chain):
+    warehouse = chain["warehouse"]
+    for asset in CDC_OUTPUTS:
+        for day in _stored(warehouse, RETAINED, asset):
+            assert sorted_rows(spark, partition_dir(warehouse, RETAINED, asset, day)) == sorted_rows(
+                spark, partition_dir(warehouse, KEPT, asset, day)
+            ), (asset, day)
+
+
+def test_materializations_and_the_run_log_say_what_was_dropped(chain):
+    instance = chain["instance"]
+
+    def metadata(table: str, day: str) -> dict:
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey([table, "current_table"]), asset_partitions=[day]), limit=1
+        ).records
+        return records[0].asset_materialization.metadata
+
+    dropped = {day: metadata(RETAINED, day)["dropped_current_partitions"].value for day in DAYS}
+    assert dropped == {D1: [], D2: [], D3: [D1], D4: [D2]}
+    assert metadata(RETAINED, D4)["retention_current_days"].value == 2
+    assert "dropped_current_partitions" not in metadata(KEPT, D4)
+    # Dagster still shows the dropped dates as materialized: retention does not touch the instance.
+    assert metadata(RETAINED, D1)["dagster/row_count"].value == 3
+
+    messages = [entry.user_message for entry in instance.all_logs(chain["runs"][2].run_id)]
+    assert f"retained/current_table: retention.current_days=2 dropped 1 partition(s): {D1}" in messages
+
+
+def test_consumers_still_read_history_and_the_kept_states(spark, chain, tmp_path, capsys):
+    warehouse = str(chain["warehouse"])
+
+    def versions(frame):
+        return sorted((tuple(row) for row in frame.drop("process_id", "processed_at").collect()), key=repr)
+
+    assert versions(scd2_view(spark, chain["retained"], warehouse=warehouse)) == versions(
+        scd2_view(spark, chain["kept"], warehouse=warehouse)
+    )
+    out = tmp_path / "scd2"
+    assert cli.scd2_main([RETAINED, "--out", str(out)]) == 0
+    assert spark.read.parquet(str(out)).count() == 9  # 6 keys; 1, 2 and 4 changed once each
+
+    kept_changes = changes_between(spark, chain["kept"], D3, D4, warehouse=warehouse)
+    retained_changes = changes_between(spark, chain["retained"], D3, D4, warehouse=warehouse)
+    assert sorted(map(tuple, retained_changes.collect())) == sorted(map(tuple, kept_changes.collect()))
+
+    assert report.main([RETAINED]) == 0
+    printed = capsys.readouterr().out
+    assert f"current_table of {RETAINED} as of {D4}:" in printed
+
+
+def test_cdc_changes_from_a_dropped_date_fails_naming_the_setting(chain, capsys):
+    assert cli.changes_main([RETAINED, "--from", D1, "--to", D4]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (
+        f"cdc-changes: error: {RETAINED} has no current_table partition for {D1}: retention.current_days "
+        f"(2, in the table config of {RETAINED}) dropped it; stored dates run from {D3} to {D4}"
+    )
+    assert cli.changes_main([RETAINED, "--from", D2, "--to", D3]) == 2
+    assert "retention.current_days" in capsys.readouterr().err
+    # A date that was never written says so, without blaming retention.
+    assert cli.changes_main([RETAINED, "--from", D3, "--to", "2024-05-09"]) == 2
+    error = capsys.readouterr().err
+    assert "has no current_table partition for 2024-05-09" in error and "retention" not in error
+
+
+def test_rerunning_the_date_after_a_dropped_one_fails_naming_the_setting(spark, chain):
+    """Runs last in the module: the failed run rewrites day 2's intake outputs (with the same rows)."""
+    before = sorted_rows(spark, partition_dir(chain["warehouse"], RETAINED, "history_partition", D2))
+    [result] = run_dates(definitions_for(chain["retained"]), [D2], chain["instance"], raise_on_error=False)
+    assert not result.success
+    failure = next(event for event in result.all_events if event.event_type_value == "STEP_FAILURE")
+    assert failure.step_key == f"{RETAINED}__cdc"
+    message = failure.step_failure_data.error.to_string()
+    assert "DroppedPartitionError" in message
+    assert f"{RETAINED}/current_table has no partition for {D1}: retention.current_days (2, in the table config" in message
+    # Nothing of the CDC step was rewritten.
+    assert sorted_rows(spark, partition_dir(chain["warehouse"], RETAINED, "history_partition", D2)) == before
+    assert _stored(chain["warehouse"], RETAINED, "current_table") == [D3, D4]
+
+
+# -- the storage on its own ------------------------------------------------------------------------------
+
+
+def _plain(spark, value: int):
+    return spark.range(1).select(F.lit(str(value)).alias("key_hash"), F.lit(value).alias("amount"))
+
+
+def test_a_run_never_drops_what_it_read_or_wrote_the_next_run_does(spark, tmp_path):
+    root = str(tmp_path / "warehouse")
+    first = WarehouseStorage(root, run_id="first")
+    for number, day in enumerate((D1, D2, D3, D4)):
+        first.write(_plain(spark, number), "t", "current_table", [day])
+    # A range run wrote all four dates: its checks will read them, so none goes yet.
+    assert first.drop_outside_retention("t", "current_table", 1) == []
+    first.release()
+
+    second = WarehouseStorage(root, run_id="second")
+    second.read_one(spark, "t", "current_table", D2)  # a re-run of day 3 reads day 2
+    assert second.drop_outside_retention("t", "current_table", 1) == [D1, D3]
+    assert second.stored_dates("t", "current_table") == [D2, D4]
+    second.release()
+
+    third = WarehouseStorage(root, run_id="third")
+    assert third.drop_outside_retention("t", "current_table", 1) == [D2]
+    assert third.stored_dates("t", "current_table") == [D4]  # never the newest
+    with pytest.raises(DroppedPartitionError, match=r"retention.current_days \(1, in the table config of t\)"):
+        third.read_one(spark, "t", "current_table", D2)
+    third.release()
+
+
+class _Killed(Exception):
+    """Stands for a kill -9 at a chosen point of a drop."""
+
+
+def test_a_date_written_again_is_no_longer_a_dropped_one_and_a_killed_drop_is_finished(spark, tmp_path, monkeypatch):
+    root = tmp_path / "warehouse"
+    first = WarehouseStorage(str(root), run_id="first")
+    for number, day in enumerate((D1, D2)):
+        first.write(_plain(spark, number), "t", "current_table", [day])
+    first.release()
+    second = WarehouseStorage(str(root), run_id="second")
+    assert second.drop_outside_retention("t", "current_table", 1) == [D1]
+    assert second.dropped_partition("t", "current_table", D1)["newest"] == D2
+    second.write(_plain(spark, 7), "t", "current_table", [D1])  # e.g. a re-run of the start date
+    assert second.dropped_partition("t", "current_table", D1) is None
+    assert [r["amount"] for r in second.read_one(spark, "t", "current_table", D1).collect()] == [7]
+    second.release()
+
+    # Killed after the dropped folder was renamed into staging, before it was deleted.
+    third = WarehouseStorage(str(root), run_id="third")
+    delete = third._delete
+
+    def killed_before_deleting_a_dropped_folder(path: str) -> None:
+        if path.endswith(".dropped"):
+            raise _Killed(path)
+        delete(path)
+
+    monkeypatch.setattr(third, "_delete", killed_before_deleting_a_dropped_folder)
+    with pytest.raises(_Killed):
+        third.drop_outside_retention("t", "current_table", 1)
+    third.release()
+    staging = root / "t" / "_staging" / "current_table"
+    assert [p.name.endswith(".dropped") for p in staging.iterdir()] == [True]
+    assert not (root / "t" / "current_table" / f"business_date={D1}").exists()
+    # Readers see it as dropped at once; the next writer's sweep deletes the folder: a drop is never undone.
+    with pytest.raises(DroppedPartitionError):
+        WarehouseStorage(str(root), run_id="reader").read_one(spark, "t", "current_table", D1)
+    writer = WarehouseStorage(str(root), run_id="writer")
+    writer.hold_writer_lock("t")
+    writer.release()
+    assert not any(staging.iterdir())
+    assert not (root / "t" / "current_table" / f"business_date={D1}").exists()
+    # A date that was never written is missing, not dropped.
+    with pytest.raises(MissingPartitionError) as missing:
+        WarehouseStorage(str(root), run_id="reader").read_one(spark, "t", "current_table", D4)
+    assert not isinstance(missing.value, DroppedPartitionError)
+
+
+# -- the config -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("retention", "expected"),
+    [
+        ({"current_days": 1}, "greater than or equal to 2"),
+        ({"current_days": 0}, "greater than or equal to 2"),
+        ({"current_days": -3}, "greater than or equal to 2"),
+        ({"current_days": "two"}, "valid integer"),
+        ({"current_days": True}, "valid integer"),
+        ({"current_days": 2.5}, "valid integer"),
+        ({"current_day": 2}, "Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_retention_names_the_file_and_the_field(tmp_path, retention, expected):
+    with pytest.raises(TableConfigError) as error:
+        _write_config(tmp_path, "orders", tmp_path, retention=retention)
+    message = str(error.value)
+    assert str(tmp_path / "orders.yaml") in message
+    field = "retention.current_day" if "current_day" in retention else "retention.current_days"
+    assert f"field '{field}': " in message and expected in message
+
+
+def test_retention_is_optional(tmp_path):
+    assert _write_config(tmp_path, "orders", tmp_path).retention is None
+    assert _write_config(tmp_path, "orders", tmp_path, retention=None).retention is None
+    assert _write_config(tmp_path, "orders", tmp_path, retention={"current_days": None}).retention.current_days is None
+    path = tmp_path / "orders.yaml"
+    path.write_text(path.read_text() + "retention:\n  current_days: 30\n")
+    assert load_table_config(path).retention.current_days == 30
