@@ -275,8 +275,8 @@ def sync_through_server(location: Path, port: int, statements: Sequence[str]) ->
 
 
 def _beeline_args(args: Sequence[str]) -> list[str]:
-    # spark-sql's -e/-f mean the same to beeline; --silent keeps beeline's banner out of the output.
-    return ["--silent=true", "--showHeader=true", "--outputformat=tsv2", *args]
+    # spark-sql's -e/-f mean the same to beeline; its -S (silent) is beeline's --silent=true, always on.
+    return ["--silent=true", "--showHeader=true", "--outputformat=tsv2", *(arg for arg in args if arg not in ("-S", "--silent"))]
 
 
 def _wait_forwarding_signals(process: subprocess.Popen) -> int:
