@@ -225,6 +225,9 @@ class TableConfig(BaseModel):
 
     name: str
     start_date: date
+    # The last business date, for a table whose extracts have stopped (a retired system, the demo's two
+    # days); without it the partitions run up to yesterday and grow by one each day.
+    end_date: date | None = None
     load_type: LoadType
     source: Source
     keys: list[Column] = Field(min_length=1)
@@ -248,6 +251,12 @@ class TableConfig(BaseModel):
         if not _NAME.match(value):
             raise ValueError(f"name {value!r} must match [a-z][a-z0-9_]* (it is a folder name and asset key prefix)")
         return value
+
+    @model_validator(mode="after")
+    def _end_after_start(self) -> "TableConfig":
+        if self.end_date is not None and self.end_date < self.start_date:
+            raise ValueError(f"end_date {self.end_date} is before start_date {self.start_date}")
+        return self
 
     @model_validator(mode="after")
     def _columns_distinct(self) -> "TableConfig":

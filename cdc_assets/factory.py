@@ -1,6 +1,7 @@
 """The asset factory: everything Dagster needs for one table, built from its validated config.
 
-Per table (asset keys ``[table, name]``, group ``table``, daily partitions from ``start_date``):
+Per table (asset keys ``[table, name]``, group ``table``, daily partitions from ``start_date`` to ``end_date``
+if set, else to yesterday):
 
 - ``hashed_incoming`` (+ ``rejects``): one multi-asset reading the day's extract;
 - ``hash_join_classification``, ``inserts``, ``deletes``, ``updates``, ``current_table``,
@@ -20,7 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 
 from dagster import (
     AssetDep,
@@ -380,7 +381,9 @@ def _add_count_metadata(
 
 def build_table_definitions(config: TableConfig) -> TableDefinitions:
     """Assets (and, as they are added, checks, schedule and sensor) for one table."""
-    partitions_def = DailyPartitionsDefinition(start_date=config.start_date.isoformat(), timezone="UTC")
+    # Dagster's end_date is exclusive; the config's is the last business date.
+    end = (config.end_date + timedelta(days=1)).isoformat() if config.end_date else None
+    partitions_def = DailyPartitionsDefinition(start_date=config.start_date.isoformat(), end_date=end, timezone="UTC")
     assets = [build_incoming_asset(config, partitions_def), build_cdc_assets(config, partitions_def)]
     job = build_table_job(config, partitions_def)
     return TableDefinitions(

@@ -104,6 +104,17 @@ def test_defaults(tmp_path):
     assert config.source.path_for("2024-01-02") == "/abs/t1/2024-01-02.csv"
 
 
+def test_end_date_is_the_last_partition(tmp_path):
+    from cdc_assets.factory import build_table_definitions
+
+    ended = build_table_definitions(load_table_config(write_config(tmp_path, variant(end_date="2024-01-03"))))
+    assert ended.partitions_def.get_partition_keys() == ["2024-01-01", "2024-01-02", "2024-01-03"]
+    # Without one, the partitions run to yesterday (UTC).
+    open_ended = build_table_definitions(load_table_config(write_config(tmp_path, VALID)))
+    assert open_ended.config.end_date is None
+    assert len(open_ended.partitions_def.get_partition_keys()) > 3
+
+
 def test_relative_source_path_resolves_against_data_root(tmp_path, monkeypatch):
     monkeypatch.setenv("CDC_DATA_ROOT", str(tmp_path))
     config = load_table_config(write_config(tmp_path, VALID))
@@ -130,6 +141,8 @@ INVALID = {
     "table name absolute": (variant(name="/abs"), "name"),
     "bad start_date": (variant(start_date="2024-13-45"), "start_date"),
     "start_date not a date": (variant(start_date="yesterday"), "start_date"),
+    "end_date before start_date": (variant(end_date="2023-12-31"), "end_date"),
+    "end_date not a date": (variant(end_date="never"), "end_date"),
     "unknown source format": (variant(source__format="xlsx"), "source.format"),
     "path without {date}": (variant(source__path="data/orders/latest.csv"), "source.path"),
     "path with another placeholder": (variant(source__path="data/{table}/{date}/"), "source.path"),

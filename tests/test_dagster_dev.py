@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance
+
+from tests.processes import free_port, stop_process_tree, tail
 
 pytestmark = pytest.mark.slow
 
@@ -167,94 +167,12 @@ def _progress(message: str) -> None:
     print(f"[{time.monotonic() - _STARTED:7.1f}s] {message}", flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _tail(path: Path, lines: int = 80) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 def _graphql(url: str, query: str, variables: dict | None = None, timeout: float = 60) -> dict:
     response = requests.post(url, json={"query": query, "variables": variables or {}}, timeout=timeout)
     response.raise_for_status()
     body = response.json()
     assert not body.get("errors"), f"GraphQL errors: {body['errors']}"
     return body["data"]
-
-
-def _our_processes(root: psutil.Process | None, dagster_home: str) -> list[psutil.Process]:
-    """Processes this test started: descendants of dagster dev, plus anything with our unique DAGSTER_HOME."""
-    found: dict[int, psutil.Process] = {}
-    if root is not None:
-        try:
-            for proc in [root, *root.children(recursive=True)]:
-                found[proc.pid] = proc
-        except psutil.NoSuchProcess:
-            pass
-    me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid == me or proc.pid in found:
-            continue
-        try:
-            if proc.environ().get("DAGSTER_HOME") == dagster_home:
-                found[proc.pid] = proc
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return list(found.values())
-
-
-def _stop(process: subprocess.Popen, dagster_home: str, known: dict[int, psutil.Process]) -> None:
-    try:
-        root = psutil.Process(process.pid)
-    except psutil.NoSuchProcess:
-        root = None
-    for proc in _our_processes(root, dagster_home):
-        known.setdefault(proc.pid, proc)
-    try:
-        pgid = os.getpgid(process.pid)
-    except ProcessLookupError:
-        pgid = None
-    if pgid is not None:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-    # Anything that left the group (run workers, code servers, JVMs): terminate, then kill.
-    for proc in _our_processes(None, dagster_home):
-        known.setdefault(proc.pid, proc)
-    survivors = [proc for proc in known.values() if proc.is_running() and proc.pid != os.getpid()]
-    for proc in survivors:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(survivors, timeout=10)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=10)
 
 
 @pytest.mark.parametrize("table", sorted(CASES))
@@ -271,7 +189,7 @@ def test_dagster_dev_backfill(tmp_path, table):
     configs.mkdir()
     shutil.copy(REPO / "table_configs" / f"{table}.yaml", configs / f"{table}.yaml")
     log_path = tmp_path / "dagster_dev.log"
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     url = f"{base}/graphql"
 
@@ -305,7 +223,7 @@ def test_dagster_dev_backfill(tmp_path, table):
     )
 
     def fail(message: str) -> None:
-        raise AssertionError(f"{message}\n--- dagster dev log (tail) ---\n{_tail(log_path)}")
+        raise AssertionError(f"{message}\n--- dagster dev log (tail) ---\n{tail(log_path)}")
 
     def remember_children() -> None:
         try:
@@ -402,7 +320,7 @@ def test_dagster_dev_backfill(tmp_path, table):
         assert run_tags.get("dagster/asset_partition_range_end") == DATES[-1], run_tags
         finished = True
     finally:
-        _stop(process, str(dagster_home), known)
+        stop_process_tree(process, str(dagster_home), known)
         log_file.close()
         _progress("servers stopped")
     leftovers = [proc for proc in known.values() if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE]

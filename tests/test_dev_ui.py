@@ -1,0 +1,55 @@
+"""``make ui``'s preparation of the instance: every table's pool limit exists before the daemon's first pass
+(closing the gap in which two queued runs of a new table could start together), and a limit set by hand
+is kept. A real Dagster instance on SQLite in a temp DAGSTER_HOME; no Spark."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dagster import DagsterInstance
+
+from cdc_assets.dev_ui import create_table_pools
+from tests.pipeline import write_table_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_table_pools_are_created_once_and_a_set_limit_is_kept(tmp_path, monkeypatch):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    configs = tmp_path / "table_configs"
+    for name in ("alpha", "beta", "gamma"):
+        write_table_config(configs, name, f"data/{name}/{{date}}/")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
+    with DagsterInstance.get() as instance:
+        instance.event_log_storage.set_concurrency_slots("cdc_beta", 3)
+
+    assert create_table_pools() == ["cdc_alpha", "cdc_gamma"]
+
+    with DagsterInstance.get() as instance:
+        storage = instance.event_log_storage
+        assert {"cdc_alpha", "cdc_beta", "cdc_gamma"} <= storage.get_concurrency_keys()
+        limits = {pool: storage.get_concurrency_info(pool).slot_count for pool in ("cdc_alpha", "cdc_beta", "cdc_gamma")}
+    # instance/dagster.yaml's default_limit (1) for the new pools; the hand-set 3 untouched.
+    assert limits == {"cdc_alpha": 1, "cdc_beta": 3, "cdc_gamma": 1}
+    # A second start creates nothing and changes nothing.
+    assert create_table_pools() == []
+    with DagsterInstance.get() as instance:
+        assert instance.event_log_storage.get_concurrency_info("cdc_beta").slot_count == 3
+
+
+def test_a_config_that_does_not_load_does_not_stop_the_ui(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    configs = tmp_path / "table_configs"
+    configs.mkdir()
+    (configs / "broken.yaml").write_text("name: broken\nstart_date: someday\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
+
+    assert create_table_pools() == []
+    assert "broken.yaml" in capsys.readouterr().err
