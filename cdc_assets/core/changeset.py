@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from cdc_assets.core.caching import CACHE_LEVEL
 from cdc_assets.core.changes import (
     CLASSIFICATION_COLUMNS,
     DELETE,
@@ -103,7 +103,7 @@ def apply_change_set(
     ranked = (
         distinct.filter(~is_truncate & ~is_late)
         .withColumn(_RANK, F.row_number().over(by_key))
-        .persist(StorageLevel.MEMORY_AND_DISK)
+        .persist(CACHE_LEVEL)
     )
     truncates = distinct.filter(is_truncate)
     late = distinct.filter(is_late)
@@ -137,7 +137,7 @@ def apply_change_set(
     resolved = _resolve(
         winners, previous_current, previous_state, last_truncate if truncated else None, day, payload_columns, audit, non_key_columns
     )
-    resolved = resolved.persist(StorageLevel.MEMORY_AND_DISK)
+    resolved = resolved.persist(CACHE_LEVEL)
     counts = {operation: 0 for operation in OPERATIONS}
     unknown_deletes = 0
     for row in resolved.groupBy(OPERATION).count().collect():

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from datetime import date
 from functools import reduce
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from cdc_assets.config import LoadType
+from cdc_assets.core.caching import CACHE_LEVEL
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.changeset import apply_change_set
 from cdc_assets.core.columns import BUSINESS_DATE
@@ -117,13 +117,13 @@ def _counts_by_date(classification: DataFrame, dates: Sequence[date]) -> dict[da
 
 
 def _full_loads_in_one_query(incoming: DataFrame, previous: DataFrame | None, dates: list[date], payload_columns, stamps):
-    classification = cdc.classify_full_loads(incoming, previous, dates, stamps["audit"]).persist(StorageLevel.MEMORY_AND_DISK)
+    classification = cdc.classify_full_loads(incoming, previous, dates, stamps["audit"]).persist(CACHE_LEVEL)
     counts = _counts_by_date(classification, dates)
     totals = {op: sum(by_op[op] for by_op in counts.values()) for op in cdc.OPERATIONS}
     changed = cdc.join_payload_by_date(
         classification, incoming, previous, dates, payload_columns, totals, non_key_columns=stamps["non_key_columns"]
     )
-    changed = changed.persist(StorageLevel.MEMORY_AND_DISK)  # six outputs are filtered from it
+    changed = changed.persist(CACHE_LEVEL)  # six outputs are filtered from it
     return classification.select(*cdc.CLASSIFICATION_COLUMNS, BUSINESS_DATE), changed, counts, [changed, classification]
 
 
@@ -139,7 +139,7 @@ def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, pa
             # cap keeps the partitions from growing date by date.
             changes = changes.coalesce(max_partitions).localCheckpoint()
         else:
-            changes = changes.persist(StorageLevel.MEMORY_AND_DISK)  # six outputs are filtered from it
+            changes = changes.persist(CACHE_LEVEL)  # six outputs are filtered from it
         cached.append(changes)
         counts[day] = cdc.count_operations(changes)
         dated = F.lit(day).alias(BUSINESS_DATE)
