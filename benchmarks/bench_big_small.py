@@ -43,7 +43,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from datetime import datetime, timezone
@@ -57,7 +56,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import spark_eventlog as ev  # noqa: E402
-from bench_scale import base_env, dagster_bin, describe, measure_run, operation_counts  # noqa: E402
+from bench_scale import base_env, dagster_bin, describe, measure_run, operation_counts, prepare_workdir  # noqa: E402
 from bench_targets import GIB, Interrupted, OutputsWrong, StepFailed, git_commit  # noqa: E402
 
 TABLE = "big_delta"
@@ -228,23 +227,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def prepare_workdir(requested: str | None) -> tuple[Path, bool]:
-    if requested is None:
-        workdir = Path(tempfile.mkdtemp(prefix="cdc_big_small_"))
-        (workdir / MARKER).touch()
-        return workdir, True
-    workdir = Path(requested).resolve()
-    if workdir.exists() and any(workdir.iterdir()):
-        if not (workdir / MARKER).exists():
-            sys.exit(f"--workdir {workdir} is not empty and was not made by this script; pick another folder")
-        for entry in workdir.iterdir():
-            if entry.name != MARKER:
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / MARKER).touch()
-    return workdir, False
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
@@ -252,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         raise Interrupted(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    workdir, is_temp = prepare_workdir(args.workdir)
+    workdir, is_temp = prepare_workdir(args.workdir, MARKER, "cdc_big_small_")
     results: dict = {
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),

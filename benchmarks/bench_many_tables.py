@@ -79,7 +79,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -94,6 +93,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_backfill  # noqa: E402 - its table config writer
+from bench_scale import prepare_workdir  # noqa: E402
 from bench_targets import GIB, Interrupted, OutputsWrong, StepFailed, git_commit, kill_group, machine_busy_seconds  # noqa: E402
 
 DAY = "2019-06-18"
@@ -676,23 +676,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def prepare_workdir(requested: str | None) -> tuple[Path, bool]:
-    if requested is None:
-        workdir = Path(tempfile.mkdtemp(prefix="cdc_many_"))
-        (workdir / MARKER).touch()
-        return workdir, True
-    workdir = Path(requested).resolve()
-    if workdir.exists() and any(workdir.iterdir()):
-        if not (workdir / MARKER).exists():
-            sys.exit(f"--workdir {workdir} is not empty and was not made by this script; pick another folder")
-        for entry in workdir.iterdir():
-            if entry.name != MARKER:
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / MARKER).touch()
-    return workdir, False
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
@@ -701,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     logging.getLogger("dagster").setLevel(logging.WARNING)
-    workdir, is_temp = prepare_workdir(args.workdir)
+    workdir, is_temp = prepare_workdir(args.workdir, MARKER, "cdc_many_")
     bench = Bench(args, workdir)
     results = bench.results
     results.update(

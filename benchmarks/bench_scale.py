@@ -275,20 +275,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def prepare_workdir(requested: str | None) -> tuple[Path, bool]:
+def prepare_workdir(requested: str | None, marker: str, prefix: str) -> tuple[Path, bool]:
+    """The workdir and whether it is a fresh temp dir. A given folder must be empty or carry ``marker``
+    (made by the same script before), and is then emptied but for the marker."""
     if requested is None:
-        workdir = Path(tempfile.mkdtemp(prefix="cdc_scale_"))
-        (workdir / MARKER).touch()
+        workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        (workdir / marker).touch()
         return workdir, True
     workdir = Path(requested).resolve()
     if workdir.exists() and any(workdir.iterdir()):
-        if not (workdir / MARKER).exists():
+        if not (workdir / marker).exists():
             sys.exit(f"--workdir {workdir} is not empty and was not made by this script; pick another folder")
         for entry in workdir.iterdir():
-            if entry.name != MARKER:
+            if entry.name != marker:
                 shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / MARKER).touch()
+    (workdir / marker).touch()
     return workdir, False
 
 
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         raise Interrupted(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    workdir, is_temp = prepare_workdir(args.workdir)
+    workdir, is_temp = prepare_workdir(args.workdir, MARKER, "cdc_scale_")
     results: dict = {
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
