@@ -24,16 +24,21 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
 
 
-def create_table_pools() -> list[str]:
+def create_table_pools(instance: DagsterInstance | None = None) -> list[str]:
     """Each configured table's pool limit at the instance default, unless it exists; the pools created.
+
+    ``instance`` defaults to ``DagsterInstance.get()`` (``DAGSTER_HOME``); the tables are those of
+    ``CDC_TABLE_CONFIGS``.
 
     Nothing here may keep the UI from starting: a table config that does not load is reported by the
     code location in the UI itself, and an instance without pool support just has no pools to create.
     """
-    from dagster import DagsterInstance
-
     from cdc_assets.config import TableConfigError, load_table_configs
     from cdc_assets.names import pool_name
 
@@ -42,15 +47,19 @@ def create_table_pools() -> list[str]:
     except TableConfigError as error:
         print(f"dev_ui: no table pools created, the table configs do not load: {error}", file=sys.stderr)
         return []
-    created = []
-    with DagsterInstance.get() as instance:
-        storage = instance.event_log_storage
-        known = storage.get_concurrency_keys()
-        for config in configs:
-            pool = pool_name(config)
-            if pool not in known and storage.initialize_concurrency_limit_to_default(pool):
-                created.append(pool)
-    return created
+    pools = [pool_name(config) for config in configs]
+    if instance is None:
+        from dagster import DagsterInstance
+
+        with DagsterInstance.get() as owned:
+            return _create_missing_pools(owned, pools)
+    return _create_missing_pools(instance, pools)
+
+
+def _create_missing_pools(instance: DagsterInstance, pools: list[str]) -> list[str]:
+    storage = instance.event_log_storage
+    known = storage.get_concurrency_keys()
+    return [pool for pool in pools if pool not in known and storage.initialize_concurrency_limit_to_default(pool)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -53,3 +53,19 @@ def test_a_config_that_does_not_load_does_not_stop_the_ui(tmp_path, monkeypatch,
 
     assert create_table_pools() == []
     assert "broken.yaml" in capsys.readouterr().err
+
+
+def test_table_pools_on_an_instance_given_by_the_caller(tmp_path, monkeypatch):
+    """benchmarks/bench_many_tables.py prepares each phase's instance the way make ui does."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    configs = tmp_path / "table_configs"
+    write_table_config(configs, "delta", "data/delta/{date}/")
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
+
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert create_table_pools(instance) == ["cdc_delta"]
+        assert instance.event_log_storage.get_concurrency_info("cdc_delta").slot_count == 1
+        assert create_table_pools(instance) == []
