@@ -25,8 +25,8 @@ Prints each figure as it finishes, then a table; writes JSON to ``benchmarks/res
 (git-ignored). Every run is a child process in its own process group and is killed with it (its JVM
 included) on failure, Ctrl-C or SIGTERM. Exit status: 0 ok, 1 a run failed, 2 wrong counts, 130 interrupted.
 
-Cost: at the defaults about 80-100 minutes on the idle 2-core machine (1M: day 1 + day 2 about 7 min;
-10M: about 10x that, if it scales), and about 35-40 GB of disk in the workdir at 10M (a size's data is
+Cost: at the defaults about 35 minutes on the idle 2-core machine (measured 1,989 s: 1M day 1 + day 2
+about 5 min; 10M about 27 min), and about 35-40 GB of disk in the workdir at 10M (a size's data is
 deleted before the next size starts). Small check (about 4 minutes, mostly JVM and Dagster start-up):
     .venv/bin/python benchmarks/bench_scale.py --rows 20000,100000
 """
