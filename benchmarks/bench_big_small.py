@@ -29,7 +29,7 @@ Prints each figure as it finishes, then a table and the explanation; writes JSON
 process group (JVM included) on failure, Ctrl-C or SIGTERM. Exit status: 0 ok, 1 a run failed,
 2 wrong counts, 130 interrupted.
 
-Cost at the defaults on the idle 2-core machine: roughly 45-75 minutes (day 1 is a 10M-row full load,
+Cost at the defaults on the idle 2-core machine: about 19 minutes (measured 1,135 s; day 1 is a 10M-row full load,
 day 2 reads and rewrites the 10M-row state), and about 25-30 GB of disk in the workdir. Small check (about 5 minutes):
     .venv/bin/python benchmarks/bench_big_small.py --rows 200000 --changed 1000
 """
