@@ -63,8 +63,8 @@ Exit status: 0 ok, 1 a run failed (or timed out), 2 wrong counts or a run/pool l
 Uses Dagster internals (``_create_scheduler_run``, ``WorkspaceProcessContext``) as the daemon does;
 written against dagster 1.13.
 
-Cost at the defaults on the idle 2-core machine: about 35-50 minutes (each 100k-row run is about a
-minute of mostly JVM start-up and JIT; 20 of them twice, plus 4 pair runs). Small check (about 8 minutes):
+Cost at the defaults on the idle 2-core machine: about 46 minutes (measured 2,740 s; a 100k-row run
+alone is about a minute of mostly JVM start-up and JIT; 20 of them twice, plus 4 pair runs). Small check (about 8 minutes):
     .venv/bin/python benchmarks/bench_many_tables.py --tables 3 --rows 5000 --max-concurrent 2
 """
 

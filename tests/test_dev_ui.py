@@ -69,3 +69,14 @@ def test_table_pools_on_an_instance_given_by_the_caller(tmp_path, monkeypatch):
         assert create_table_pools(instance) == ["cdc_delta"]
         assert instance.event_log_storage.get_concurrency_info("cdc_delta").slot_count == 1
         assert create_table_pools(instance) == []
+
+
+def test_the_shipped_instance_holds_one_run_per_table_and_four_in_all(tmp_path):
+    """instance/dagster.yaml, which make ui and make demo copy: the pools' limit and the run queue's size."""
+    shutil.copy(REPO / "instance" / "dagster.yaml", tmp_path / "dagster.yaml")
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        concurrency = instance.get_concurrency_config()
+    assert concurrency.pool_config.default_pool_limit == 1
+    assert concurrency.pool_config.pool_granularity.value == "run"
+    # Dagster's default is 10 runs: 10 Spark drivers of 4g do not fit the 24 GiB reference machine.
+    assert concurrency.run_queue_config.max_concurrent_runs == 4
