@@ -10,10 +10,11 @@ from dagster import Definitions, in_process_executor
 
 from cdc_assets.config import load_table_configs
 from cdc_assets.factory import IO_MANAGER_KEY, TableDefinitions, build_table_definitions
-from resources import PartitionedParquetIOManager, pipeline_spark_resource
+from resources import PartitionedParquetIOManager, pipeline_spark_resource, warehouse_root
 
 
 def build_definitions(tables: list[TableDefinitions]) -> Definitions:
+    warehouse_root()  # an unsupported CDC_WAREHOUSE (an object store URI) fails the code location at load, naming why
     spark = pipeline_spark_resource()
     return Definitions(
         assets=[asset for table in tables for asset in table.assets],

@@ -2,46 +2,53 @@
 
 Layout, per table::
 
-    {root}/{table}/{asset}/business_date=YYYY-MM-DD/part-*.parquet   what readers see
+    {root}/{table}/{asset}/business_date=D -> ../_versions/{asset}/business_date=D/_cdc_version=V
+                                                                       the date's pointer: a symlink
+    {root}/{table}/_versions/{asset}/business_date=D/_cdc_version=V/part-*.parquet
+                                                                       a version: written once, never changed
+    {root}/{table}/_versions/{asset}/business_date=D/_cdc_version=V.retired
+                                                                       V stopped being the date's version then
     {root}/{table}/_staging/{asset}/{write}/...                       a write in progress (unique per write)
-    {root}/{table}/_staging/{asset}/business_date=D.{write}.old       a version being replaced
-    {root}/{table}/_staging/{asset}/business_date=D.{write}.dropped   a partition retention is deleting
     {root}/{table}/_retention/{asset}/business_date=D.json            a partition retention dropped (when, why)
     {root}/{table}/_writer.lock                                       who is writing the table
     {root}/_runs/{table}-{time}-{run}-{id}.parquet                    the runs log, a file per append
     {root}/_catalog/                                                  the SQL catalog's metastore (cdc_assets.catalog)
 
-Spark writes the files; everything else (listing, renaming, deleting, the lock, row counts from
-Parquet footers) happens on the client through pyarrow's file system for the warehouse URI. So the
-same code commits through a classic session and through Spark Connect, where there is no JVM handle.
-Client and Spark must therefore see the same warehouse: a local or shared path, or an object store
-with a connector on each side (README, "Storage").
+The warehouse is a local (or mounted POSIX) folder: a commit relies on an atomic rename and a
+symlink, which object stores do not have (:func:`warehouse_root` refuses their URIs). Spark writes
+the files; everything else (listing, renaming, linking, the lock, row counts from Parquet footers)
+happens in the run's Python process, so the same code commits through a classic session and through
+Spark Connect, where there is no JVM handle.
 
 A write of one date or of many goes the same way: Spark writes every date's rows into a staging
 folder unique to that write, rows dated outside the write fail it before anything is committed, and
-then each date's folder is committed on its own: the stored version is renamed aside ("retired"),
-the staged one renamed into place, the retired one deleted. A run killed between the two renames
-leaves the date without a folder and its retired version in staging; the next writer, or a reader
-that finds the folder missing, renames it back.
+then each date is committed on its own: its staged files are synced to disk and renamed into a new
+version folder, and the date's pointer is replaced by one atomic rename of a new symlink over it. A
+reader resolves the pointer once and reads that version's folder, which nothing changes or deletes
+for ``CDC_RETIRED_VERSION_GRACE_SECONDS`` after it stops being current: it sees the old version or the
+new one, never nothing and never a mix. Readers take no lock and write nothing, so they work on a
+read-only mount. Only a writer cleans up, when it takes the table's lock: staging leftovers, versions
+that a killed commit never pointed to, and retired versions past the grace period.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import json
 import logging
 import os
+import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from typing import IO
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -52,7 +59,16 @@ from cdc_assets.core.columns import BUSINESS_DATE
 WAREHOUSE_ENV = "CDC_WAREHOUSE"
 LOCK_TIMEOUT_ENV = "CDC_WRITER_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_SECONDS = 900.0
+# How long a replaced (or retention-dropped) version stays on disk for readers that resolved it before.
+RETIRED_GRACE_ENV = "CDC_RETIRED_VERSION_GRACE_SECONDS"
+DEFAULT_RETIRED_GRACE_SECONDS = 3600.0
 STAGING_FOLDER = "_staging"
+VERSIONS_FOLDER = "_versions"
+# A version folder's name is "_cdc_version=<id>": Spark reads a date's version with the asset's
+# _versions folder as basePath, which yields business_date (and this column, dropped) from the names.
+VERSION_KEY = "_cdc_version"
+RETIRED_SUFFIX = ".retired"
+POINTER_SUFFIX = ".pointer"
 LOCK_FILE = "_writer.lock"
 # The runs log's folder, beside the tables (no table name starts with "_").
 RUNS_FOLDER = "_runs"
@@ -62,23 +78,44 @@ RETENTION_FOLDER = "_retention"
 CATALOG_FOLDER = "_catalog"
 _ROWS = "rows"
 _log = logging.getLogger(__name__)
-_OTHER_DATES = "rows_of_other_dates"
+
+
+class UnsupportedWarehouseError(ValueError):
+    """``CDC_WAREHOUSE`` names something other than a local or mounted POSIX folder."""
 
 
 def warehouse_root(configured: str | None = None) -> str:
-    """``configured``, else ``CDC_WAREHOUSE`` (a path, or a URI such as s3a://bucket/cdc), else ``./warehouse``.
+    """``configured``, else ``CDC_WAREHOUSE``, else ``./warehouse``, as an absolute local path.
 
     Made absolute, because a Spark Connect server resolves a relative path in its own working directory.
+    A ``file://`` URI is taken as its path; any other URI (``s3a://``, ``gs://``, ``abfs://``, ``hdfs://``)
+    raises :class:`UnsupportedWarehouseError`, since commits need an atomic rename and symlinks.
     """
     configured = (configured or os.environ.get(WAREHOUSE_ENV, "")).strip()
     if not configured:
         return os.path.abspath("warehouse")
-    return configured.rstrip("/") if "://" in configured else os.path.abspath(configured)
+    if "://" in configured:
+        scheme, rest = configured.split("://", 1)
+        if scheme.lower() != "file":
+            raise UnsupportedWarehouseError(
+                f"{WAREHOUSE_ENV}={configured!r}: the warehouse must be a local folder or a POSIX mount "
+                f"(NFS and the like) at the same path everywhere, not a {scheme}:// URI. A commit replaces a date "
+                "by an atomic rename of a symlink and keeps replaced versions for readers; object stores have "
+                "neither (pyarrow's S3 file system cannot even move a folder), and no object store has been "
+                "tested with this project. Set CDC_WAREHOUSE to a path."
+            )
+        configured = rest if rest.startswith("/") else "/" + rest.split("/", 1)[-1]
+    return os.path.abspath(configured).rstrip("/") or "/"
 
 
 def lock_timeout_seconds() -> float:
     raw = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
     return float(raw) if raw else DEFAULT_LOCK_TIMEOUT_SECONDS
+
+
+def retired_grace_seconds() -> float:
+    raw = os.environ.get(RETIRED_GRACE_ENV, "").strip()
+    return float(raw) if raw else DEFAULT_RETIRED_GRACE_SECONDS
 
 
 class MissingPartitionError(RuntimeError):
@@ -93,23 +130,11 @@ class WriterLockTimeout(RuntimeError):
     """Another run held the table's writer lock for longer than this run was willing to wait."""
 
 
-def _client_filesystem(root: str) -> tuple[pafs.FileSystem, str]:
-    """pyarrow's file system for the warehouse root, and the root as a path on it.
-
-    Spark's Hadoop connectors name S3 ``s3a://``; pyarrow names the same bucket ``s3://``.
-    """
-    if "://" not in root:
-        return pafs.LocalFileSystem(), root
-    scheme, rest = root.split("://", 1)
-    if scheme in ("s3a", "s3n"):
-        root = f"s3://{rest}"
-    return pafs.FileSystem.from_uri(root)
-
-
 @dataclass
 class _HeldLock:
-    handle: IO[str] | None  # the open, flock-ed lock file (local warehouses)
+    handle: IO[str]  # the open, flock-ed lock file
     path: str
+    pid: int  # the process that took it: only that process lets it go
 
 
 @dataclass
@@ -117,15 +142,16 @@ class WarehouseStorage:
     """The warehouse under ``root`` as one run sees it. Create one per run (``run_id`` names its writes).
 
     Not safe for two runs at once by itself: the writer lock (:meth:`hold_writer_lock`) makes one run
-    at a time write a table, in this process or any other on the machine.
+    at a time write a table, in this process or any other on the machine. Reading needs no lock.
     """
 
     root: str
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     lock_timeout: float = field(default_factory=lock_timeout_seconds)
-    # Partitions this run committed: folder -> (schema written, file names). Reading one back skips
-    # Spark's schema inference (a job per read) while the folder still holds exactly those files.
-    _committed: dict[str, tuple[StructType, frozenset[str]]] = field(default_factory=dict)
+    retired_grace: float = field(default_factory=retired_grace_seconds)
+    # Versions this run committed: folder -> schema written. Reading one back skips Spark's schema
+    # inference (a job per read); a version folder never changes once committed.
+    _committed: dict[str, StructType] = field(default_factory=dict)
     _locks: dict[str, _HeldLock] = field(default_factory=dict)
     _writes: int = 0
     # Partitions this run has read or committed, as (table, asset, date): retention leaves them alone,
@@ -133,76 +159,61 @@ class WarehouseStorage:
     _in_use: set[tuple[str, str, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.root = self.root.rstrip("/")
-        self._fs, self._client_root = _client_filesystem(self.root)
+        self.root = warehouse_root(self.root)
         self._token = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{self.run_id[:8]}-{uuid.uuid4().hex[:6]}"
 
-    # -- paths: Spark's (under root) and the client's (under the file system's root) -------------------
+    # -- paths -----------------------------------------------------------------------------------------
     def asset_path(self, table: str, asset: str) -> str:
         return f"{self.root}/{table}/{asset}"
 
     def partition_path(self, table: str, asset: str, business_date: str) -> str:
+        """The date's pointer, ``{asset}/business_date=D``: what Spark, DuckDB and the catalog list."""
         return f"{self.asset_path(table, asset)}/{BUSINESS_DATE}={business_date}"
-
-    def _client(self, spark_path: str) -> str:
-        return self._client_root + spark_path[len(self.root) :]
 
     def _staging(self, table: str, asset: str | None = None) -> str:
         base = f"{self.root}/{table}/{STAGING_FOLDER}"
         return base if asset is None else f"{base}/{asset}"
 
-    # -- client-side file operations ------------------------------------------------------------------
-    def exists(self, spark_path: str) -> bool:
-        return self._fs.get_file_info(self._client(spark_path)).type != pafs.FileType.NotFound
+    def _versions(self, table: str, asset: str, business_date: str | None = None) -> str:
+        base = f"{self.root}/{table}/{VERSIONS_FOLDER}/{asset}"
+        return base if business_date is None else f"{base}/{BUSINESS_DATE}={business_date}"
 
-    def list_names(self, spark_path: str) -> list[str]:
+    # -- file operations ---------------------------------------------------------------------------------
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def list_names(self, path: str) -> list[str]:
         try:
-            infos = self._fs.get_file_info(pafs.FileSelector(self._client(spark_path), allow_not_found=True))
+            return os.listdir(path)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return [info.base_name for info in infos]
 
-    def _rename(self, source: str, target: str) -> None:
-        self._fs.create_dir(self._client(target.rsplit("/", 1)[0]), recursive=True)
-        self._fs.move(self._client(source), self._client(target))
-
-    def _delete(self, spark_path: str) -> None:
-        info = self._fs.get_file_info(self._client(spark_path))
-        if info.type == pafs.FileType.Directory:
-            self._fs.delete_dir(self._client(spark_path))
-        elif info.type == pafs.FileType.File:
-            self._fs.delete_file(self._client(spark_path))
-
-    def _copy_parquet_files(self, source: str, target: str) -> None:
-        self._fs.create_dir(self._client(target), recursive=True)
-        for name in self.list_names(source):
-            if name.endswith(".parquet"):
-                self._fs.copy_file(self._client(f"{source}/{name}"), self._client(f"{target}/{name}"))
+    def _delete(self, path: str) -> None:
+        if os.path.islink(path) or os.path.isfile(path):
+            os.unlink(path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path)
 
     # -- the writer lock -------------------------------------------------------------------------------
     def hold_writer_lock(self, table: str) -> None:
         """Make this run the table's only writer until :meth:`release`; wait for another holder first.
 
-        On a local (or shared POSIX) warehouse the lock is an ``flock`` on ``{table}/_writer.lock``:
-        the kernel releases it when the holding process ends, however it ends, so a killed run's lock
-        is stale the moment it is gone. The file names the holder (run id, host, pid) for the message
-        of a writer that gives up after ``lock_timeout`` seconds. Taking the lock sweeps what earlier
-        holders left in the table's staging folder (they are all gone: only the holder writes there).
+        The lock is an ``flock`` on ``{table}/_writer.lock``: the kernel releases it when the holding
+        process ends, however it ends, so a killed run's lock is stale the moment it is gone. The file
+        names the holder (run id, host, pid) for the message of a writer that gives up after
+        ``lock_timeout`` seconds. Taking the lock cleans up what earlier holders left behind
+        (:meth:`_recover_and_sweep`): they are all gone, since only the holder writes.
         """
         if table in self._locks:
             return
         path = f"{self.root}/{table}/{LOCK_FILE}"
         holder = {"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(),
                   "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        if isinstance(self._fs, pafs.LocalFileSystem):
-            held = self._flock(table, self._client(path), holder)
-        else:
-            held = self._object_store_lock(table, path, holder)
-        self._locks[table] = held
+        self._locks[table] = self._flock(table, path, holder)
         self._recover_and_sweep(table)
 
     def _flock(self, table: str, path: str, holder: dict) -> _HeldLock:
-        import fcntl  # POSIX only, like the rest of the local-path support
+        import fcntl  # POSIX only, like the rest of the warehouse
 
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handle = open(path, "a+", encoding="utf-8")  # O_CREAT: created atomically if absent
@@ -233,22 +244,7 @@ class WarehouseStorage:
         handle.truncate()
         handle.write(json.dumps(holder) + "\n")
         handle.flush()
-        return _HeldLock(handle=handle, path=path)
-
-    def _object_store_lock(self, table: str, path: str, holder: dict) -> _HeldLock:
-        # Object stores offer no create-if-absent through pyarrow: the lock is a file that names its
-        # holder, checked and written (not atomic: two writers starting at the same instant can both
-        # pass). A holder that died leaves it behind; delete it by hand once that run is gone.
-        deadline = time.monotonic() + self.lock_timeout
-        while self.exists(path):
-            with self._fs.open_input_stream(self._client(path)) as stream:
-                current = stream.read().decode("utf-8").strip()
-            if time.monotonic() >= deadline:
-                raise WriterLockTimeout(self._timeout_message(table, path, current))
-            time.sleep(2.0)
-        with self._fs.open_output_stream(self._client(path)) as stream:
-            stream.write((json.dumps(holder) + "\n").encode("utf-8"))
-        return _HeldLock(handle=None, path=path)
+        return _HeldLock(handle=handle, path=path, pid=os.getpid())
 
     def _timeout_message(self, table: str, path: str, current: str) -> str:
         return (
@@ -257,35 +253,75 @@ class WarehouseStorage:
         )
 
     def release(self) -> None:
-        """Give up every writer lock this run holds (at the end of the run, however it ended)."""
-        for held in self._locks.values():
-            if held.handle is not None:
+        """Give up every writer lock this process holds (at the end of the run, however it ended).
+
+        The lock file stays: deleting it would let a waiting writer and a new one lock two different
+        files. A copy of this object in another process (a fork) releases nothing it did not take.
+        """
+        for table, held in list(self._locks.items()):
+            if held.pid == os.getpid():
                 held.handle.close()  # closing the file releases the flock
-            else:
-                self._delete(held.path)
-        self._locks.clear()
+            del self._locks[table]
 
     def _recover_and_sweep(self, table: str) -> None:
-        """Put back versions a killed commit retired, then delete every other leftover in staging."""
+        """What a writer does when it takes the lock, and only a writer:
+
+        - put back a date whose folder a commit of an earlier release (which retired the folder before
+          renaming the new one in) left missing, and empty the table's staging folder;
+        - delete pointer files a killed commit never renamed into place;
+        - delete versions a killed commit placed but never pointed to (no reader can have seen them),
+          and versions retired more than ``retired_grace`` seconds ago.
+        """
         for asset in self.list_names(self._staging(table)):
             folder = self._staging(table, asset)
             for name in self.list_names(folder):
                 if name.endswith(".old"):
-                    self._restore(table, asset, name.split(".", 1)[0].removeprefix(f"{BUSINESS_DATE}="))
+                    self._restore_retired_folder(table, asset, name)
             for name in self.list_names(folder):
                 self._delete(f"{folder}/{name}")
+        for asset in self.list_names(f"{self.root}/{table}"):
+            if asset.startswith(("_", ".")):
+                continue
+            for name in self.list_names(self.asset_path(table, asset)):
+                if name.startswith(".") and name.endswith(POINTER_SUFFIX):
+                    self._delete(f"{self.asset_path(table, asset)}/{name}")
+        now = time.time()
+        for asset in self.list_names(f"{self.root}/{table}/{VERSIONS_FOLDER}"):
+            for dated in self.list_names(self._versions(table, asset)):
+                self._sweep_versions(table, asset, dated.removeprefix(f"{BUSINESS_DATE}="), now)
 
-    def _restore(self, table: str, asset: str, business_date: str) -> bool:
-        """Undo a commit killed between its two renames: put the retired version back. True if it did."""
+    def _sweep_versions(self, table: str, asset: str, business_date: str, now: float) -> None:
+        folder = self._versions(table, asset, business_date)
+        current = self._resolve(table, asset, business_date)
+        names = set(self.list_names(folder))
+        for name in names:
+            if name.endswith(RETIRED_SUFFIX):
+                if f"{folder}/{name.removesuffix(RETIRED_SUFFIX)}" == current:
+                    os.unlink(f"{folder}/{name}")  # a retirement whose pointer switch never happened
+                elif name.removesuffix(RETIRED_SUFFIX) not in names:
+                    os.unlink(f"{folder}/{name}")  # its version is gone already
+                continue
+            version = f"{folder}/{name}"
+            if version == current:
+                continue
+            retired = f"{version}{RETIRED_SUFFIX}"
+            if not os.path.exists(retired):
+                self._delete(version)  # placed by a killed commit, never pointed to: never read
+            elif now - os.path.getmtime(retired) >= self.retired_grace:
+                self._delete(version)
+                os.unlink(retired)
+        if not self.list_names(folder):
+            os.rmdir(folder)
+
+    def _restore_retired_folder(self, table: str, asset: str, name: str) -> None:
+        """Undo a commit of an earlier release killed between its two renames (it left the date without
+        a folder and the stored one under ``_staging/{asset}/business_date=D.{write}.old``)."""
+        business_date = name.split(".", 1)[0].removeprefix(f"{BUSINESS_DATE}=")
         final = self.partition_path(table, asset, business_date)
-        if self.exists(final):
-            return False
-        folder = self._staging(table, asset)
-        for name in self.list_names(folder):
-            if name.startswith(f"{BUSINESS_DATE}={business_date}.") and name.endswith(".old"):
-                self._rename(f"{folder}/{name}", final)
-                return True
-        return False
+        if not os.path.lexists(final):
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.rename(f"{self._staging(table, asset)}/{name}", final)
+            _fsync_folder(os.path.dirname(final))
 
     # -- writing ---------------------------------------------------------------------------------------
     def write(self, frame: DataFrame, table: str, asset: str, business_dates: list[str]) -> dict[str, int]:
@@ -332,8 +368,11 @@ class WarehouseStorage:
             empty = f"{staged}/_empty"
             frame.drop(BUSINESS_DATE).limit(0).write.parquet(empty)
             for day in missing:
-                self._copy_parquet_files(empty, f"{staged}/{BUSINESS_DATE}={day}")
-        _pause_if_requested(table, asset)
+                os.makedirs(f"{staged}/{BUSINESS_DATE}={day}")
+                for name in self.list_names(empty):
+                    if name.endswith(".parquet"):
+                        shutil.copyfile(f"{empty}/{name}", f"{staged}/{BUSINESS_DATE}={day}/{name}")
+        _pause_if_requested(PAUSE_ENV, table, asset)
         schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         for day in business_dates:
             self._commit(table, asset, day, f"{staged}/{BUSINESS_DATE}={day}", schema)
@@ -342,15 +381,58 @@ class WarehouseStorage:
         return rows
 
     def _commit(self, table: str, asset: str, business_date: str, staged: str, schema: StructType) -> None:
+        """Make ``staged`` the date's version: durable first, then visible in one atomic rename.
+
+        1. fsync the staged files and folder, rename the folder to a new version under ``_versions``
+           (not yet visible: no pointer names it) and fsync the folders it was renamed into;
+        2. mark the version being replaced as retired (the sweep keeps it ``retired_grace`` seconds);
+        3. create a new symlink beside the pointer and rename it over the pointer (a rename replaces its
+           target atomically), then fsync the asset folder so the switch survives a power loss.
+
+        A kill before 3 leaves the old version current and an unreferenced new one, which the next
+        writer deletes; after 3 the new version is current.
+        """
         final = self.partition_path(table, asset, business_date)
-        retired = f"{self._staging(table, asset)}/{BUSINESS_DATE}={business_date}.{self._token}.old"
-        self._committed.pop(final, None)
-        if self.exists(final):
-            self._rename(final, retired)
-        self._rename(staged, final)
-        self._delete(retired)
-        self._committed[final] = (schema, frozenset(self.list_names(final)))
+        folder = self._versions(table, asset, business_date)
+        version = f"{folder}/{VERSION_KEY}={self._token}-{self._writes}"
+        _fsync_tree(staged)
+        os.makedirs(folder, exist_ok=True)
+        os.rename(staged, version)
+        for synced in (folder, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))):
+            _fsync_folder(synced)
+        _pause_if_requested(PAUSE_IN_COMMIT_ENV, table, asset)
+        previous = self._resolve(table, asset, business_date)
+        legacy = previous == final  # a real folder, as releases before versioning wrote
+        if previous is not None and not legacy:
+            _mark_retired(previous)
+        asset_folder = self.asset_path(table, asset)
+        os.makedirs(asset_folder, exist_ok=True)
+        pointer = f"{asset_folder}/.{BUSINESS_DATE}={business_date}.{self._token}-{self._writes}{POINTER_SUFFIX}"
+        os.symlink(os.path.relpath(version, asset_folder), pointer)
+        if legacy:
+            self._replace_legacy_folder(table, asset, business_date, pointer)
+        else:
+            os.rename(pointer, final)
+        _fsync_folder(asset_folder)
+        self._committed[version] = schema
         self._in_use.add((table, asset, business_date))
+
+    def _replace_legacy_folder(self, table: str, asset: str, business_date: str, pointer: str) -> None:
+        """Swap a real date folder (written before versioning) for the pointer, and retire the folder.
+
+        rename(2) cannot put a symlink over a folder; Linux's renameat2(RENAME_EXCHANGE) swaps the two
+        atomically. Where it is missing, the folder is moved aside first, and a reader arriving in
+        between finds neither (once per date, on the first re-run after an upgrade).
+        """
+        final = self.partition_path(table, asset, business_date)
+        aside = f"{self._versions(table, asset, business_date)}/{VERSION_KEY}=legacy-{self._token}"
+        if _exchange(pointer, final):
+            os.rename(pointer, aside)  # the pointer's name now holds the old folder
+        else:
+            _log.warning(f"{table}/{asset}: no atomic exchange here; {final} is missing for a moment")
+            os.rename(final, aside)
+            os.rename(pointer, final)
+        _mark_retired(aside)
 
     # -- retention -------------------------------------------------------------------------------------
     def drop_outside_retention(self, table: str, asset: str, current_days: int) -> list[str]:
@@ -362,9 +444,9 @@ class WarehouseStorage:
         newest ``current_days`` partitions). A partition this run has read or committed stays whatever
         its date, because the run's later writes and its checks may still scan it; the table's next run
         drops it. Each date is first recorded under ``_retention`` (so that a later read can say why it
-        is missing), then its folder is renamed into staging and deleted: readers listing the asset see
-        the whole partition or none of it, as with a commit, and a drop killed half-way is finished by
-        the next writer's sweep. Holds the table's writer lock.
+        is missing), then its pointer is removed (readers see the partition or nothing, never part of
+        it) and its version retired, to be deleted by a writer after ``retired_grace`` seconds. Holds
+        the table's writer lock.
         """
         if current_days < 1:
             raise ValueError(f"{table}/{asset}: retention.current_days must be at least 1, got {current_days}")
@@ -387,20 +469,29 @@ class WarehouseStorage:
                 },
             )
             final = self.partition_path(table, asset, day)
-            retiring = f"{self._staging(table, asset)}/{BUSINESS_DATE}={day}.{self._token}.dropped"
-            self._committed.pop(final, None)
-            self._rename(final, retiring)
-            self._delete(retiring)
+            version = self._resolve(table, asset, day)
+            if version is not None and version != final:
+                _mark_retired(version)
+                os.unlink(final)
+            elif version == final:  # a real folder of an earlier release: moved among the versions, retired
+                aside = f"{self._versions(table, asset, day)}/{VERSION_KEY}=legacy-{self._token}"
+                os.makedirs(os.path.dirname(aside), exist_ok=True)
+                os.rename(final, aside)
+                _mark_retired(aside)
+            elif os.path.islink(final):
+                os.unlink(final)  # a pointer whose version is gone
+            _fsync_folder(self.asset_path(table, asset))
         return expired
 
     def dropped_partition(self, table: str, asset: str, business_date: str) -> dict | None:
         """What retention recorded when it dropped the partition (``current_days``, ``newest``, ``run_id``,
         ``dropped_at``), or None if it never dropped it. Reads one small file; no lock, no Spark."""
         path = self._dropped_marker(table, asset, business_date)
-        if not self.exists(path):
+        try:
+            with open(path, encoding="utf-8") as stream:
+                return json.load(stream)
+        except FileNotFoundError:
             return None
-        with self._fs.open_input_stream(self._client(path)) as stream:
-            return json.loads(stream.read().decode("utf-8"))
 
     def _dropped_marker(self, table: str, asset: str, business_date: str) -> str:
         return f"{self.root}/{table}/{RETENTION_FOLDER}/{asset}/{BUSINESS_DATE}={business_date}.json"
@@ -408,11 +499,14 @@ class WarehouseStorage:
     def _record_dropped(self, table: str, asset: str, business_date: str, record: dict) -> None:
         # Written under a hidden name and renamed, so a reader never parses half a record.
         marker = self._dropped_marker(table, asset, business_date)
-        hidden = f"{marker.rsplit('/', 1)[0]}/.{marker.rsplit('/', 1)[1]}.{self._token}.tmp"
-        self._fs.create_dir(self._client(hidden.rsplit("/", 1)[0]), recursive=True)
-        with self._fs.open_output_stream(self._client(hidden)) as stream:
-            stream.write((json.dumps(record) + "\n").encode("utf-8"))
-        self._fs.move(self._client(hidden), self._client(marker))
+        hidden = f"{os.path.dirname(marker)}/.{os.path.basename(marker)}.{self._token}.tmp"
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(hidden, "w", encoding="utf-8") as stream:
+            stream.write(json.dumps(record) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.rename(hidden, marker)
+        _fsync_folder(os.path.dirname(marker))
 
     def _forget_dropped(self, table: str, asset: str, business_dates: list[str]) -> None:
         """A date written again is no longer a dropped one (one listing per write; usually nothing there)."""
@@ -422,20 +516,37 @@ class WarehouseStorage:
             if f"{BUSINESS_DATE}={day}.json" in recorded:
                 self._delete(self._dropped_marker(table, asset, day))
 
-    # -- reading ---------------------------------------------------------------------------------------
-    def stored_path(self, table: str, asset: str, business_date: str) -> str:
-        """The partition's folder; raises :class:`MissingPartitionError` if it was never written, and
-        :class:`DroppedPartitionError` (naming ``retention.current_days``) if retention dropped it.
+    # -- reading: no lock, no write ---------------------------------------------------------------------
+    def _resolve(self, table: str, asset: str, business_date: str) -> str | None:
+        """The folder holding the date's current version: the one its pointer names, or the date's own
+        folder when an earlier release wrote a real one; None when there is neither."""
+        final = self.partition_path(table, asset, business_date)
+        try:
+            target = os.readlink(final)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno == errno.EINVAL:  # not a symlink: a real folder
+                return final if os.path.isdir(final) else None
+            raise
+        version = os.path.normpath(os.path.join(self.asset_path(table, asset), target))
+        return version if os.path.isdir(version) else None
 
-        A folder missing because a commit was killed half-way is restored first, unless another
-        run holds the table's lock (its commit may be in flight).
+    def stored_path(self, table: str, asset: str, business_date: str) -> str:
+        """The folder of the date's current version, resolved once: read it, not the pointer, and a
+        commit that replaces the date meanwhile changes nothing under the reader.
+
+        Raises :class:`MissingPartitionError` if the date was never written, and
+        :class:`DroppedPartitionError` (naming ``retention.current_days``) if retention dropped it.
+        Takes no lock and changes nothing: a date that a killed commit of an earlier release left
+        without a folder is read where that commit left it, and put back by the next writer.
         """
-        path = self.partition_path(table, asset, business_date)
-        if self.exists(path):
-            return path
-        self._restore_if_unheld(table, asset, business_date)
-        if self.exists(path):
-            return path
+        version = self._resolve(table, asset, business_date)
+        if version is not None:
+            return version
+        retired = self._retired_by_earlier_release(table, asset, business_date)
+        if retired is not None:
+            return retired
         dropped = self.dropped_partition(table, asset, business_date)
         if dropped is not None:
             raise DroppedPartitionError(
@@ -445,39 +556,23 @@ class WarehouseStorage:
                 "such as a run of the date after it, cannot run; raise retention.current_days to keep more dates."
             )
         raise MissingPartitionError(
-            f"{table}/{asset} has no partition for {business_date} (looked in {path}). "
+            f"{table}/{asset} has no partition for {business_date} (looked in "
+            f"{self.partition_path(table, asset, business_date)}). "
             "Materialize the dates in order: each date needs the previous date's outputs."
         )
 
-    def _restore_if_unheld(self, table: str, asset: str, business_date: str) -> None:
-        if table in self._locks:
-            self._restore(table, asset, business_date)
-            return
-        try:
-            with self._brief_lock(table):  # taking the lock recovers the table's retired versions
-                pass
-        except WriterLockTimeout:
-            pass  # a live writer holds the table: its commit may be in flight, leave it alone
-
-    @contextmanager
-    def _brief_lock(self, table: str) -> Iterator[None]:
-        probe = WarehouseStorage(self.root, run_id=self.run_id, lock_timeout=0.0)
-        probe.hold_writer_lock(table)
-        try:
-            yield
-        finally:
-            probe.release()
+    def _retired_by_earlier_release(self, table: str, asset: str, business_date: str) -> str | None:
+        folder = self._staging(table, asset)
+        for name in sorted(self.list_names(folder)):
+            if name.startswith(f"{BUSINESS_DATE}={business_date}.") and name.endswith(".old"):
+                return f"{folder}/{name}"
+        return None
 
     def runs_log_path(self) -> str:
         return f"{self.root}/{RUNS_FOLDER}"
 
     def catalog_path(self) -> str:
-        """Where the SQL catalog keeps its metastore: a local folder, since Derby needs one."""
-        if "://" in self.root:
-            raise ValueError(
-                f"the warehouse {self.root} is not a local folder, so the SQL catalog cannot keep its Derby "
-                "metastore in it: set CDC_CATALOG_DIR to a local folder"
-            )
+        """Where the SQL catalog keeps its metastore."""
         return f"{self.root}/{CATALOG_FOLDER}"
 
     def append_to_runs_log(self, rows: pa.Table, table: str) -> str:
@@ -487,10 +582,10 @@ class WarehouseStorage:
         """
         folder = self.runs_log_path()
         name = f"{table}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{self.run_id[:8]}-{uuid.uuid4().hex[:8]}.parquet"
-        self._fs.create_dir(self._client(folder), recursive=True)
+        os.makedirs(folder, exist_ok=True)
         hidden = f"{folder}/.{name}.tmp"
-        pq.write_table(rows, self._client(hidden), filesystem=self._fs)
-        self._fs.move(self._client(hidden), self._client(f"{folder}/{name}"))
+        pq.write_table(rows, hidden)
+        os.rename(hidden, f"{folder}/{name}")
         return f"{folder}/{name}"
 
     def stored_dates(self, table: str, asset: str) -> list[str]:
@@ -500,21 +595,39 @@ class WarehouseStorage:
 
     def has_partition(self, table: str, asset: str, business_date: str) -> bool:
         """Whether the partition is stored (no Spark read, nothing restored)."""
-        return self.exists(self.partition_path(table, asset, business_date))
+        return self._resolve(table, asset, business_date) is not None
 
-    def read(self, spark: SparkSession, table: str, asset: str, business_dates: list[str]) -> DataFrame:
+    def read(
+        self, spark: SparkSession, table: str, asset: str, business_dates: list[str], merge_schema: bool = False
+    ) -> DataFrame:
         """Stored partitions as one DataFrame with a ``business_date`` column (a date), in one scan.
 
-        Raises :class:`MissingPartitionError` naming the first date that was never written. Folders
-        this run committed are read with the schema they were written with (no inference job).
+        Raises :class:`MissingPartitionError` naming the first date that was never written. Versions
+        this run committed are read with the schema they were written with (no inference job). With
+        ``merge_schema``, dates written with different columns read as the union of their columns
+        (NULL where a date has none), at the cost of reading every file's footer.
         """
         paths = [self.stored_path(table, asset, day) for day in business_dates]
         self._in_use.update((table, asset, day) for day in business_dates)
-        reader = spark.read.option("basePath", self.asset_path(table, asset))
-        schemas = {self._committed_schema(path) for path in paths}
-        if len(schemas) == 1 and None not in schemas:
-            reader = reader.schema(schemas.pop())  # business_date still comes from the folder names
-        return reader.parquet(*paths)
+        base = self._versions(table, asset)
+        if all(os.path.dirname(os.path.dirname(path)) == base for path in paths):
+            reader = spark.read.option("basePath", base)
+            if merge_schema:
+                reader = reader.option("mergeSchema", "true")
+            else:
+                schemas = {self._committed_schema(path) for path in paths}
+                if len(schemas) == 1 and None not in schemas:
+                    reader = reader.schema(schemas.pop())  # business_date still comes from the folder names
+            return reader.parquet(*paths).drop(VERSION_KEY)
+        # Folders of an earlier release among them: each read on its own, dated by hand.
+        frames = [
+            self.read_one(spark, table, asset, day).withColumn(BUSINESS_DATE, F.lit(day).cast("date"))
+            for day in business_dates
+        ]
+        combined = frames[0]
+        for frame in frames[1:]:
+            combined = combined.unionByName(frame, allowMissingColumns=merge_schema)
+        return combined
 
     def read_one(self, spark: SparkSession, table: str, asset: str, business_date: str) -> DataFrame:
         """One stored partition, without the ``business_date`` column."""
@@ -525,22 +638,69 @@ class WarehouseStorage:
 
     def _committed_schema(self, path: str) -> StructType | None:
         committed = self._committed.get(path)
-        if committed is None or frozenset(self.list_names(path)) != committed[1]:
-            return None
-        return StructType(list(committed[0].fields))
+        return None if committed is None else StructType(list(committed.fields))
 
     def row_counts(self, table: str, asset: str, business_dates: Iterable[str]) -> dict[str, int]:
         """Rows per stored partition, from the Parquet footers (no Spark job, no row read)."""
         counts = {}
         for day in business_dates:
             folder = self.stored_path(table, asset, day)
-            rows = 0
-            for name in self.list_names(folder):
-                if name.endswith(".parquet"):
-                    with self._fs.open_input_file(self._client(f"{folder}/{name}")) as source:
-                        rows += pq.ParquetFile(source).metadata.num_rows
-            counts[day] = rows
+            counts[day] = sum(
+                pq.ParquetFile(f"{folder}/{name}").metadata.num_rows
+                for name in self.list_names(folder)
+                if name.endswith(".parquet")
+            )
         return counts
+
+
+def _fsync_folder(path: str) -> None:
+    """Make the folder's entries (a rename into it, a new file) survive a power loss."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_tree(folder: str) -> None:
+    """fsync every file under ``folder`` and the folders themselves: Spark's local writes are not synced."""
+    for current, _, files in os.walk(folder):
+        for name in files:
+            descriptor = os.open(os.path.join(current, name), os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        _fsync_folder(current)
+
+
+def _mark_retired(version: str) -> None:
+    """Record that ``version`` stops being current now: the sweep keeps it for the grace period from here.
+
+    Written before the pointer moves away from it, so a retired version is never without its mark.
+    """
+    with open(f"{version}{RETIRED_SUFFIX}", "w", encoding="utf-8") as stream:
+        stream.write(datetime.now(timezone.utc).isoformat(timespec="seconds") + "\n")
+    os.utime(f"{version}{RETIRED_SUFFIX}")
+
+
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def _exchange(first: str, second: str) -> bool:
+    """Swap two paths atomically with Linux's renameat2(RENAME_EXCHANGE); False where it is unavailable."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), second)
 
 
 def _on(business_date: str):
@@ -553,18 +713,20 @@ def as_stored(schema: StructType) -> StructType:
 
 
 PAUSE_ENV, PAUSE_MARKER_ENV, PAUSE_SECONDS_ENV = "CDC_PAUSE_BEFORE_COMMIT", "CDC_PAUSE_MARKER", "CDC_PAUSE_SECONDS"
+PAUSE_IN_COMMIT_ENV = "CDC_PAUSE_IN_COMMIT"
 PAUSE_RELEASE_ENV = "CDC_PAUSE_RELEASE"
 
 
-def _pause_if_requested(table: str, asset: str) -> None:
-    """Fault-injection hook for tests: hold a staged, uncommitted write so a test can kill -9 the run.
+def _pause_if_requested(variable: str, table: str, asset: str) -> None:
+    """Fault-injection hook for tests: hold a commit at a chosen point so a test can kill -9 the run.
 
-    Set ``CDC_PAUSE_BEFORE_COMMIT=<table>/<asset>`` and ``CDC_PAUSE_MARKER=<file>``; the run touches
-    the marker and waits there (``CDC_PAUSE_SECONDS``, default 600), between the staged write and its
-    commit. With ``CDC_PAUSE_RELEASE=<file>`` it goes on as soon as that file exists, so a test can
-    order two runs without guessing at timings. Unset, it does nothing.
+    Set ``CDC_PAUSE_BEFORE_COMMIT=<table>/<asset>`` (after the staged write, before any commit) or
+    ``CDC_PAUSE_IN_COMMIT=<table>/<asset>`` (the first date's new version is in place, its pointer not
+    yet switched), and ``CDC_PAUSE_MARKER=<file>``; the run writes its pid to the marker and waits
+    there (``CDC_PAUSE_SECONDS``, default 600). With ``CDC_PAUSE_RELEASE=<file>`` it goes on as soon as
+    that file exists, so a test can order two runs without guessing at timings. Unset, it does nothing.
     """
-    if os.environ.get(PAUSE_ENV) != f"{table}/{asset}":
+    if os.environ.get(variable) != f"{table}/{asset}":
         return
     marker = os.environ.get(PAUSE_MARKER_ENV)
     if marker:

@@ -56,10 +56,9 @@ def test_database_name_and_catalog_folder_are_checked(tmp_path, monkeypatch):
     assert catalog_database() == "lake_sql"
 
     monkeypatch.delenv("CDC_CATALOG_DIR", raising=False)
-    # A warehouse named by URI (an object store, here one that needs no network) has no folder for Derby.
+    # A file:// warehouse is a local folder (other URIs are refused): the metastore goes beside its tables.
     by_uri = WarehouseStorage(f"file://{tmp_path}/warehouse")
-    with pytest.raises(ValueError, match="CDC_CATALOG_DIR"):
-        catalog_dir(by_uri)
+    assert catalog_dir(by_uri) == tmp_path / "warehouse" / "_catalog"
     monkeypatch.setenv("CDC_CATALOG_DIR", str(tmp_path / "catalog"))
     assert catalog_dir(by_uri) == tmp_path / "catalog"
 

@@ -108,6 +108,12 @@ def _staged(warehouse: Path, day: str, table: str = TABLE) -> list[Path]:
     return [p for p in staging.rglob("*.parquet") if any(name in str(p) for name in names)] if staging.exists() else []
 
 
+def _versions(warehouse: Path, asset: str, day: str, table: str = TABLE) -> list[Path]:
+    """The version folders stored for the date (resources/storage.py: ``_versions``)."""
+    folder = warehouse / table / "_versions" / asset / f"business_date={day}"
+    return sorted(p.resolve() for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
+
+
 def _metadata(instance: DagsterInstance, asset: str, day: str, table: str = TABLE) -> dict:
     records = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey([table, asset]), asset_partitions=[day]), limit=1
@@ -450,7 +456,8 @@ def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, wareh
         **os.environ,
         "PYTHONPATH": str(REPO),
         "CDC_WAREHOUSE": str(warehouse),
-        "CDC_PAUSE_BEFORE_COMMIT": f"{TABLE}/current_table",
+        # Inside current_table's commit: the new version is in place, the date's pointer not yet switched.
+        "CDC_PAUSE_IN_COMMIT": f"{TABLE}/current_table",
         "CDC_PAUSE_MARKER": str(marker),
         "CDC_SPARK_CONF": json.dumps(
             {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}
@@ -474,8 +481,11 @@ def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, wareh
         run_processes = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
         assert any("java" in process.name() for process in run_processes), [p.name() for p in run_processes]
         assert any("java" in p.name() for p in _processes_with_env("CDC_PAUSE_MARKER", str(marker)))
-        staged = _staged(warehouse, DAY2)
-        assert staged and all("/_staging/current_table/" in str(p) for p in staged)  # staged, not committed
+        placed = _versions(warehouse, "current_table", DAY2)
+        assert len(placed) == 2, placed  # the stored version and the new one, which no pointer names yet
+        pointer = partition_dir(warehouse, TABLE, "current_table", DAY2)
+        stored_version = (pointer.parent / os.readlink(pointer)).resolve()
+        assert stored_version in placed
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)  # start_new_session: the group id is the run's pid
@@ -513,6 +523,11 @@ def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, wareh
     assert rerun.success
     assert _snapshot(spark, warehouse) == good
     assert _staged(warehouse, DAY2) == []
+    # The killed commit's version, never pointed to, was deleted by the re-run's writer; the replaced
+    # version stays for the grace period (CDC_RETIRED_VERSION_GRACE_SECONDS), beside the new current one.
+    versions = _versions(warehouse, "current_table", DAY2)
+    assert [v for v in placed if v != stored_version and v in versions] == []
+    assert stored_version in versions and len(versions) == 2
     _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=5)
 
 

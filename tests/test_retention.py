@@ -13,6 +13,7 @@ still stored can be compared with ``kept``'s. A small full load with key ``id``:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -197,11 +198,7 @@ def test_a_run_never_drops_what_it_read_or_wrote_the_next_run_does(spark, tmp_pa
     third.release()
 
 
-class _Killed(Exception):
-    """Stands for a kill -9 at a chosen point of a drop."""
-
-
-def test_a_date_written_again_is_no_longer_a_dropped_one_and_a_killed_drop_is_finished(spark, tmp_path, monkeypatch):
+def test_a_date_written_again_is_no_longer_a_dropped_one_and_a_dropped_version_goes_after_the_grace_period(spark, tmp_path):
     root = tmp_path / "warehouse"
     first = WarehouseStorage(str(root), run_id="first")
     for number, day in enumerate((D1, D2)):
@@ -215,30 +212,21 @@ def test_a_date_written_again_is_no_longer_a_dropped_one_and_a_killed_drop_is_fi
     assert [r["amount"] for r in second.read_one(spark, "t", "current_table", D1).collect()] == [7]
     second.release()
 
-    # Killed after the dropped folder was renamed into staging, before it was deleted.
+    # A drop removes the date's pointer at once (readers see it as dropped) and retires its version: kept
+    # for readers that resolved it before, deleted by the first writer after the grace period.
     third = WarehouseStorage(str(root), run_id="third")
-    delete = third._delete
-
-    def killed_before_deleting_a_dropped_folder(path: str) -> None:
-        if path.endswith(".dropped"):
-            raise _Killed(path)
-        delete(path)
-
-    monkeypatch.setattr(third, "_delete", killed_before_deleting_a_dropped_folder)
-    with pytest.raises(_Killed):
-        third.drop_outside_retention("t", "current_table", 1)
+    resolved = third.stored_path("t", "current_table", D1)
+    assert third.drop_outside_retention("t", "current_table", 1) == [D1]
     third.release()
-    staging = root / "t" / "_staging" / "current_table"
-    assert [p.name.endswith(".dropped") for p in staging.iterdir()] == [True]
-    assert not (root / "t" / "current_table" / f"business_date={D1}").exists()
-    # Readers see it as dropped at once; the next writer's sweep deletes the folder: a drop is never undone.
+    assert not os.path.lexists(root / "t" / "current_table" / f"business_date={D1}")
     with pytest.raises(DroppedPartitionError):
         WarehouseStorage(str(root), run_id="reader").read_one(spark, "t", "current_table", D1)
-    writer = WarehouseStorage(str(root), run_id="writer")
+    assert [r["amount"] for r in spark.read.parquet(resolved).collect()] == [7]
+    writer = WarehouseStorage(str(root), run_id="writer", retired_grace=0)
     writer.hold_writer_lock("t")
     writer.release()
-    assert not any(staging.iterdir())
-    assert not (root / "t" / "current_table" / f"business_date={D1}").exists()
+    assert not os.path.exists(resolved)
+    assert not os.path.lexists(root / "t" / "current_table" / f"business_date={D1}")
     # A date that was never written is missing, not dropped.
     with pytest.raises(MissingPartitionError) as missing:
         WarehouseStorage(str(root), run_id="reader").read_one(spark, "t", "current_table", D4)

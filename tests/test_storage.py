@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import date
 from pathlib import Path
@@ -18,7 +19,15 @@ import pytest
 from pyspark.sql import functions as F
 
 from resources import PartitionedParquetIOManager, PipelineSparkResource
-from resources.storage import LOCK_FILE, MissingPartitionError, WarehouseStorage, WriterLockTimeout
+from cdc_assets.definitions import build_definitions
+from resources.storage import (
+    LOCK_FILE,
+    MissingPartitionError,
+    UnsupportedWarehouseError,
+    WarehouseStorage,
+    WriterLockTimeout,
+    warehouse_root,
+)
 
 D1, D2, D3 = "2024-01-01", "2024-01-02", "2024-01-03"
 REPO = Path(__file__).resolve().parent.parent
@@ -116,23 +125,158 @@ def test_a_rewrite_replaces_whole_dates_and_rows_of_other_dates_are_refused(spar
     assert not list((Path(storage.root) / "t" / "_staging").rglob("*.parquet"))
 
 
-def test_a_commit_killed_between_its_renames_is_undone_by_the_next_reader_or_writer(spark, storage, tmp_path):
-    storage.write(_plain(spark, [("a", 1)]), "t", "asset", [D1])
-    storage.write(_plain(spark, [("a", 1)]), "t", "other", [D1])
-    storage.release()
-    # What a kill after "retire the stored version" and before "rename the new one in" leaves behind.
+def test_a_commit_of_an_earlier_release_killed_between_its_renames_is_read_in_place_then_put_back_by_a_writer(
+    spark, storage
+):
+    # Releases before versioned commits stored a date as a real folder and replaced it by two renames; a
+    # kill between them left the date missing and the stored folder under _staging/{asset}/....old.
     root = Path(storage.root) / "t"
     for asset in ("asset", "other"):
         retired = root / "_staging" / asset / f"business_date={D1}.dead-run.old"
-        retired.parent.mkdir(parents=True, exist_ok=True)
-        (root / asset / f"business_date={D1}").rename(retired)
+        _plain(spark, [("a", 1)]).write.parquet(str(retired))
+    before = _tree(root)
     reader = WarehouseStorage(str(storage.root), run_id="reader")
     assert [r["key_hash"] for r in reader.read_one(spark, "t", "asset", D1).collect()] == ["a"]
+    assert reader.row_counts("t", "other", [D1]) == {D1: 1}
+    assert _tree(root) == before, "a reader changed nothing"
     writer = WarehouseStorage(str(storage.root), run_id="writer")
-    writer.hold_writer_lock("t")  # taking the lock recovers every asset of the table, then sweeps staging
+    writer.hold_writer_lock("t")  # taking the lock puts every asset's folder back, then sweeps staging
     writer.release()
     assert (root / "other" / f"business_date={D1}").is_dir()
     assert not any(p.is_file() for p in (root / "_staging").rglob("*"))
+    # The put-back real folder is replaced by a versioned commit like any other date.
+    storage.write(_plain(spark, [("b", 2)]), "t", "asset", [D1])
+    assert (root / "asset" / f"business_date={D1}").is_symlink()
+    assert [r["key_hash"] for r in storage.read_one(spark, "t", "asset", D1).collect()] == ["b"]
+
+
+def _tree(root: Path) -> list[tuple[str, float]]:
+    """Every path under ``root`` with its modification time: what a reader must leave exactly as it was."""
+    return sorted((str(p), p.lstat().st_mtime_ns) for p in root.rglob("*"))
+
+
+def test_readers_see_the_old_version_or_the_new_one_while_a_writer_commits_the_date_many_times(spark, storage):
+    rows, commits = 40, 25
+    storage.write(_version_rows(spark, 0, rows), "t", "asset", [D1])
+    storage.release()
+    writer = WarehouseStorage(storage.root, run_id="writer")
+    done, failures = threading.Event(), []
+
+    def commit_again_and_again():
+        try:
+            for version in range(1, commits + 1):
+                writer.write(_version_rows(spark, version, rows), "t", "asset", [D1])
+        except BaseException as error:  # a failed writer must fail the test, not hang it
+            failures.append(f"writer: {error!r}")
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=commit_again_and_again)
+    thread.start()
+    reader, seen, reads = WarehouseStorage(storage.root, run_id="reader"), set(), 0
+    try:
+        while not done.is_set() or reads < 3:
+            try:
+                if reads % 2:
+                    values = [r["amount"] for r in reader.read_one(spark, "t", "asset", D1).collect()]
+                else:
+                    values = [r["amount"] for r in reader.read(spark, "t", "asset", [D1]).collect()]
+            except Exception as error:  # noqa: BLE001 - any failed read is what the test counts
+                failures.append(f"read {reads}: {error!r}"[:400])
+                values = None
+            if values is not None and (len(values) != rows or len(set(values)) != 1):
+                failures.append(f"read {reads}: mixed or partial version: {len(values)} rows, values {sorted(set(values))}")
+            elif values:
+                seen.add(values[0])
+            reads += 1
+    finally:
+        thread.join(timeout=600)
+        writer.release()
+    assert failures == []
+    assert reads >= 10 and len(seen) >= 3, (reads, seen)  # the reads did overlap many commits
+    assert [r["amount"] for r in reader.read_one(spark, "t", "asset", D1).limit(1).collect()] == [commits]
+
+
+def _version_rows(spark, version: int, rows: int):
+    """``rows`` rows, every one carrying ``version``, spread over several files (several write tasks)."""
+    return spark.range(rows).select(F.concat(F.lit("k"), F.col("id")).alias("key_hash"), F.lit(version).alias("amount")).repartition(4)
+
+
+def test_replaced_versions_stay_for_readers_until_the_grace_period_then_the_next_writer_deletes_them(spark, tmp_path):
+    root = tmp_path / "warehouse"
+    first = WarehouseStorage(str(root), run_id="first", retired_grace=3600)
+    first.write(_plain(spark, [("a", 1)]), "t", "asset", [D1])
+    resolved = first.stored_path("t", "asset", D1)  # what a reader in flight holds
+    first.write(_plain(spark, [("b", 2)]), "t", "asset", [D1])
+    first.release()
+    later = WarehouseStorage(str(root), run_id="later", retired_grace=3600)
+    later.hold_writer_lock("t")
+    later.release()
+    # Within the grace period the replaced version is still whole for the reader that resolved it.
+    assert [r["key_hash"] for r in spark.read.parquet(resolved).collect()] == ["a"]
+    assert [r["key_hash"] for r in later.read_one(spark, "t", "asset", D1).collect()] == ["b"]
+    no_grace = WarehouseStorage(str(root), run_id="no-grace", retired_grace=0)
+    no_grace.hold_writer_lock("t")
+    no_grace.release()
+    assert not Path(resolved).exists()
+    versions = sorted(p.name for p in (root / "t" / "_versions" / "asset" / f"business_date={D1}").iterdir())
+    assert versions == [Path(no_grace.stored_path("t", "asset", D1)).name], "only the current version is left"
+
+
+def test_a_version_a_killed_commit_never_pointed_to_is_deleted_by_the_next_writer(spark, tmp_path):
+    root = tmp_path / "warehouse"
+    storage = WarehouseStorage(str(root), run_id="first")
+    storage.write(_plain(spark, [("a", 1)]), "t", "asset", [D1])
+    storage.release()
+    orphan = root / "t" / "_versions" / "asset" / f"business_date={D1}" / "_cdc_version=killed-1"
+    _plain(spark, [("z", 9)]).write.parquet(str(orphan))  # placed, but the pointer was never switched
+    assert [r["key_hash"] for r in WarehouseStorage(str(root)).read_one(spark, "t", "asset", D1).collect()] == ["a"]
+    writer = WarehouseStorage(str(root), run_id="writer")  # the default grace period: it does not apply here
+    writer.hold_writer_lock("t")
+    writer.release()
+    assert not orphan.exists()
+    assert [r["key_hash"] for r in writer.read_one(spark, "t", "asset", D1).collect()] == ["a"]
+
+
+def test_a_commit_syncs_the_new_files_before_the_pointer_moves_and_the_folder_after(spark, storage, monkeypatch):
+    storage.write(_plain(spark, [("a", 1)]), "t", "asset", [D1])
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def recording_fsync(descriptor):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        return real_fsync(descriptor)
+
+    def recording_rename(source, target):
+        events.append(("rename", os.fspath(target)))
+        return real_rename(source, target)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "rename", recording_rename)
+    storage.write(_plain(spark, [("b", 2)]).repartition(2), "t", "asset", [D1])
+    monkeypatch.undo()
+
+    pointer = storage.partition_path("t", "asset", D1)
+    version = storage.stored_path("t", "asset", D1)
+    switch = events.index(("rename", pointer))
+    synced_before = {path for kind, path in events[:switch] if kind == "fsync"}
+    # Synced while staged (the same files, renamed with their folder), then the folder they moved into.
+    data_files = {name for name in os.listdir(version) if name.endswith(".parquet")}
+    synced_files = {os.path.basename(path) for path in synced_before if "/_staging/" in path}
+    assert len(data_files) == 2 and data_files <= synced_files, "the new version's files are durable first"
+    assert os.path.dirname(version) in synced_before
+    assert ("fsync", storage.asset_path("t", "asset")) in events[switch + 1 :], "the pointer switch is made durable"
+
+
+@pytest.mark.parametrize("uri", ["s3a://bucket/cdc", "s3://bucket/cdc", "gs://bucket/cdc", "hdfs://namenode/cdc"])
+def test_a_warehouse_that_is_not_a_local_folder_is_refused_at_start_up(uri, monkeypatch):
+    with pytest.raises(UnsupportedWarehouseError, match="atomic rename") as raised:
+        WarehouseStorage(uri)
+    assert uri in str(raised.value)
+    monkeypatch.setenv("CDC_WAREHOUSE", uri)
+    with pytest.raises(UnsupportedWarehouseError, match=uri.split("://")[0]):
+        build_definitions([])  # what loading the code location (the UI, the daemon, the CLI) does first
+    assert warehouse_root("file:///tmp/cdc-warehouse") == "/tmp/cdc-warehouse"
 
 
 def test_one_writer_per_table_a_second_one_waits_then_fails_naming_the_holder(spark, storage, tmp_path):
