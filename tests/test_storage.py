@@ -288,6 +288,9 @@ def test_one_writer_per_table_a_second_one_waits_then_fails_naming_the_holder(sp
     assert time.monotonic() - started >= 1.4  # it waited, it did not fail at once
     assert str(os.getpid()) in str(raised.value) and "CDC_WRITER_LOCK_TIMEOUT" in str(raised.value)
     assert not (Path(storage.root) / "t" / "asset").exists(), "the waiting writer wrote nothing"
+    second.release()  # lets go of nothing: it never took the lock, so the holder still has it
+    with pytest.raises(WriterLockTimeout, match="run-one"):
+        WarehouseStorage(str(storage.root), run_id="run-three", lock_timeout=0.5).hold_writer_lock("t")
     # Another table is not held up.
     assert second.write(_plain(spark, [("b", 2)]), "u", "asset", [D1]) == {D1: 1}
     # Once the holder lets go, the second writer proceeds.
