@@ -14,9 +14,14 @@ from pyspark.sql import DataFrame, SparkSession
 
 from cdc_assets.config import TableConfig, load_table_configs, table_configs_dir
 from cdc_assets.core.between import changes_from_history
+from cdc_assets.core.changes import OPERATION
+from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 from cdc_assets.core.scd2 import Dialect, as_date, quote_identifier, scd2_sql
 from cdc_assets.names import HISTORY
 from resources.storage import WarehouseStorage, warehouse_root
+
+# What the views need of history besides the configured columns (business_date comes from the folders).
+_HISTORY_COLUMNS = ((KEY_HASH, "string"), (NON_KEY_HASH, "string"), (OPERATION, "string"))
 
 
 def table_config(table: TableConfig | str) -> TableConfig:
@@ -43,10 +48,8 @@ def scd2_view(
     grows with the stored history. ``warehouse`` defaults to ``CDC_WAREHOUSE``.
     """
     config = table_config(table)
-    storage = WarehouseStorage(warehouse_root(warehouse))
     day = scd2_as_of(config, as_of, warehouse)
-    dates = [stored for stored in storage.stored_dates(config.name, HISTORY) if stored <= day]
-    history = storage.read(spark, config.name, HISTORY, dates)
+    history = read_history(spark, config, day, warehouse)
     # A name of its own per call: on Spark Connect the returned DataFrame resolves the view each time
     # it runs, so a later call for the same table must not replace the view under it.
     view = f"cdc_scd2_history_{config.name}_{uuid.uuid4().hex[:12]}"
@@ -100,10 +103,28 @@ def changes_between(
     """
     config = table_config(table)
     start, end = changes_dates(config, from_date, to_date, warehouse)
+    return changes_from_history(read_history(spark, config, end.isoformat(), warehouse), config, start, end)
+
+
+def read_history(spark: SparkSession, config: TableConfig, last_date: str, warehouse: str | None = None) -> DataFrame:
+    """Every stored ``history_partition`` date up to ``last_date``, as the consumer views read it.
+
+    Columns: the configured columns as configured now, ``key_hash``, ``non_key_hash``, ``operation`` and
+    ``business_date``. A configured column that a date's files lack (they were written before the
+    column was added to the config) reads as NULL on that date, as DuckDB's ``union_by_name`` and the
+    SQL catalog's merged schema read it; stored columns the config no longer has are not read.
+    """
     storage = WarehouseStorage(warehouse_root(warehouse))
-    dates = [stored for stored in storage.stored_dates(config.name, HISTORY) if stored <= end.isoformat()]
-    history = storage.read(spark, config.name, HISTORY, dates)
-    return changes_from_history(history, config, start, end)
+    dates = [stored for stored in storage.stored_dates(config.name, HISTORY) if stored <= last_date]
+    # The storage finds each date's files; read as they are, the files' schema would be one file's
+    # (Spark's mergeSchema=false), which drops a column the first dates lack. The schema comes from
+    # the config instead, and Parquet reads a column a file lacks as NULL.
+    files = storage.read(spark, config.name, HISTORY, dates).inputFiles()
+    schema = ", ".join(
+        f"{quote_identifier(name, Dialect.spark)} {data_type}"
+        for name, data_type in [*((column.name, column.type) for column in config.columns), *_HISTORY_COLUMNS]
+    )
+    return spark.read.schema(schema).option("basePath", storage.asset_path(config.name, HISTORY)).parquet(*files)
 
 
 def scd2_as_of(config: TableConfig, as_of: str | date | None = None, warehouse: str | None = None) -> str:
