@@ -46,6 +46,9 @@ def scd2_view(
     table config's ``scd2`` block). Computed from every stored ``history_partition`` date up to
     ``as_of`` (default: the newest stored date) with one scan and one window sorted by key, so its cost
     grows with the stored history. ``warehouse`` defaults to ``CDC_WAREHOUSE``.
+
+    Untracked columns are as of the start of each version: a change to them alone is an N, which
+    history does not hold, so an open version can have older untracked values than ``current_table``.
     """
     config = table_config(table)
     day = scd2_as_of(config, as_of, warehouse)
