@@ -141,10 +141,11 @@ def build_landing_sensor(config: TableConfig, job, partitions_def: DailyPartitio
 
     It waits while a run of the table's job is queued or running. Otherwise it requests the dates
     after the newest materialized one whose extracts have landed, up to the first that has not and at
-    most ``SENSOR_MAX_DATES_PER_RUN``, as one run (:func:`landing_run_request`). A failed run leaves those dates unmaterialized, so the next
-    evaluation finds the same dates; with the same files it has the same run key, which Dagster does
-    not launch twice (no retry loop on a bad extract), and once a file is replaced, or another date
-    lands, the key is new and the dates are requested again.
+    most ``SENSOR_MAX_DATES_PER_RUN``, as one run (:func:`landing_run_request`). A run failed by a bad
+    extract leaves those dates unmaterialized, so the next evaluation finds the same dates; with the
+    same files it has the same run key, which Dagster does not launch twice (no retry loop on a bad
+    extract), and once a file is replaced, or another date lands, the key is new and the dates are
+    requested again.
     """
     if "://" in config.source.path:
         remote_note = " The source is not on a local filesystem, so this sensor cannot see it; use the schedule."
@@ -168,9 +169,7 @@ def build_landing_sensor(config: TableConfig, job, partitions_def: DailyPartitio
         last_date = partitions_def.get_last_partition_key()
         if last_date is None:
             return SkipReason(f"{config.name}: no business date has ended yet (start_date {config.start_date})")
-        unfinished = context.instance.get_run_ids(
-            RunsFilter(job_name=job.name, statuses=UNFINISHED_STATUSES), limit=1
-        )
+        unfinished = context.instance.get_run_ids(RunsFilter(job_name=job.name, statuses=UNFINISHED_STATUSES), limit=1)
         if unfinished:
             return SkipReason(f"{config.name}: waiting for run {unfinished[0]} of {job.name} to finish")
         materialized = set(context.instance.get_materialized_partitions(asset_key(config, CURRENT)))
