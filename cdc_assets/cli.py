@@ -50,7 +50,7 @@ def changes_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cdc-changes",
         description="The net changes of a table between two business dates (insert, delete, update_preimage, "
-        "update_postimage), from its stored current_table states. Without --out the rows are printed.",
+        "update_postimage), from its stored history_partition. Without --out the rows are printed.",
     )
     parser.add_argument("table", help="table name, as in its config's name field")
     parser.add_argument("--from", dest="from_date", required=True, help="business date YYYY-MM-DD")

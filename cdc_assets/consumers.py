@@ -1,6 +1,6 @@
 """Reading the warehouse as a consumer: the SCD type 2 view and the changes between two dates.
 
-Both are computed when read, from what the pipeline stored; neither is an asset. They only read:
+Both are computed when read, from the stored ``history_partition``; neither is an asset. They only read:
 no lock is taken and nothing is written or repaired. ``cdc-scd2`` and ``cdc-changes``
 (``cdc_assets/cli.py``) run them from the command line.
 """
@@ -8,15 +8,20 @@ no lock is taken and nothing is written or repaired. ``cdc-scd2`` and ``cdc-chan
 from __future__ import annotations
 
 import uuid
-from datetime import date
+from datetime import date, timedelta
 
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc_assets.config import TableConfig, load_table_configs, table_configs_dir
-from cdc_assets.core.between import changes_between_states
+from cdc_assets.core.between import changes_from_history
+from cdc_assets.core.changes import OPERATION
+from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 from cdc_assets.core.scd2 import Dialect, as_date, quote_identifier, scd2_sql
-from cdc_assets.names import CURRENT, HISTORY
+from cdc_assets.names import HISTORY
 from resources.storage import WarehouseStorage, warehouse_root
+
+# What the views need of history besides the configured columns (business_date comes from the folders).
+_HISTORY_COLUMNS = ((KEY_HASH, "string"), (NON_KEY_HASH, "string"), (OPERATION, "string"))
 
 
 def table_config(table: TableConfig | str) -> TableConfig:
@@ -41,12 +46,13 @@ def scd2_view(
     table config's ``scd2`` block). Computed from every stored ``history_partition`` date up to
     ``as_of`` (default: the newest stored date) with one scan and one window sorted by key, so its cost
     grows with the stored history. ``warehouse`` defaults to ``CDC_WAREHOUSE``.
+
+    Untracked columns are as of the start of each version: a change to them alone is an N, which
+    history does not hold, so an open version can have older untracked values than ``current_table``.
     """
     config = table_config(table)
-    storage = WarehouseStorage(warehouse_root(warehouse))
     day = scd2_as_of(config, as_of, warehouse)
-    dates = [stored for stored in storage.stored_dates(config.name, HISTORY) if stored <= day]
-    history = storage.read(spark, config.name, HISTORY, dates)
+    history = read_history(spark, config, day, warehouse)
     # A name of its own per call: on Spark Connect the returned DataFrame resolves the view each time
     # it runs, so a later call for the same table must not replace the view under it.
     view = f"cdc_scd2_history_{config.name}_{uuid.uuid4().hex[:12]}"
@@ -91,18 +97,37 @@ def scd2_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, as_
 def changes_between(
     spark: SparkSession, table: TableConfig | str, from_date: str | date, to_date: str | date, warehouse: str | None = None
 ) -> DataFrame:
-    """The table's net changes from ``from_date`` to ``to_date``, from the two stored ``current_table`` states.
+    """The table's net changes from ``from_date`` to ``to_date``, from its stored ``history_partition``.
 
-    See :func:`cdc_assets.core.between.changes_between_states` for the rows. Raises ValueError when
-    ``from_date`` is not before ``to_date``, or when either date has no stored ``current_table`` (never
-    written, or dropped by the table's ``retention.current_days``).
+    See :func:`cdc_assets.core.between.changes_from_history` for the rows. Reads every stored history
+    date up to ``to_date`` (history survives ``retention.current_days``), so its cost grows with the
+    stored history, like :func:`scd2_view`'s. Raises ValueError when ``from_date`` is not before
+    ``to_date``, or when the history of either date, or of a date before ``to_date``, is not stored.
     """
     config = table_config(table)
     start, end = changes_dates(config, from_date, to_date, warehouse)
+    return changes_from_history(read_history(spark, config, end.isoformat(), warehouse), config, start, end)
+
+
+def read_history(spark: SparkSession, config: TableConfig, last_date: str, warehouse: str | None = None) -> DataFrame:
+    """Every stored ``history_partition`` date up to ``last_date``, as the consumer views read it.
+
+    Columns: the configured columns as configured now, ``key_hash``, ``non_key_hash``, ``operation`` and
+    ``business_date``. A configured column that a date's files lack (they were written before the
+    column was added to the config) reads as NULL on that date, as DuckDB's ``union_by_name`` and the
+    SQL catalog's merged schema read it; stored columns the config no longer has are not read.
+    """
     storage = WarehouseStorage(warehouse_root(warehouse))
-    before = storage.read_one(spark, config.name, CURRENT, start.isoformat())
-    after = storage.read_one(spark, config.name, CURRENT, end.isoformat())
-    return changes_between_states(before, after, config, start, end)
+    dates = [stored for stored in storage.stored_dates(config.name, HISTORY) if stored <= last_date]
+    # The storage finds each date's files; read as they are, the files' schema would be one file's
+    # (Spark's mergeSchema=false), which drops a column the first dates lack. The schema comes from
+    # the config instead, and Parquet reads a column a file lacks as NULL.
+    files = storage.read(spark, config.name, HISTORY, dates).inputFiles()
+    schema = ", ".join(
+        f"{quote_identifier(name, Dialect.spark)} {data_type}"
+        for name, data_type in [*((column.name, column.type) for column in config.columns), *_HISTORY_COLUMNS]
+    )
+    return spark.read.schema(schema).option("basePath", storage.asset_path(config.name, HISTORY)).parquet(*files)
 
 
 def scd2_as_of(config: TableConfig, as_of: str | date | None = None, warehouse: str | None = None) -> str:
@@ -130,26 +155,30 @@ def scd2_as_of(config: TableConfig, as_of: str | date | None = None, warehouse: 
 def changes_dates(
     config: TableConfig, from_date: str | date, to_date: str | date, warehouse: str | None = None
 ) -> tuple[date, date]:
-    """The two dates of :func:`changes_between`, checked: ``from_date`` before ``to_date``, and a stored
-    ``current_table`` partition for each. Raises ValueError naming the date otherwise, and the table's
-    ``retention.current_days`` when that dropped it (no Spark needed)."""
+    """The two dates of :func:`changes_between`, checked: ``from_date`` before ``to_date``, a stored
+    ``history_partition`` for each, and none missing between the first stored date and ``to_date``.
+    Raises ValueError naming the date otherwise (no Spark needed)."""
     start, end = as_date(from_date), as_date(to_date)
     if start >= end:
         raise ValueError(f"the from date {start} must be before the to date {end}")
     storage = WarehouseStorage(warehouse_root(warehouse))
+    stored = storage.stored_dates(config.name, HISTORY)
     for day in (start, end):
-        if storage.has_partition(config.name, CURRENT, day.isoformat()):
+        if day.isoformat() in stored:
             continue
         if day < config.start_date:
             reason = f"the date is before the table's start_date {config.start_date}"
         else:
-            stored = storage.stored_dates(config.name, CURRENT)
             reason = f"stored dates run from {stored[0]} to {stored[-1]}" if stored else "no date is stored"
-            dropped = storage.dropped_partition(config.name, CURRENT, day.isoformat())
-            if dropped is not None:
-                reason = (
-                    f"retention.current_days ({dropped['current_days']}, in the table config of {config.name}) "
-                    f"dropped it; {reason}"
-                )
-        raise ValueError(f"{config.name} has no current_table partition for {day}: {reason}")
+        raise ValueError(f"{config.name} has no {HISTORY} for {day}: {reason}")
+    # A date missing in between would hide its changes.
+    day = date.fromisoformat(stored[0])
+    present = set(stored)
+    while day < end:
+        if day.isoformat() not in present:
+            raise ValueError(
+                f"{config.name} has no {HISTORY} for {day}, between its first stored date {stored[0]} "
+                f"and {end}: materialize it first"
+            )
+        day += timedelta(days=1)
     return start, end

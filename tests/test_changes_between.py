@@ -1,4 +1,4 @@
-"""Changes between two dates: two stored current_table states compared by their hashes."""
+"""Changes between two dates, from history_partition, and the same from two stored current_table states."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from cdc_assets import cli
 from cdc_assets.config import TableConfig
 from cdc_assets.consumers import changes_between
+from cdc_assets.core.between import changes_between_states
 from cdc_assets.core.hashing import add_hashes
 
 TABLE = "between_demo"
@@ -36,7 +37,7 @@ STATES = [
     (2, "bob", "20.00", "a", D1), (2, "bob", "20.00", "a", D2), (2, "bob", "20.00", "a", D3),
     # 3: inserted on D2, deleted on D3: not there on either date, so no change
     (3, "cat", "30.00", "b", D2),
-    # 4: only its untracked note changes: no change
+    # 4: only its untracked note changes: no change (and not in history)
     (4, "dan", "40.00", "a", D1), (4, "dan", "40.00", "b", D2), (4, "dan", "40.00", "c", D3),
     # 5: deleted on D3
     (5, "eve", "50.00", "a", D1), (5, "eve", "50.00", "a", D2),
@@ -46,6 +47,25 @@ STATES = [
     (7, None, "70.00", "a", D1), (7, None, "70.00", "a", D2), (7, "gus", "70.00", "c", D3),
     # 8: both non-keys change
     (8, "hal", "80.00", "a", D1), (8, "hal", "80.00", "a", D2), (8, "hai", "81.00", "c", D3),
+    # 9: deleted on D2, re-inserted on D3 with another amount: an update from D1 to D3
+    (9, "ivy", "90.00", "a", D1), (9, "ivy", "99.00", "c", D3),
+    # 10: deleted on D2, re-inserted on D3 as it was (only its note differs): no change from D1 to D3
+    (10, "jo", "100.00", "a", D1), (10, "jo", "100.00", "c", D3),
+]
+
+# history_partition of the same dates, as the pipeline writes it: (id, name, amount, note, operation, business_date);
+# a D row carries the payload the key had the day before.
+HISTORY = [
+    (1, "ann", "10.00", "a", "I", D1), (1, "ann", "11.00", "b", "U", D2), (1, "ann", "12.00", "c", "U", D3),
+    (2, "bob", "20.00", "a", "I", D1),
+    (3, "cat", "30.00", "b", "I", D2), (3, "cat", "30.00", "b", "D", D3),
+    (4, "dan", "40.00", "a", "I", D1),
+    (5, "eve", "50.00", "a", "I", D1), (5, "eve", "50.00", "a", "D", D3),
+    (6, "fay", "60.00", "c", "I", D3),
+    (7, None, "70.00", "a", "I", D1), (7, "gus", "70.00", "c", "U", D3),
+    (8, "hal", "80.00", "a", "I", D1), (8, "hai", "81.00", "c", "U", D3),
+    (9, "ivy", "90.00", "a", "I", D1), (9, "ivy", "90.00", "a", "D", D2), (9, "ivy", "99.00", "c", "I", D3),
+    (10, "jo", "100.00", "a", "I", D1), (10, "jo", "100.00", "a", "D", D2), (10, "jo", "100.00", "c", "I", D3),
 ]
 
 # From D1 to D3: (id, name, amount, note, _change_type, _from_date, _to_date, changed_columns)
@@ -58,6 +78,8 @@ CHANGES_1_TO_3 = [
     (7, "gus", "70.00", "c", "update_postimage", D1, D3, ["name"]),
     (8, "hal", "80.00", "a", "update_preimage", D1, D3, ["amount", "name"]),
     (8, "hai", "81.00", "c", "update_postimage", D1, D3, ["amount", "name"]),
+    (9, "ivy", "90.00", "a", "update_preimage", D1, D3, ["amount"]),
+    (9, "ivy", "99.00", "c", "update_postimage", D1, D3, ["amount"]),
 ]
 
 
@@ -65,18 +87,29 @@ def typed(rows) -> list[tuple]:
     return sorted(((*row[:2], Decimal(row[2]), *row[3:]) for row in rows), key=repr)
 
 
+def rows_of(frame) -> list[tuple]:
+    return sorted((tuple(row) for row in frame.collect()), key=repr)
+
+
+def _write(spark, config: TableConfig, rows, schema: str, folder: str) -> None:
+    """``rows`` hashed and stored as the pipeline stores an asset, one folder per business date."""
+    frame = spark.createDataFrame(rows, schema).withColumn("amount", F.col("amount").cast("decimal(10,2)"))
+    hashed = add_hashes(frame, [(c.name, c.type) for c in config.keys], [(c.name, c.type) for c in config.non_keys])
+    operation = F.col("operation") if "operation" in frame.columns else F.lit("N")
+    hashed.select(
+        *(c.name for c in config.columns), "key_hash", "non_key_hash", operation.alias("operation"),
+        F.col("business_date").alias("eff_start_date"), F.lit("run-1").alias("process_id"), "business_date",
+    ).write.partitionBy("business_date").parquet(folder)
+
+
 @pytest.fixture(scope="module")
 def states_warehouse(spark, tmp_path_factory) -> Path:
-    """A warehouse holding the table's current_table on D1, D2 and D3, as the pipeline writes it."""
+    """A warehouse holding the table's current_table and history_partition on D1, D2 and D3."""
     root = tmp_path_factory.mktemp("between_warehouse")
     config = TableConfig.model_validate(CONFIG)
-    frame = spark.createDataFrame(STATES, "id int, name string, amount string, note string, business_date date")
-    frame = frame.withColumn("amount", F.col("amount").cast("decimal(10,2)"))
-    hashed = add_hashes(frame, [(c.name, c.type) for c in config.keys], [(c.name, c.type) for c in config.non_keys])
-    hashed.select(
-        *(c.name for c in config.columns), "key_hash", "non_key_hash", F.lit("N").alias("operation"),
-        F.col("business_date").alias("eff_start_date"), F.lit("run-1").alias("process_id"), "business_date",
-    ).write.partitionBy("business_date").parquet(f"{root}/{TABLE}/current_table")
+    columns = "id int, name string, amount string, note string"
+    _write(spark, config, STATES, f"{columns}, business_date date", f"{root}/{TABLE}/current_table")
+    _write(spark, config, HISTORY, f"{columns}, operation string, business_date date", f"{root}/{TABLE}/history_partition")
     return root
 
 
@@ -85,22 +118,48 @@ def test_changes_from_the_first_to_the_third_date(spark, states_warehouse):
     assert changes.columns == ["id", "name", "amount", "note", "_change_type", "_from_date", "_to_date", "changed_columns"]
     assert dict(changes.dtypes)["_from_date"] == "date"
     assert dict(changes.dtypes)["changed_columns"] == "array<string>"
-    assert sorted((tuple(row) for row in changes.collect()), key=repr) == typed(CHANGES_1_TO_3)
+    assert rows_of(changes) == typed(CHANGES_1_TO_3)
+
+
+@pytest.mark.parametrize(("from_date", "to_date"), [(D1, D2), (D1, D3), (D2, D3)])
+def test_history_gives_what_comparing_the_two_current_states_gives(spark, states_warehouse, from_date, to_date):
+    config = TableConfig.model_validate(CONFIG)
+    folder = states_warehouse / TABLE / "current_table"
+    before, after = (spark.read.parquet(str(folder / f"business_date={day}")) for day in (from_date, to_date))
+    from_states = changes_between_states(before, after, config, from_date, to_date)
+    from_history = changes_between(spark, config, from_date, to_date, warehouse=str(states_warehouse))
+    expected = rows_of(from_states)
+    assert expected  # every pair of dates has changes
+    assert rows_of(from_history) == expected
 
 
 @pytest.mark.parametrize(
     ("from_date", "to_date", "message"),
     [
-        ("2024-01-03", "2024-01-01", "from date 2024-01-03 must be before the to date 2024-01-01"),
-        ("2024-01-02", "2024-01-02", "from date 2024-01-02 must be before the to date 2024-01-02"),
-        ("2024-01-01", "2024-01-05", "no current_table partition for 2024-01-05: stored dates run from 2024-01-01 to 2024-01-03"),
-        ("2023-12-31", "2024-01-03", "no current_table partition for 2023-12-31: the date is before the table's start_date"),
-        ("2024-01-01", "2024-1-3x", "'2024-1-3x' is not a date"),
+        ("2024-01-03", "2024-01-01", "the from date 2024-01-03 must be before the to date 2024-01-01"),
+        ("2024-01-02", "2024-01-02", "the from date 2024-01-02 must be before the to date 2024-01-02"),
+        ("2024-01-01", "2024-01-05",
+         f"{TABLE} has no history_partition for 2024-01-05: stored dates run from 2024-01-01 to 2024-01-03"),
+        ("2023-12-31", "2024-01-03",
+         f"{TABLE} has no history_partition for 2023-12-31: the date is before the table's start_date 2024-01-01"),
+        ("2024-01-01", "2024-1-3x", "'2024-1-3x' is not a date (expected YYYY-MM-DD)"),
     ],
 )
 def test_dates_that_cannot_be_compared(spark, states_warehouse, from_date, to_date, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError) as error:
         changes_between(spark, TableConfig.model_validate(CONFIG), from_date, to_date, warehouse=str(states_warehouse))
+    assert str(error.value) == message
+
+
+def test_a_history_date_missing_in_between_is_an_error(spark, tmp_path):
+    for day in (D1, D3):
+        (tmp_path / TABLE / "history_partition" / f"business_date={day}").mkdir(parents=True)
+    with pytest.raises(ValueError) as error:
+        changes_between(spark, TableConfig.model_validate(CONFIG), D1, D3, warehouse=str(tmp_path))
+    assert str(error.value) == (
+        f"{TABLE} has no history_partition for {D2}, between its first stored date {D1} and {D3}: "
+        "materialize it first"
+    )
 
 
 @pytest.fixture()
@@ -115,8 +174,24 @@ def configs_folder(tmp_path, monkeypatch, states_warehouse):
 
 def test_cli_prints_or_writes_csv(spark, configs_folder, tmp_path, capsys):
     assert cli.changes_main([TABLE, "--from", "2024-01-02", "--to", "2024-01-03"]) == 0
-    printed = capsys.readouterr().out
-    assert "update_postimage" in printed and "[amount, name]" in printed and "cat" in printed  # 3 deleted on D3
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    assert cells[0] == ["id", "name", "amount", "note", "_change_type", "_from_date", "_to_date", "changed_columns"]
+    # Ordered by key, an update's preimage first; NULL and the list as show() prints them.
+    assert [tuple(row[:5]) + (row[7],) for row in cells[1:]] == [
+        ("1", "ann", "11.00", "b", "update_preimage", "[amount]"),
+        ("1", "ann", "12.00", "c", "update_postimage", "[amount]"),
+        ("3", "cat", "30.00", "b", "delete", "[]"),
+        ("5", "eve", "50.00", "a", "delete", "[]"),
+        ("6", "fay", "60.00", "c", "insert", "[]"),
+        ("7", "NULL", "70.00", "a", "update_preimage", "[name]"),
+        ("7", "gus", "70.00", "c", "update_postimage", "[name]"),
+        ("8", "hal", "80.00", "a", "update_preimage", "[amount, name]"),
+        ("8", "hai", "81.00", "c", "update_postimage", "[amount, name]"),
+        ("9", "ivy", "99.00", "c", "insert", "[]"),
+        ("10", "jo", "100.00", "c", "insert", "[]"),
+    ]
+    assert {(row[5], row[6]) for row in cells[1:]} == {("2024-01-02", "2024-01-03")}
 
     out = tmp_path / "changes_csv"
     assert cli.changes_main([TABLE, "--from", "2024-01-01", "--to", "2024-01-03", "--out", str(out), "--format", "csv"]) == 0

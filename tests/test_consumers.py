@@ -86,8 +86,12 @@ def chain(spark, tmp_path_factory):
         patch.undo()
 
 
+def _read(spark, chain, asset, day):
+    return spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, asset, day)))
+
+
 def _history(spark, chain, day):
-    return spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, "history_partition", day)))
+    return _read(spark, chain, "history_partition", day)
 
 
 def test_changed_columns_name_the_non_keys_that_changed(spark, chain):
@@ -177,6 +181,26 @@ def test_scd2_view_of_the_chain(spark, chain):
         (3, "Cy", 3.0, Decimal("30.00"), D1, D2, False), (3, "Cy", 3.0, Decimal("30.00"), D2, None, True),
         (4, "Di", 4.0, Decimal("40.00"), D1, None, True), (5, "Ed", 5.0, Decimal("50.00"), D2, None, True),
     ], key=repr)
+
+
+def test_untracked_columns_are_as_of_the_start_of_the_version(spark, chain):
+    """Key 4's record of day 3 changed only changed_at (untracked): an N, so not in history. The view's open
+    version and cdc-changes' preimage keep day 1's changed_at, while current_table has day 3's."""
+    warehouse = str(chain["warehouse"])
+
+    def changed_at_of_4(asset, day):
+        [value] = [row["changed_at"] for row in _read(spark, chain, asset, day).collect() if row["id"] == 4]
+        return value
+
+    started, updated = changed_at_of_4("history_partition", D1), changed_at_of_4("history_partition", D4)
+    assert changed_at_of_4("current_table", D3) != started  # current_table took day 3's record
+    as_of_d3 = scd2_view(spark, TABLE, as_of=D3, warehouse=warehouse).collect()
+    assert [(row["valid_from"].isoformat(), row["changed_at"]) for row in as_of_d3 if row["id"] == 4] == [(D1, started)]
+    changes = changes_between(spark, TABLE, D3, D4, warehouse=warehouse).collect()
+    assert {(row["id"], row["_change_type"]): row["changed_at"] for row in changes} == {
+        (4, "update_preimage"): started,
+        (4, "update_postimage"): updated,
+    }
 
 
 def test_cdc_scd2_command_with_deletion_rows_and_a_high_end_date(spark, chain, tmp_path, monkeypatch):

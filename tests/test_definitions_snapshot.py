@@ -1,6 +1,8 @@
 """A snapshot of everything the factory generates from table_configs/, so a graph change fails loudly.
 
-After an intended change, regenerate with ``UPDATE_SNAPSHOTS=1 make test`` and review the diff.
+After an intended change, regenerate with ``UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest
+tests/test_definitions_snapshot.py``: the run rewrites the snapshot and fails, saying so (a run that
+rewrites what it checks has checked nothing). Review the diff, then run the test again without it.
 """
 
 from __future__ import annotations
@@ -8,9 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from cdc_assets.definitions import defs
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "definitions.txt"
+UPDATE_ENV = "UPDATE_SNAPSHOTS"
 
 
 def describe_definitions() -> str:
@@ -37,12 +42,38 @@ def describe_definitions() -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_generated_definitions_match_snapshot():
-    current = describe_definitions()
-    if os.environ.get("UPDATE_SNAPSHOTS") == "1":
-        SNAPSHOT.write_text(current)
-    assert SNAPSHOT.exists(), "no snapshot yet: run with UPDATE_SNAPSHOTS=1"
-    assert current == SNAPSHOT.read_text(), (
-        "The generated assets/checks/dependencies changed. If intended, regenerate with UPDATE_SNAPSHOTS=1 "
+def check_snapshot(current: str, snapshot: Path, update: bool) -> None:
+    """Fail unless ``snapshot`` holds ``current``. With ``update`` a differing (or missing) snapshot is
+    rewritten first, and the check still fails: only a run that finds the snapshot as it is passes."""
+    stored = snapshot.read_text() if snapshot.exists() else None
+    if stored == current:
+        return
+    if update:
+        snapshot.write_text(current)
+        pytest.fail(
+            f"{UPDATE_ENV}=1: rewrote {snapshot}. Review the diff (git diff -- {snapshot}) and run the test "
+            f"again without {UPDATE_ENV}; a run that rewrites the snapshot does not pass.",
+            pytrace=False,
+        )
+    if stored is None:
+        pytest.fail(f"no snapshot at {snapshot} yet: create it with {UPDATE_ENV}=1", pytrace=False)
+    assert current == stored, (
+        f"The generated assets/checks/dependencies changed. If intended, regenerate with {UPDATE_ENV}=1 "
         "and commit the new snapshot.\n" + current
     )
+
+
+def test_generated_definitions_match_snapshot():
+    check_snapshot(describe_definitions(), SNAPSHOT, update=os.environ.get(UPDATE_ENV) == "1")
+
+
+def test_updating_the_snapshot_rewrites_it_and_fails(tmp_path):
+    snapshot = tmp_path / "definitions.txt"
+    snapshot.write_text("an older graph\n")
+    with pytest.raises(pytest.fail.Exception, match=f"{UPDATE_ENV}=1: rewrote {snapshot}"):
+        check_snapshot("the graph now\n", snapshot, update=True)
+    assert snapshot.read_text() == "the graph now\n"
+    check_snapshot("the graph now\n", snapshot, update=True)  # found as it is: passes, even when updating
+    with pytest.raises(AssertionError):
+        check_snapshot("another graph\n", snapshot, update=False)
+    assert snapshot.read_text() == "the graph now\n"

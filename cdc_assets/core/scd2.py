@@ -82,6 +82,9 @@ def scd2_sql(
     open version ``open_end``: NULL, or a high date such as 9999-12-31) and ``is_current`` (the version
     is open). With ``hard_deletes`` ``new_record`` each delete also gives a row with the deleted
     payload from the delete's date until the key returns, and every row has ``is_deleted``.
+
+    A version's columns, untracked ones included, are those of the I or U row that started it: a
+    change to untracked columns alone is not in history, so it changes no version.
     """
     if not columns:
         raise ValueError("the SCD type 2 view needs at least one column")

@@ -18,7 +18,8 @@
 -- I or U row starts a version of its key on its business date; each D row starts a deletion row
 -- carrying the deleted version's payload. Whatever the key's next history row is (a U, a D, or the I
 -- of its return) closes it on that row's business date. The query is one scan of the history and
--- one window sorted by key.
+-- one window sorted by key. A version's columns are those of the row that started it: untracked
+-- columns are as of the version's start (a change to them alone is an N, not in history).
 SELECT ${output_columns}
 FROM (
     SELECT
