@@ -74,14 +74,11 @@ def scd2_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, as_
 
     It reads ``read_parquet('<root>/<table>/history_partition/*/*.parquet', hive_partitioning = true,
     union_by_name = true)`` (partitions written before a column was added read it as NULL). ``as_of``
-    defaults to the newest stored date. Run it with e.g. ``duckdb.sql(scd2_duckdb_sql("orders"))``;
-    an ``s3a://`` warehouse is read as ``s3://``, which needs DuckDB's httpfs extension.
+    defaults to the newest stored date. Run it with e.g. ``duckdb.sql(scd2_duckdb_sql("orders"))``.
     """
     config = table_config(config)
     root = warehouse_root(warehouse)
     day = scd2_as_of(config, as_of, warehouse)
-    if root.startswith(("s3a://", "s3n://")):
-        root = "s3://" + root.split("://", 1)[1]
     glob = f"{root}/{config.name}/{HISTORY}/*/*.parquet".replace("'", "''")
     relation = f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true)"
     return scd2_sql(
@@ -119,15 +116,14 @@ def read_history(spark: SparkSession, config: TableConfig, last_date: str, wareh
     """
     storage = WarehouseStorage(warehouse_root(warehouse))
     dates = [stored for stored in storage.stored_dates(config.name, HISTORY) if stored <= last_date]
-    # The storage finds each date's files; read as they are, the files' schema would be one file's
-    # (Spark's mergeSchema=false), which drops a column the first dates lack. The schema comes from
-    # the config instead, and Parquet reads a column a file lacks as NULL.
-    files = storage.read(spark, config.name, HISTORY, dates).inputFiles()
+    # Read as they are, the files' schema would be one file's (Spark's mergeSchema=false), which drops
+    # a column the first dates lack. The schema comes from the config instead, and Parquet reads a
+    # column a file lacks as NULL.
     schema = ", ".join(
         f"{quote_identifier(name, Dialect.spark)} {data_type}"
         for name, data_type in [*((column.name, column.type) for column in config.columns), *_HISTORY_COLUMNS]
     )
-    return spark.read.schema(schema).option("basePath", storage.asset_path(config.name, HISTORY)).parquet(*files)
+    return storage.read(spark, config.name, HISTORY, dates, schema=schema)
 
 
 def scd2_as_of(config: TableConfig, as_of: str | date | None = None, warehouse: str | None = None) -> str:

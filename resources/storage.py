@@ -598,35 +598,34 @@ class WarehouseStorage:
         return self._resolve(table, asset, business_date) is not None
 
     def read(
-        self, spark: SparkSession, table: str, asset: str, business_dates: list[str], merge_schema: bool = False
+        self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType | str | None = None
     ) -> DataFrame:
         """Stored partitions as one DataFrame with a ``business_date`` column (a date), in one scan.
 
         Raises :class:`MissingPartitionError` naming the first date that was never written. Versions
         this run committed are read with the schema they were written with (no inference job). With
-        ``merge_schema``, dates written with different columns read as the union of their columns
-        (NULL where a date has none), at the cost of reading every file's footer.
+        ``schema`` (the columns without ``business_date``), every date is read with it: a column a
+        date's files lack reads as NULL there, and stored columns it does not name are not read.
         """
         paths = [self.stored_path(table, asset, day) for day in business_dates]
         self._in_use.update((table, asset, day) for day in business_dates)
         base = self._versions(table, asset)
+        if schema is None:
+            schemas = {self._committed_schema(path) for path in paths}
+            schema = schemas.pop() if len(schemas) == 1 and None not in schemas else None
         if all(os.path.dirname(os.path.dirname(path)) == base for path in paths):
             reader = spark.read.option("basePath", base)
-            if merge_schema:
-                reader = reader.option("mergeSchema", "true")
-            else:
-                schemas = {self._committed_schema(path) for path in paths}
-                if len(schemas) == 1 and None not in schemas:
-                    reader = reader.schema(schemas.pop())  # business_date still comes from the folder names
+            if schema is not None:
+                reader = reader.schema(schema)  # business_date still comes from the folder names
             return reader.parquet(*paths).drop(VERSION_KEY)
         # Folders of an earlier release among them: each read on its own, dated by hand.
-        frames = [
-            self.read_one(spark, table, asset, day).withColumn(BUSINESS_DATE, F.lit(day).cast("date"))
-            for day in business_dates
-        ]
+        frames = []
+        for day, path in zip(business_dates, paths):
+            reader = spark.read if schema is None else spark.read.schema(schema)
+            frames.append(reader.parquet(path).withColumn(BUSINESS_DATE, F.lit(day).cast("date")))
         combined = frames[0]
         for frame in frames[1:]:
-            combined = combined.unionByName(frame, allowMissingColumns=merge_schema)
+            combined = combined.unionByName(frame, allowMissingColumns=True)
         return combined
 
     def read_one(self, spark: SparkSession, table: str, asset: str, business_date: str) -> DataFrame:
