@@ -12,8 +12,9 @@ Semantics (seed 003, Table 1 and its ``RANK() OVER (PARTITION BY ID ORDER BY CDC
    date is late: it is set aside (``late``) and not applied. A delete's tombstone is remembered for
    ``retention_days`` days after the date it was applied; an expired tombstone is forgotten.
 3. Per key, the remaining record with the greatest sequence wins. Two different records sharing the
-   greatest sequence are a tie: ``duplicate_keys="fail"`` raises :class:`Tie`, ``"quarantine"``
-   rejects all of that key's records of the date and leaves the key as it was.
+   greatest sequence are a tie (late records were set aside first, so they never tie):
+   ``duplicate_keys="fail"`` raises :class:`Tie`, ``"quarantine"`` sets all of that key's remaining
+   records of the date aside (reason ``tied``) and leaves the key as it was.
 4. The winner against the previous current state:
    - D, key in current      -> D: leaves current; history carries its last payload from current.
    - D, key not in current  -> nothing, but its sequence is remembered (a tombstone).
@@ -127,7 +128,7 @@ def apply_day(
             if duplicate_keys == "fail":
                 raise Tie(key, top)
             counts["quarantined_keys"] += 1
-            counts["quarantined_records"] += sum(1 for record in records if record["id"] == key)
+            counts["quarantined_records"] += len(key_records)
             continue
         winners[key] = ranked_first[0]
 

@@ -1,9 +1,13 @@
 """Applying one day's change set (flagged records with a sequence) to the previous state.
 
 Reference semantics: seed 003's Table 1 and its ``RANK() OVER (PARTITION BY key ORDER BY sequence
-DESC)``. Per key, the day's record with the greatest sequence wins, unless it is *late*: not newer
-than the sequence already applied to the key on an earlier date (a deleted key's last sequence is
-kept as a tombstone for ``tombstone_retention_days``, so a late update cannot resurrect it).
+DESC)``. A record is first told *late* or not: late when it is not newer than the sequence already
+applied to its key on an earlier date (a deleted key's last sequence is kept as a tombstone for
+``tombstone_retention_days``, so a late update cannot resurrect it). Late records are set aside.
+Of the rest, per key, the record with the greatest sequence wins. Two different records sharing
+it are a *tie* (only records that would be applied can tie): ``ChangeSetRules.quarantine_ties``
+sets all of the key's remaining records of the day aside (reason ``tied``, the key is left as it
+was), else the date fails with :class:`DuplicateKeysError` naming the key and the sequence.
 
 The winner is compared with the previous ``current_table`` on the hashes only:
 
@@ -15,8 +19,8 @@ The winner is compared with the previous ``current_table`` on the hashes only:
 - a key current holds that the day does not touch is X: kept as it was.
 
 Besides the usual CDC columns (``classify_changes``'s, so ``build_current``/``build_history``
-apply unchanged) a day yields its late records and the new ``applied_sequences`` state: one row
-per key in current, plus the tombstones still retained.
+apply unchanged) a day yields the records it set aside (late or tied, for ``late_changes``) and the
+new ``applied_sequences`` state: one row per key in current, plus the tombstones still retained.
 """
 
 from __future__ import annotations
@@ -46,19 +50,34 @@ from cdc_assets.core.changes import (
 )
 from cdc_assets.core.compare import CHANGED_COLUMNS, no_changed_columns
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
+from cdc_assets.core.incoming import SAMPLE_SIZE, DuplicateKeysError
 from cdc_assets.core.source import CHANGE_FLAG, CHANGE_SEQUENCE, TRUNCATE
 
 # applied_sequences: the last sequence applied to each key, and whether that change deleted it.
 SEQUENCE, DELETED, APPLIED_ON = "sequence", "deleted", "applied_on"
 STATE_COLUMNS = (KEY_HASH, SEQUENCE, DELETED, APPLIED_ON)
-# late_changes: a late record as it came in, why it was not applied, and what had been applied.
+# late_changes: a record set aside as it came in, why it was not applied, and what had been applied.
 REASON, APPLIED_SEQUENCE = "reason", "applied_sequence"
-LATE = "late"
+LATE, TIED = "late", "tied"
 # The operation of a delete whose key current does not hold: it changes nothing but its tombstone.
 _UNKNOWN_DELETE = "-"
 _COPIES, _APPLIED, _TRUNCATED_AT, _RANK = "__cdc_copies", "__cdc_applied", "__cdc_truncated_at", "__cdc_rank"
+_TOP, _TIED = "__cdc_top", "__cdc_tied"
 
-FIGURES = ("winners", "superseded", "late", "duplicate_events", "deletes_of_unknown_keys", "truncates")
+FIGURES = (
+    "winners", "superseded", "late", "tied_keys", "tied_records", "duplicate_events", "deletes_of_unknown_keys",
+    "truncates",
+)
+
+
+@dataclass(frozen=True)
+class ChangeSetRules:
+    """A table's change-set settings as :func:`apply_change_set` needs them."""
+
+    table: str
+    key_columns: tuple[str, ...]
+    tombstone_retention_days: int = 30
+    quarantine_ties: bool = False  # duplicate_keys: quarantine; else a tie fails the date
 
 
 @dataclass
@@ -66,7 +85,7 @@ class ChangeSetDay:
     """One date's results: ``changes`` as :func:`changes.classify_changes` gives them, and the rest."""
 
     changes: DataFrame  # payload + key_hash, non_key_hash, operation, eff_start_date (cached)
-    late: DataFrame  # the day's late records + reason, applied_sequence
+    late: DataFrame  # the day's records set aside (late or tied) + reason, applied_sequence
     state: DataFrame  # applied_sequences as of the date
     counts: dict[str, int]  # the five operations
     figures: dict[str, int]  # FIGURES
@@ -79,14 +98,15 @@ def apply_change_set(
     previous_state: DataFrame | None,
     business_date: date,
     payload_columns: Sequence[str],
-    tombstone_retention_days: int,
+    rules: ChangeSetRules,
     audit: RunAudit | None = None,
     non_key_columns: Sequence[str] | None = None,
 ) -> ChangeSetDay:
     """Apply the date's accepted records (hashed_incoming: payload, hashes, change_flag, change_sequence).
 
     ``audit`` and ``non_key_columns`` add the columns they add to :func:`changes.classify_changes`.
-    Runs two small jobs (the figures, and the latest truncate's sequence); nothing is written.
+    Runs small jobs (the figures, and the outcome's counts); nothing is written. Raises
+    :class:`DuplicateKeysError` for a tie unless ``rules.quarantine_ties``.
     """
     day = F.lit(business_date).cast("date")
     record_columns = [*payload_columns, KEY_HASH, NON_KEY_HASH, CHANGE_FLAG, CHANGE_SEQUENCE]
@@ -100,9 +120,14 @@ def apply_change_set(
     is_truncate = F.col(CHANGE_FLAG) == TRUNCATE
     is_late = ~is_truncate & F.col(_APPLIED).isNotNull() & (F.col(CHANGE_SEQUENCE) <= F.col(_APPLIED))
     by_key = Window.partitionBy(KEY_HASH).orderBy(F.col(CHANGE_SEQUENCE).desc())
+    # A tie: the key's second record by sequence still ranks first. Lateness is decided before,
+    # so a late record never ties.
     ranked = (
         distinct.filter(~is_truncate & ~is_late)
-        .withColumn(_RANK, F.row_number().over(by_key))
+        .withColumns({_RANK: F.row_number().over(by_key), _TOP: F.rank().over(by_key)})
+        .withColumn(
+            _TIED, F.max((F.col(_RANK) == 2) & (F.col(_TOP) == 1)).over(Window.partitionBy(KEY_HASH))
+        )
         .persist(CACHE_LEVEL)
     )
     truncates = distinct.filter(is_truncate)
@@ -116,19 +141,29 @@ def apply_change_set(
             F.max(F.when(is_truncate, F.col(CHANGE_SEQUENCE))).alias("last_truncate"),
         ).collect()[0]
     )
+    tied = F.col(_TIED)
     keyed_counts = ranked.agg(
-        F.count(F.when(F.col(_RANK) == 1, F.lit(1))).alias("winners"), F.count(F.lit(1)).alias("candidates")
+        F.count(F.when(~tied & (F.col(_RANK) == 1), F.lit(1))).alias("winners"),
+        F.count(F.when(~tied, F.lit(1))).alias("candidates"),
+        F.count(F.when(tied & (F.col(_RANK) == 1), F.lit(1))).alias("tied_keys"),
+        F.count(F.when(tied, F.lit(1))).alias("tied_records"),
     ).collect()[0]
+    if keyed_counts["tied_keys"] and not rules.quarantine_ties:
+        error = _tie_error(ranked, rules, business_date, keyed_counts["tied_keys"])
+        ranked.unpersist()
+        raise error
     truncated = figures_row["truncates"] > 0
     figures = {
         "winners": keyed_counts["winners"] + (1 if truncated else 0),
         "superseded": keyed_counts["candidates"] - keyed_counts["winners"] + max(0, figures_row["truncates"] - 1),
         "late": figures_row["late"],
+        "tied_keys": keyed_counts["tied_keys"],
+        "tied_records": keyed_counts["tied_records"],
         "duplicate_events": figures_row["duplicate_events"] or 0,
         "truncates": figures_row["truncates"],
     }
 
-    winners = ranked.filter(F.col(_RANK) == 1).drop(_RANK, _COPIES)
+    winners = ranked.filter(~tied & (F.col(_RANK) == 1)).drop(_RANK, _TOP, _TIED, _COPIES)
     last_truncate = truncates.agg(F.max(CHANGE_SEQUENCE).alias(_TRUNCATED_AT))
     if truncated:
         winners = winners.crossJoin(F.broadcast(last_truncate))
@@ -152,10 +187,31 @@ def apply_change_set(
     )
     late_records = late.select(
         *record_columns, F.lit(LATE).alias(REASON), F.col(_APPLIED).alias(APPLIED_SEQUENCE)
+    ).unionByName(
+        ranked.filter(tied).select(*record_columns, F.lit(TIED).alias(REASON), F.col(_APPLIED).alias(APPLIED_SEQUENCE))
     )
-    state = _next_state(resolved, previous_state, business_date, tombstone_retention_days)
+    state = _next_state(resolved, previous_state, business_date, rules.tombstone_retention_days)
     return ChangeSetDay(
         changes=changes, late=late_records, state=state, counts=counts, figures=figures, cached=[ranked, resolved]
+    )
+
+
+def _tie_error(ranked: DataFrame, rules: ChangeSetRules, business_date: date, tied_keys: int) -> DuplicateKeysError:
+    samples = (
+        ranked.filter(F.col(_TIED) & (F.col(_RANK) == 1))
+        .select(*rules.key_columns, F.col(CHANGE_SEQUENCE).cast("string").alias("_sequence"))
+        .limit(SAMPLE_SIZE)
+        .collect()
+    )
+    shown = "; ".join(
+        "{" + ", ".join(f"{name}={row[name]!r}" for name in rules.key_columns) + f"}} at sequence {row['_sequence']}"
+        for row in samples
+    )
+    return DuplicateKeysError(
+        f"table {rules.table}, {business_date}: {tied_keys} key(s) have different records with the same greatest "
+        f"sequence, so their last change is unknown, e.g. {shown}. No CDC output was written (hashed_incoming "
+        "holds the records as read); fix the change set, or set duplicate_keys: quarantine to set such keys' "
+        "records of the day aside (to late_changes, reason tied)."
     )
 
 
