@@ -122,8 +122,9 @@ DESCRIPTIONS = {
     ),
     APPLIED_SEQUENCES: (
         "The CDC step's own state: for every key in current_table, and every key deleted within "
-        "tombstone_retention_days, the last sequence applied to it (`deleted` for a tombstone). The next "
-        "date tells late records by it."
+        "tombstone_retention_days, the last sequence applied to it (`deleted` for a tombstone), and the "
+        "table's floor (the greatest truncate's sequence, in the row whose `key_hash` is NULL; kept for good). "
+        "The next date tells late records by it."
     ),
 }
 

@@ -14,13 +14,18 @@ The winner is compared with the previous ``current_table`` on the hashes only:
 - delete: a key in current is D (history carries its last payload from current); a key not in
   current leaves no trace but its tombstone (counted as a delete of an unknown key);
 - insert or update (an upsert): I for a key not in current, U for another non-key hash, else N;
-- a truncate (Debezium op ``t``) deletes every key from its sequence on; a key's later record of
-  the day re-inserts it, compared with current like any upsert;
+- a truncate (Debezium op ``t``) at sequence T supersedes the day's records below T and deletes
+  every key current holds whose applied sequence is below T; a key's record at or after T is
+  applied after it (an upsert compared with current, as any). T then stays in the state as the
+  table's *floor*, for good: on every later date a record below T is late, whatever its key. A
+  record whose sequence equals T is taken to come after the truncate, on its date and later;
 - a key current holds that the day does not touch is X: kept as it was.
 
 Besides the usual CDC columns (``classify_changes``'s, so ``build_current``/``build_history``
 apply unchanged) a day yields the records it set aside (late or tied, for ``late_changes``) and the
-new ``applied_sequences`` state: one row per key in current, plus the tombstones still retained.
+new ``applied_sequences`` state: one row per key in current, the tombstones still retained, and the
+floor (the greatest truncate's sequence, in a row whose ``key_hash`` is NULL); a key's entry below
+the floor says nothing the floor does not, so it is dropped.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ LATE, TIED = "late", "tied"
 # The operation of a delete whose key current does not hold: it changes nothing but its tombstone.
 _UNKNOWN_DELETE = "-"
 _COPIES, _APPLIED, _TRUNCATED_AT, _RANK = "__cdc_copies", "__cdc_applied", "__cdc_truncated_at", "__cdc_rank"
-_TOP, _TIED = "__cdc_top", "__cdc_tied"
+_TOP, _TIED, _FLOOR = "__cdc_top", "__cdc_tied", "__cdc_floor"
 
 FIGURES = (
     "winners", "superseded", "late", "tied_keys", "tied_records", "duplicate_events", "deletes_of_unknown_keys",
@@ -109,28 +114,40 @@ def apply_change_set(
     :class:`DuplicateKeysError` for a tie unless ``rules.quarantine_ties``.
     """
     day = F.lit(business_date).cast("date")
+    sequence_type = records.schema[CHANGE_SEQUENCE].dataType
     record_columns = [*payload_columns, KEY_HASH, NON_KEY_HASH, CHANGE_FLAG, CHANGE_SEQUENCE]
+    is_truncate = F.col(CHANGE_FLAG) == TRUNCATE
     # An exactly repeated record (at-least-once delivery) counts once.
     distinct = records.groupBy(*record_columns).agg(F.count(F.lit(1)).alias(_COPIES))
+    # One row: the day's last truncate, and the floor the earlier truncates left.
+    bounds = records.agg(F.max(F.when(is_truncate, F.col(CHANGE_SEQUENCE))).alias(_TRUNCATED_AT))
     if previous_state is not None:
-        applied = previous_state.select(KEY_HASH, F.col(SEQUENCE).alias(_APPLIED))
+        applied = previous_state.filter(F.col(KEY_HASH).isNotNull()).select(KEY_HASH, F.col(SEQUENCE).alias(_APPLIED))
         distinct = distinct.join(applied, on=KEY_HASH, how="left")
+        floor = previous_state.filter(F.col(KEY_HASH).isNull()).agg(F.max(SEQUENCE).alias(_FLOOR))
+        bounds = bounds.crossJoin(floor)
     else:
-        distinct = distinct.withColumn(_APPLIED, F.lit(None).cast(records.schema[CHANGE_SEQUENCE].dataType))
-    is_truncate = F.col(CHANGE_FLAG) == TRUNCATE
-    is_late = ~is_truncate & F.col(_APPLIED).isNotNull() & (F.col(CHANGE_SEQUENCE) <= F.col(_APPLIED))
-    by_key = Window.partitionBy(KEY_HASH).orderBy(F.col(CHANGE_SEQUENCE).desc())
+        distinct = distinct.withColumn(_APPLIED, F.lit(None).cast(sequence_type))
+        bounds = bounds.withColumn(_FLOOR, F.lit(None).cast(sequence_type))
+    distinct = distinct.crossJoin(F.broadcast(bounds))
+    sequence, applied_sequence = F.col(CHANGE_SEQUENCE), F.col(_APPLIED)
+    floor, truncated_at = F.col(_FLOOR), F.col(_TRUNCATED_AT)
+    behind_key = applied_sequence.isNotNull() & (sequence <= applied_sequence)
+    is_late = ~is_truncate & (behind_key | (floor.isNotNull() & (sequence < floor)))
+    # The key's entry is never below the floor (the state drops such entries), so it is what was lost to.
+    lost_to = F.when(behind_key, applied_sequence).otherwise(floor)
+    before_truncate = ~is_truncate & ~is_late & truncated_at.isNotNull() & (sequence < truncated_at)
+    by_key = Window.partitionBy(KEY_HASH).orderBy(sequence.desc())
     # A tie: the key's second record by sequence still ranks first. Lateness is decided before,
-    # so a late record never ties.
+    # so a late record never ties (nor one the day's truncate supersedes).
     ranked = (
-        distinct.filter(~is_truncate & ~is_late)
+        distinct.filter(~is_truncate & ~is_late & ~before_truncate)
         .withColumns({_RANK: F.row_number().over(by_key), _TOP: F.rank().over(by_key)})
         .withColumn(
             _TIED, F.max((F.col(_RANK) == 2) & (F.col(_TOP) == 1)).over(Window.partitionBy(KEY_HASH))
         )
         .persist(CACHE_LEVEL)
     )
-    truncates = distinct.filter(is_truncate)
     late = distinct.filter(is_late)
 
     figures_row = (
@@ -138,7 +155,8 @@ def apply_change_set(
             F.sum(F.col(_COPIES) - 1).alias("duplicate_events"),
             F.count(F.when(is_late, F.lit(1))).alias("late"),
             F.count(F.when(is_truncate, F.lit(1))).alias("truncates"),
-            F.max(F.when(is_truncate, F.col(CHANGE_SEQUENCE))).alias("last_truncate"),
+            F.count(F.when(before_truncate, F.lit(1))).alias("before_truncate"),
+            F.max(truncated_at.isNotNull() & (floor.isNull() | (truncated_at > floor))).alias("raises_floor"),
         ).collect()[0]
     )
     tied = F.col(_TIED)
@@ -155,7 +173,10 @@ def apply_change_set(
     truncated = figures_row["truncates"] > 0
     figures = {
         "winners": keyed_counts["winners"] + (1 if truncated else 0),
-        "superseded": keyed_counts["candidates"] - keyed_counts["winners"] + max(0, figures_row["truncates"] - 1),
+        "superseded": keyed_counts["candidates"]
+        - keyed_counts["winners"]
+        + figures_row["before_truncate"]
+        + max(0, figures_row["truncates"] - 1),
         "late": figures_row["late"],
         "tied_keys": keyed_counts["tied_keys"],
         "tied_records": keyed_counts["tied_records"],
@@ -163,15 +184,9 @@ def apply_change_set(
         "truncates": figures_row["truncates"],
     }
 
-    winners = ranked.filter(~tied & (F.col(_RANK) == 1)).drop(_RANK, _TOP, _TIED, _COPIES)
-    last_truncate = truncates.agg(F.max(CHANGE_SEQUENCE).alias(_TRUNCATED_AT))
-    if truncated:
-        winners = winners.crossJoin(F.broadcast(last_truncate))
-    else:
-        winners = winners.withColumn(_TRUNCATED_AT, F.lit(None).cast(records.schema[CHANGE_SEQUENCE].dataType))
-    resolved = _resolve(
-        winners, previous_current, previous_state, last_truncate if truncated else None, day, payload_columns, audit, non_key_columns
-    )
+    winners = ranked.filter(~tied & (F.col(_RANK) == 1)).drop(_RANK, _TOP, _TIED, _COPIES, _TRUNCATED_AT, _FLOOR)
+    last_truncate = bounds.select(_TRUNCATED_AT) if truncated else None
+    resolved = _resolve(winners, previous_current, previous_state, last_truncate, day, payload_columns, audit, non_key_columns)
     resolved = resolved.persist(CACHE_LEVEL)
     counts = {operation: 0 for operation in OPERATIONS}
     unknown_deletes = 0
@@ -185,12 +200,13 @@ def apply_change_set(
     changes = resolved.filter(F.col(OPERATION) != _UNKNOWN_DELETE).select(
         *payload_columns, *CLASSIFICATION_COLUMNS, *extra_columns(audit, non_key_columns)
     )
-    late_records = late.select(
-        *record_columns, F.lit(LATE).alias(REASON), F.col(_APPLIED).alias(APPLIED_SEQUENCE)
-    ).unionByName(
+    late_records = late.select(*record_columns, F.lit(LATE).alias(REASON), lost_to.alias(APPLIED_SEQUENCE)).unionByName(
         ranked.filter(tied).select(*record_columns, F.lit(TIED).alias(REASON), F.col(_APPLIED).alias(APPLIED_SEQUENCE))
     )
-    state = _next_state(resolved, previous_state, business_date, rules.tombstone_retention_days)
+    state = _next_state(
+        resolved, previous_state, last_truncate if figures_row["raises_floor"] else None, business_date,
+        rules.tombstone_retention_days,
+    )
     return ChangeSetDay(
         changes=changes, late=late_records, state=state, counts=counts, figures=figures, cached=[ranked, resolved]
     )
@@ -218,16 +234,16 @@ def _tie_error(ranked: DataFrame, rules: ChangeSetRules, business_date: date, ti
 def _resolve(winners, previous_current, previous_state, last_truncate, day, payload_columns, audit, non_key_columns) -> DataFrame:
     """Each touched or held key's operation (``_UNKNOWN_DELETE`` included), payload and applied sequence.
 
-    One full outer join of the winners with the previous current, carrying the payload; the
-    operation is decided from the flags and hashes only.
+    One full outer join of the winners (none below the day's truncate) with the previous current,
+    carrying the payload; the operation is decided from the flags and hashes only. A key the
+    truncate deletes gets no sequence: the floor stands in for it.
     """
-    truncated = F.col(_TRUNCATED_AT).isNotNull() & (F.col(CHANGE_SEQUENCE) < F.col(_TRUNCATED_AT))
     incoming = winners.select(
         *(F.col(name).alias(f"_in_{index}") for index, name in enumerate(payload_columns)),
         KEY_HASH,
         F.col(NON_KEY_HASH).alias("_in_hash"),
-        ((F.col(CHANGE_FLAG) == DELETE) | truncated).alias("_in_deletes"),
-        F.when(truncated, F.col(_TRUNCATED_AT)).otherwise(F.col(CHANGE_SEQUENCE)).alias("_in_sequence"),
+        (F.col(CHANGE_FLAG) == DELETE).alias("_in_deletes"),
+        F.col(CHANGE_SEQUENCE).alias("_in_sequence"),
     )
     if previous_current is None:
         return incoming.select(
@@ -252,15 +268,16 @@ def _resolve(winners, previous_current, previous_state, last_truncate, day, payl
         # A held key the day does not touch is deleted by the truncate unless its applied sequence
         # is newer (the truncate is late for that key).
         if previous_state is not None:
-            held = held.join(previous_state.select(KEY_HASH, F.col(SEQUENCE).alias("_held_applied")), on=KEY_HASH, how="left")
+            applied = previous_state.filter(F.col(KEY_HASH).isNotNull()).select(KEY_HASH, F.col(SEQUENCE).alias("_held_applied"))
+            held = held.join(applied, on=KEY_HASH, how="left")
         else:
             held = held.withColumn("_held_applied", F.lit(None))
         truncated_at = F.col(_TRUNCATED_AT)
         held = held.crossJoin(F.broadcast(last_truncate)).select(
             *held.columns,
-            F.when(F.col("_held_applied").isNull() | (F.col("_held_applied") < truncated_at), truncated_at).alias("_held_deleted_at"),
+            (F.col("_held_applied").isNull() | (F.col("_held_applied") < truncated_at)).alias("_held_truncated"),
         )
-        held_truncated = F.col("_held_deleted_at").isNotNull()
+        held_truncated = F.col("_held_truncated")
     joined = incoming.join(held, on=KEY_HASH, how="full_outer")
     in_hash, held_hash = F.col("_in_hash"), F.col("_held_hash")
     touched, is_held = F.col("_in_sequence").isNotNull(), held_hash.isNotNull()
@@ -274,8 +291,6 @@ def _resolve(winners, previous_current, previous_state, last_truncate, day, payl
     takes_incoming = operation.isin(INSERT, UPDATE, UNCHANGED, _UNKNOWN_DELETE)
     kept = operation.isin(UNCHANGED, NOT_SUPPLIED)
     sequence = F.col("_in_sequence")
-    if last_truncate is not None:
-        sequence = F.coalesce(sequence, F.col("_held_deleted_at"))
     index_of = {name: index for index, name in enumerate(payload_columns)}
     extras = [*(audit.columns(kept, lambda name: F.col(f"_held_{name}")) if audit else ())]
     if non_key_columns is not None:
@@ -297,15 +312,19 @@ def _resolve(winners, previous_current, previous_state, last_truncate, day, payl
         operation.alias(OPERATION),
         F.when(kept, F.col("_held_eff")).otherwise(day).alias(EFF_START_DATE),
         *extras,
-        sequence.alias(SEQUENCE),  # NULL: X, the key's applied sequence is unchanged
+        sequence.alias(SEQUENCE),  # NULL: X (the key's applied sequence is unchanged), or deleted by the truncate
     )
 
 
-def _next_state(resolved: DataFrame, previous_state: DataFrame | None, business_date: date, retention_days: int) -> DataFrame:
+def _next_state(
+    resolved: DataFrame, previous_state: DataFrame | None, new_floor: DataFrame | None, business_date: date, retention_days: int
+) -> DataFrame:
     """applied_sequences as of the date: the day's applied sequences over the earlier ones.
 
     A tombstone (a deleted key's last sequence) is dropped ``retention_days`` business days after
-    its delete; a key current holds keeps its entry as long as it is held.
+    its delete; a key current holds keeps its entry as long as it is held. ``new_floor`` (one row,
+    the day's truncate, when it is above the floor so far) replaces the floor and drops every key's
+    entry below it. The floor is never dropped.
     """
     day = F.lit(business_date).cast("date")
     today = resolved.filter(F.col(SEQUENCE).isNotNull()).select(
@@ -314,8 +333,25 @@ def _next_state(resolved: DataFrame, previous_state: DataFrame | None, business_
         F.col(OPERATION).isin(DELETE, _UNKNOWN_DELETE).alias(DELETED),
         day.alias(APPLIED_ON),
     )
-    if previous_state is None:
-        return today
-    kept = previous_state.select(*STATE_COLUMNS).join(today.select(KEY_HASH), on=KEY_HASH, how="left_anti")
-    retained = ~F.col(DELETED) | (F.date_diff(day, F.col(APPLIED_ON)) < F.lit(retention_days))
-    return kept.filter(retained).unionByName(today)
+    state = today
+    if previous_state is not None:
+        # A left anti join on key_hash never matches the floor's NULL: the floor is kept here.
+        kept = previous_state.select(*STATE_COLUMNS).join(today.select(KEY_HASH), on=KEY_HASH, how="left_anti")
+        is_floor = F.col(KEY_HASH).isNull()
+        retained = is_floor | ~F.col(DELETED) | (F.date_diff(day, F.col(APPLIED_ON)) < F.lit(retention_days))
+        state = kept.filter(retained).unionByName(today)
+    if new_floor is None:
+        return state
+    keys_at_or_above = (
+        state.filter(F.col(KEY_HASH).isNotNull())
+        .crossJoin(F.broadcast(new_floor))
+        .filter(F.col(SEQUENCE) >= F.col(_TRUNCATED_AT))
+        .select(*STATE_COLUMNS)
+    )
+    floor_row = new_floor.select(
+        F.lit(None).cast(resolved.schema[KEY_HASH].dataType).alias(KEY_HASH),
+        F.col(_TRUNCATED_AT).alias(SEQUENCE),
+        F.lit(True).alias(DELETED),
+        day.alias(APPLIED_ON),
+    )
+    return keys_at_or_above.unionByName(floor_row)
