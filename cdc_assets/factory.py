@@ -357,6 +357,7 @@ def _change_set_rules(table: TableConfig) -> ChangeSetRules | None:
         key_columns=tuple(table.key_names),
         tombstone_retention_days=table.changes.tombstone_retention_days,
         quarantine_ties=table.duplicate_keys is DuplicateKeyPolicy.quarantine,
+        hashed_non_keys=tuple((column.name, column.type) for column in table.non_keys),
     )
 
 

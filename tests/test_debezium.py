@@ -88,11 +88,14 @@ def test_output_columns_are_the_configured_ones_then_the_working_ones(spark, tmp
     frame = read_debezium(spark, config, DAY1)
     assert frame.columns == [
         "id", "Name", "active", "birth_date", "balance", "updated_at",
-        FLAG, "__cdc_sequence_0", "__cdc_sequence_1", TOMBSTONE, BAD, RAW_LINE, SOURCE_FILE, RECORD_ID,
+        FLAG, "__cdc_sequence_0", "__cdc_sequence_1", "__cdc_unavailable", TOMBSTONE, BAD, RAW_LINE, SOURCE_FILE,
+        RECORD_ID,
     ]
     assert sequence_columns(config) == ["__cdc_sequence_0", "__cdc_sequence_1"]
     types = {field.name: field.dataType.simpleString() for field in frame.schema.fields}
-    assert types == {name: "string" for name in frame.columns} | {TOMBSTONE: "boolean", RECORD_ID: "bigint"}
+    assert types == {name: "string" for name in frame.columns} | {
+        TOMBSTONE: "boolean", RECORD_ID: "bigint", "__cdc_unavailable": "array<string>",
+    }
     found = rows(frame)
     assert len(found) == 16  # one row per line, tombstones and bad lines included
     assert found[0]["__cdc_sequence_1"] == "1709251200050"  # ts_ms, a number's text

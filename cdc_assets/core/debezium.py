@@ -22,10 +22,15 @@ encodings so that ``try_cast(text AS <configured type>)`` gives the value:
   two's-complement integer, Connect ``Decimal`` with its scale in the embedded schema, or Debezium's
   self-describing ``VariableScaleDecimal``) is decoded with SQL functions, up to decimal(38).
 * Anything else: the JSON value's text (a number's text, an object's compact JSON).
+* A non-key value that is ``changes.unavailable_value_placeholder`` (PostgreSQL's unchanged TOASTed
+  column, ``__debezium_unavailable_value`` by default) in a c, u or r event is no value: NULL, and
+  the column is named in ``__cdc_unavailable`` (validation carries it as ``unavailable_columns``;
+  the CDC step keeps the column's previous value, see core/changeset.py).
 
 Working columns: ``__cdc_flag`` (the op as found), ``__cdc_sequence_<i>`` (text of each
-``changes.sequence_columns`` envelope field), ``__cdc_tombstone``, ``__cdc_bad`` (why the line cannot
-be used, else NULL), ``__cdc_raw_line``, plus ``_source_file`` and ``_record_id`` as for other formats.
+``changes.sequence_columns`` envelope field), ``__cdc_unavailable`` (array, NULL if none),
+``__cdc_tombstone``, ``__cdc_bad`` (why the line cannot be used, else NULL), ``__cdc_raw_line``, plus
+``_source_file`` and ``_record_id`` as for other formats.
 
 Left to validation: unknown or missing flags, missing sequences, values that do not cast to their
 configured type, NULL keys, and what to do with tombstones and bad lines. This module only says
@@ -43,7 +48,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType
 
 from cdc_assets.config import INTERNAL_PREFIX, Column, TableConfig
-from cdc_assets.core.source import FLAG, RAW_LINE, RECORD_ID, SEQUENCE_PREFIX, SOURCE_FILE, TOMBSTONE, SourceError, _no_input
+from cdc_assets.core.source import (
+    FLAG,
+    RAW_LINE,
+    RECORD_ID,
+    SEQUENCE_PREFIX,
+    SOURCE_FILE,
+    TOMBSTONE,
+    UNAVAILABLE,
+    SourceError,
+    _no_input,
+)
 from cdc_assets.core.source import READER_PROBLEM as BAD
 
 
@@ -380,7 +395,7 @@ def _decoder(index: int, column: Column, config: TableConfig) -> _Decoder:
 
 def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) -> DataFrame:
     """One row per line of the date's Debezium events: every configured column as text (see the module
-    docstring), ``__cdc_flag``, ``__cdc_sequence_<i>``, ``__cdc_tombstone``, ``__cdc_bad``,
+    docstring), ``__cdc_flag``, ``__cdc_sequence_<i>``, ``__cdc_unavailable``, ``__cdc_tombstone``, ``__cdc_bad``,
     ``__cdc_raw_line``, ``_source_file`` and ``_record_id``. Raises :class:`SourceError` when there is
     no input at the date's path.
     """
@@ -451,12 +466,24 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
         return (F.array_position(F.col(names), column.name.lower()) - 1).cast("int")
 
     located: dict[str, SparkColumn] = {}
+    # An unchanged large column (PostgreSQL TOAST) comes as the placeholder: no value, but a name in
+    # UNAVAILABLE, for the CDC step to keep the column's previous value.
+    placeholder = config.changes.unavailable_value_placeholder
+    fillable = {column.name for column in (*config.non_keys, *config.untracked_columns)}
+    unavailable: list[SparkColumn] = []
     for decoder in decoders:
-        located[decoder.name("text")] = F.get(F.col(texts_name), position(names_name, decoder.column))
+        found = F.get(F.col(texts_name), position(names_name, decoder.column))
+        if decoder.column.name in fillable:
+            left_out = op.isin("c", "u", "r") & (found == F.lit(placeholder))
+            unavailable.append(F.when(left_out, F.lit(decoder.column.name)))
+            found = F.when(~F.coalesce(left_out, F.lit(False)), found)
+        located[decoder.name("text")] = found
         if decoder.needs_logical_type:
             entry = F.get(row_schema, position(schema_names_name, decoder.column))
             located[decoder.name("logical")] = entry.getField("name")
             located[decoder.name("scale")] = F.try_element_at(entry.getField("parameters"), F.lit("scale"))
+    names = F.array_compact(F.array(*unavailable)) if unavailable else F.array().cast("array<string>")
+    located[UNAVAILABLE] = F.when(F.size(names) > 0, names)
     frame = frame.withColumns(located)
     staged = [decoder.stages() for decoder in decoders]
     for depth in range(max(map(len, staged), default=0)):
@@ -482,6 +509,7 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
         *(decoder.decoded().alias(decoder.column.name) for decoder in decoders),
         F.col(FLAG),
         *sequence_names,
+        F.col(UNAVAILABLE),
         F.col(TOMBSTONE),
         bad.alias(BAD),
         F.col(RAW_LINE),
