@@ -377,3 +377,53 @@ def test_spark_connect_reads_the_same_rows(spark, tmp_path, connect_server):
         assert result.returncode == 0, result.stderr[-4000:]
         classic = read_debezium(spark, config, day).drop(RECORD_ID).orderBy(RAW_LINE)
         assert json.loads(result.stdout.strip().splitlines()[-1]) == [list(row) for row in classic.collect()]
+
+
+def _landed(tmp_path: Path, lines: list[str]) -> str:
+    landing = tmp_path / "landing"
+    landing.mkdir(exist_ok=True)
+    (landing / f"{DAY1}.jsonl").write_text("\n".join(lines) + "\n")
+    return str(landing / "{date}.jsonl")
+
+
+FULL_ROW = {"id": 1, "Name": "A", "active": True, "birth_date": 0, "balance": "1.00", "updated_at": "2024-03-01T00:00:00Z"}
+
+
+def test_a_row_missing_a_configured_column_is_bad_naming_it(spark, tmp_path):
+    renamed = {key: value for key, value in FULL_ROW.items() if key != "Name"} | {"full_name": "A"}
+    lines = [
+        json.dumps({"after": renamed, "op": "u", "source": {"lsn": 1}}),
+        json.dumps({"after": {k: v for k, v in renamed.items() if k != "active"}, "op": "c", "source": {"lsn": 2}}),
+        json.dumps({"after": FULL_ROW | {"Name": None}, "op": "r", "source": {"lsn": 3}}),  # NULL is a value
+        json.dumps({"before": {"id": 1}, "op": "d", "source": {"lsn": 4}}),  # a key-only before is enough
+    ]
+    config = make_config(tmp_path, path=_landed(tmp_path, lines))
+    found = rows(read_debezium(spark, config, DAY1))
+    assert [row[BAD] for row in found] == [
+        "op 'u' event's after row has no configured column(s) Name (renamed or dropped at the source?)",
+        "op 'c' event's after row has no configured column(s) Name, active (renamed or dropped at the source?)",
+        None,
+        None,
+    ]
+
+
+def test_a_wrapped_null_is_a_tombstone_and_counted_as_one(spark, tmp_path):
+    from cdc_assets.core.incoming import prepare_incoming_dates
+
+    lines = [
+        '{"schema":null,"payload":null}',
+        ' { "payload" : null , "schema" : null } ',
+        '{"payload":null}',
+        json.dumps({"after": FULL_ROW, "op": "c", "source": {"lsn": 1}}),
+        '{"schema":null,"payload":null,"x":1}',  # not Kafka's tombstone: not an event either
+    ]
+    config = make_config(tmp_path, path=_landed(tmp_path, lines))
+    found = rows(read_debezium(spark, config, DAY1))
+    assert [row[TOMBSTONE] for row in found] == [True, True, True, False, False]
+    assert [row[BAD] for row in found] == [None, None, None, None, "not a Debezium event: no op"]
+    prepared = prepare_incoming_dates(config, {DAY1: read_debezium(spark, config, DAY1)})
+    try:
+        figures = prepared.figures[DAY1]
+        assert (figures.rows_read, figures.tombstone_lines, figures.rows_rejected, figures.rows_accepted) == (5, 3, 1, 1)
+    finally:
+        prepared.release()

@@ -82,6 +82,7 @@ _TIMESTAMP_TEXT = "yyyy-MM-dd HH:mm:ss.SSSSSS"
 _CHUNK_HEX_DIGITS = 14
 _CHUNK_PLACE = 1 << (4 * _CHUNK_HEX_DIGITS)
 _ENVELOPE_ROWS = ("before", "after")
+_WRAPPED_NULL = r'^\s*\{\s*(?:"schema"\s*:\s*null\s*,\s*)?"payload"\s*:\s*null\s*(?:,\s*"schema"\s*:\s*null\s*)?\}\s*$'
 _CORRUPT = f"{INTERNAL_PREFIX}corrupt"
 _WORK = f"{INTERNAL_PREFIX}dbz_"  # prefix of this module's intermediate columns
 _WRAPPED = f"{_WORK}wrapped"  # TRUE for a {"schema", "payload"} line, else NULL
@@ -402,7 +403,8 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
     path = config.source.path_for(business_date)
     lines = _read_lines(spark, config, path)
     line = F.col("value")
-    tombstone = line.rlike(r"^\s*(null)?\s*$")
+    # Kafka's tombstone: a null value, which JsonConverter with schemas writes as {"schema":null,"payload":null}.
+    tombstone = line.rlike(r"^\s*(null)?\s*$") | line.rlike(_WRAPPED_NULL)
     parsed_name = f"{_WORK}parsed"
     frame = lines.select(
         line.alias(RAW_LINE),
@@ -471,8 +473,12 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
     placeholder = config.changes.unavailable_value_placeholder
     fillable = {column.name for column in (*config.non_keys, *config.untracked_columns)}
     unavailable: list[SparkColumn] = []
+    missing: list[SparkColumn] = []
     for decoder in decoders:
         found = F.get(F.col(texts_name), position(names_name, decoder.column))
+        # A c, u or r row lists every column (NULL or not): one it lacks was renamed or dropped at the source.
+        absent = F.array_position(F.col(names_name), decoder.column.name.lower()) == 0
+        missing.append(F.when(op.isin("c", "u", "r") & absent, F.lit(decoder.column.name)))
         if decoder.column.name in fillable:
             left_out = op.isin("c", "u", "r") & (found == F.lit(placeholder))
             unavailable.append(F.when(left_out, F.lit(decoder.column.name)))
@@ -484,6 +490,8 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
             located[decoder.name("scale")] = F.try_element_at(entry.getField("parameters"), F.lit("scale"))
     names = F.array_compact(F.array(*unavailable)) if unavailable else F.array().cast("array<string>")
     located[UNAVAILABLE] = F.when(F.size(names) > 0, names)
+    missing_name = f"{_WORK}missing"
+    located[missing_name] = F.array_join(F.array_compact(F.array(*missing)), ", ")
     frame = frame.withColumns(located)
     staged = [decoder.stages() for decoder in decoders]
     for depth in range(max(map(len, staged), default=0)):
@@ -500,6 +508,13 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
         (
             op.isin("c", "u", "r", "d") & row.isNull(),
             F.concat(F.lit("op "), _quoted(op), F.lit(" event has no "), side, F.lit(" row")),
+        ),
+        (
+            F.length(F.col(missing_name)) > 0,
+            F.concat(
+                F.lit("op "), _quoted(op), F.lit(" event's "), side, F.lit(" row has no configured column(s) "),
+                F.col(missing_name), F.lit(" (renamed or dropped at the source?)"),
+            ),
         ),
     ]
     problems = [problem for problem in (decoder.problem() for decoder in decoders) if problem is not None]
