@@ -35,8 +35,12 @@ Working columns: ``__cdc_flag`` (the op as found), ``__cdc_sequence_<i>`` (text 
 Left to validation: unknown or missing flags, missing sequences, values that do not cast to their
 configured type, NULL keys, and what to do with tombstones and bad lines. This module only says
 why a line is unusable when the reason is lost once decoded: not a JSON object (or a field of an
-unexpected JSON type), no op, no row for the op, a precise decimal that is not base64 or is beyond
-decimal(38), a temporal number out of range or of unknown unit.
+unexpected JSON type), no op, no row for the op or a row without a configured column, a precise
+decimal that is not base64 or is beyond decimal(38), a temporal number out of range or of unknown
+unit, and a logical type (from an embedded schema) the column's type does not take: a date or
+timestamp column takes Date, Timestamp, MicroTimestamp, NanoTimestamp and ZonedTimestamp (not
+MicroTime, NanoTime, Time, ZonedTime, Year, ...), a decimal column Decimal and VariableScaleDecimal,
+and no other column either of those two.
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ _TIME_UNITS = {
 }
 _CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
 _VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"  # {"scale": s, "value": base64}
+# A date or timestamp column takes the logical types above and ISO strings; any other (MicroTime,
+# NanoTime, Time, ZonedTime, Year, ...) would be read in a unit it is not in: a bad record instead.
+_TEMPORAL_LOGICAL = (*_TIME_UNITS, "io.debezium.time.ZonedTimestamp")
 # What Spark's date and timestamp types hold: 0001-01-01 to 9999-12-31 (days / microseconds since the epoch).
 _DAYS_RANGE = (-719_162, 2_932_896)
 _MICROS_RANGE = (-62_135_596_800_000_000, 253_402_300_799_999_999)
@@ -233,6 +240,27 @@ class _Decoder:
     def reason(self, text: SparkColumn) -> SparkColumn:
         return F.concat(F.lit(f"column {self.column.name}: value "), _quoted(self.text), text)
 
+    def unsupported_logical(self, supported: tuple[str, ...]) -> SparkColumn:
+        """Whether the embedded schema gives the value a logical type this column cannot read."""
+        return self.logical.isNotNull() & ~self.logical.isin(*supported)
+
+    def unsupported_reason(self) -> SparkColumn:
+        return self.reason(
+            F.concat(
+                F.lit(" has logical type "), _quoted(self.logical), F.lit(f", which a {self.column.type} column does not take")
+            )
+        )
+
+
+class _PlainDecoder(_Decoder):
+    """Any other column: the value's text; a decimal's encoding (its scale is in the schema) is refused."""
+
+    needs_logical_type = True
+
+    def problem(self) -> SparkColumn:
+        decimal = self.logical.isin(_CONNECT_DECIMAL, _VARIABLE_SCALE_DECIMAL)
+        return F.when(decimal, self.unsupported_reason())
+
 
 class _TemporalDecoder(_Decoder):
     """date and timestamp columns: numbers are days or epoch units, strings pass through."""
@@ -255,7 +283,9 @@ class _TemporalDecoder(_Decoder):
         )
         return [
             {
-                self.name("kind"): F.when(is_number, unit).when(self.text.isNotNull(), F.lit("text")),
+                self.name("kind"): F.when(self.unsupported_logical(_TEMPORAL_LOGICAL), F.lit("unsupported"))
+                .when(is_number, unit)
+                .when(self.text.isNotNull(), F.lit("text")),
                 self.name("number"): F.when(is_number, self.text.try_cast("bigint")),
             },
             {self.name("micros"): micros},
@@ -266,13 +296,16 @@ class _TemporalDecoder(_Decoder):
         days = F.when(number.between(*_DAYS_RANGE), F.date_add(F.lit("1970-01-01").cast("date"), number.cast("int")))
         instant = F.when(micros.between(*_MICROS_RANGE), F.date_format(F.timestamp_micros(micros), _TIMESTAMP_TEXT))
         # A value that cannot be decoded keeps its text: it is never silently NULL (and it is bad, see problem()).
-        return F.coalesce(F.when(kind == "days", days.cast("string")).when(kind != "text", instant), self.text)
+        return F.coalesce(
+            F.when(kind == "days", days.cast("string")).when(~kind.isin("text", "unsupported"), instant), self.text
+        )
 
     def problem(self) -> SparkColumn:
         kind, number, micros = self.col("kind"), self.col("number"), self.col("micros")
         in_range = F.when(kind == "days", number.between(*_DAYS_RANGE)).otherwise(micros.between(*_MICROS_RANGE))
         return _first_reason(
             [
+                (kind == "unsupported", self.unsupported_reason()),
                 (
                     kind == "unknown",
                     self.reason(
@@ -361,6 +394,7 @@ class _DecimalDecoder(_Decoder):
         looks_base64 = self.text.rlike("^[A-Za-z0-9+/]+={0,2}$") & self.text.try_cast("double").isNull()
         return _first_reason(
             [
+                (self.unsupported_logical((_CONNECT_DECIMAL, _VARIABLE_SCALE_DECIMAL)), self.unsupported_reason()),
                 (
                     encoded.isNotNull() & F.coalesce(F.length(hex_digits) == 0, F.lit(True)),
                     self.reason(F.lit(" is not a base64-encoded decimal (decimal.handling.mode=precise)")),
@@ -391,7 +425,7 @@ def _decoder(index: int, column: Column, config: TableConfig) -> _Decoder:
         return _TemporalDecoder(index, column, config)
     if column.type.startswith("decimal("):
         return _DecimalDecoder(index, column, config)
-    return _Decoder(index, column, config)
+    return _PlainDecoder(index, column, config)
 
 
 def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) -> DataFrame:
