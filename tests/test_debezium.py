@@ -309,7 +309,11 @@ def test_sequence_fields_may_be_nested_top_level_or_a_row_column(spark, tmp_path
     assert [found[index]["__cdc_sequence_0"] for index in (0, 4, 8)] == ["100", "130", "160"]
     assert found[1]["__cdc_sequence_1"] == "1709254800100"
     assert [found[index]["__cdc_sequence_2"] for index in (0, 6, 8)] == ["1", None, None]
-
+    # A column of the row is matched in any case, as configured columns are: line 4 spells it "NAME".
+    config = make_config(tmp_path, changes={"sequence_columns": ["after.Name", "after.ID"]})
+    found = rows(read_debezium(spark, config, DAY1))
+    assert [found[index]["__cdc_sequence_0"] for index in (0, 4)] == ["Alice", "Carol"]
+    assert [found[index]["__cdc_sequence_1"] for index in (0, 4, 6)] == ["1", "3", None]
 
 
 def test_conflicting_sequence_paths_are_a_source_error(spark, tmp_path):

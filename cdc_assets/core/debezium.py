@@ -462,8 +462,10 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
 
     def sequence(path: str) -> SparkColumn:
         parts = path.split(".")
-        if parts[0] in _ENVELOPE_ROWS:  # a column of the row, e.g. after.version
-            return F.try_element_at(envelope(parts[0]), F.lit(parts[1]))
+        if parts[0] in _ENVELOPE_ROWS:  # a column of the row, e.g. after.version: any case, as columns
+            row = envelope(parts[0])
+            names = F.transform(F.map_keys(row), F.lower)
+            return F.get(F.map_values(row), (F.array_position(names, F.lit(parts[1].lower())) - 1).cast("int"))
         return envelope(*parts)
 
     op = F.col(FLAG)
