@@ -195,8 +195,9 @@ class Retention(BaseModel):
         default=None,
         ge=2,
         strict=True,
-        description="Keep current_table for the newest N business dates (the newest stored date and the N-1 "
-        "calendar days before it); older partitions are dropped. null keeps every date. History is never dropped.",
+        description="Keep current_table (and a change set's applied_sequences) for the newest N business dates "
+        "(the newest stored date and the N-1 calendar days before it); older partitions are dropped. null keeps "
+        "every date. History is never dropped.",
     )
 
 

@@ -339,10 +339,12 @@ def _apply_changes(
             LATE_CHANGES: plan.late,
             APPLIED_SEQUENCES: plan.sequences,
         }
-        # Only current_table is dropped by retention: history is never, and a change set's other state is not.
+        # Retention drops current_table and, beside it, a change set's applied_sequences (both are a whole
+        # state per date, read as of the day before): history is never dropped, nor late_changes.
         current_days = table.retention.current_days if table.retention else None
         for name in keys:
-            rows = DatedRows(outputs[name], retention_current_days=current_days if name == CURRENT else None)
+            dropped = current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
+            rows = DatedRows(outputs[name], retention_current_days=dropped)
             with _timed(context, table.name, f"write {name}", _span(days)):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
