@@ -111,6 +111,8 @@ class TimestampUnit(str, Enum):
 # Envelope fields of a Debezium event a sequence may be made of, e.g. source.lsn or ts_ms.
 _ENVELOPE_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 DEBEZIUM_OPERATIONS = {"c": "I", "r": "I", "u": "U", "d": "D", "t": "T"}
+# What Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder).
+DEBEZIUM_UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 
 
 class Changes(BaseModel):
@@ -129,6 +131,12 @@ class Changes(BaseModel):
         description="Columns (Debezium: envelope fields such as source.lsn) that order a key's changes, as a tuple.",
     )
     tombstone_retention_days: int = Field(default=30, ge=1)
+    unavailable_value_placeholder: str = Field(
+        default=DEBEZIUM_UNAVAILABLE_VALUE,
+        min_length=1,
+        description="source.format debezium: the connector's unavailable.value.placeholder, the text it sends "
+        "for an unchanged large (TOASTed) column. Such a column keeps its previous value.",
+    )
 
     @field_validator("operation_column")
     @classmethod
@@ -187,8 +195,9 @@ class Retention(BaseModel):
         default=None,
         ge=2,
         strict=True,
-        description="Keep current_table for the newest N business dates (the newest stored date and the N-1 "
-        "calendar days before it); older partitions are dropped. null keeps every date. History is never dropped.",
+        description="Keep current_table (and a change set's applied_sequences) for the newest N business dates "
+        "(the newest stored date and the N-1 calendar days before it); older partitions are dropped. null keeps "
+        "every date. History is never dropped.",
     )
 
 
@@ -296,6 +305,8 @@ class TableConfig(BaseModel):
             if unit is not None and str(unit) not in {unit.value for unit in TimestampUnit}:
                 raise ValueError(f"source.options.timestamp_unit must be millis or micros, not {unit!r}")
             return self
+        if "unavailable_value_placeholder" in changes.model_fields_set:
+            raise ValueError("changes.unavailable_value_placeholder applies to source.format debezium only")
         if changes.operation_column is None:
             raise ValueError("changes.operation_column is required: the source column holding each record's I/U/D flag")
         if changes.operation_column.lower() in by_lower:

@@ -43,8 +43,9 @@ from dagster_pyspark import LazyPySparkResource
 
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.checks import build_table_checks
-from cdc_assets.config import SourceFormat, TableConfig
+from cdc_assets.config import DuplicateKeyPolicy, SourceFormat, TableConfig
 from cdc_assets.core import changes as cdc
+from cdc_assets.core.changeset import ChangeSetRules
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.incoming import prepare_incoming_dates
 from cdc_assets.core.plan import plan_changes
@@ -113,14 +114,17 @@ DESCRIPTIONS = {
         "`cdc_assets.consumers.scd2_view` and `cdc-scd2` turn it into SCD type 2 versions."
     ),
     LATE_CHANGES: (
-        "Change records of the date that were not applied because they are late: their sequence is not "
-        "greater than the one already applied to their key on an earlier date (a deleted key's included). "
-        "Each row is the record as it came in, with `reason` and the `applied_sequence` it lost to."
+        "Change records of the date that were not applied: `reason` late (their sequence is not greater "
+        "than the one already applied to their key on an earlier date, a deleted key's included), or tied "
+        "(with duplicate_keys: quarantine, every record of a key whose greatest sequence of the day is shared "
+        "by two different records). Each row is the record as it came in, with `reason` and the "
+        "`applied_sequence` of its key."
     ),
     APPLIED_SEQUENCES: (
         "The CDC step's own state: for every key in current_table, and every key deleted within "
-        "tombstone_retention_days, the last sequence applied to it (`deleted` for a tombstone). The next "
-        "date tells late records by it."
+        "tombstone_retention_days, the last sequence applied to it (`deleted` for a tombstone), and the "
+        "table's floor (the greatest truncate's sequence, in the row whose `key_hash` is NULL; kept for good). "
+        "The next date tells late records by it."
     ),
 }
 
@@ -200,9 +204,10 @@ def _read_incoming(context: AssetExecutionContext, config: TableConfig, pyspark,
                 "rows_read": figures.rows_read,
                 "rows_accepted": figures.rows_accepted,
                 "rows_rejected": figures.rows_rejected,
-                ("tied_keys" if config.changes else "duplicate_keys"): figures.duplicate_keys,
                 "source_path": MetadataValue.path(config.source.path_for(day)),
             }
+            if config.changes is None:  # a change set's ties are found by the CDC step, after lateness
+                counts["duplicate_keys"] = figures.duplicate_keys
             if config.source.format is SourceFormat.debezium:
                 counts["tombstone_lines"] = figures.tombstone_lines
             for key in (hashed_key, rejects_key):
@@ -306,7 +311,7 @@ def _apply_changes(
             [column.name for column in table.columns],
             max_write_tasks=int(spark.conf.get("spark.sql.shuffle.partitions")),
             previous_sequences=as_of_day_before(previous_sequences),
-            tombstone_retention_days=table.changes.tombstone_retention_days if table.changes else 0,
+            change_set_rules=_change_set_rules(table),
             audit=cdc.RunAudit(context.run_id, run_started_at(context)),
             non_key_columns=[column.name for column in table.non_keys],
         )
@@ -334,14 +339,28 @@ def _apply_changes(
             LATE_CHANGES: plan.late,
             APPLIED_SEQUENCES: plan.sequences,
         }
-        # Only current_table is dropped by retention: history is never, and a change set's other state is not.
+        # Retention drops current_table and, beside it, a change set's applied_sequences (both are a whole
+        # state per date, read as of the day before): history is never dropped, nor late_changes.
         current_days = table.retention.current_days if table.retention else None
         for name in keys:
-            rows = DatedRows(outputs[name], retention_current_days=current_days if name == CURRENT else None)
+            dropped = current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
+            rows = DatedRows(outputs[name], retention_current_days=dropped)
             with _timed(context, table.name, f"write {name}", _span(days)):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
         plan.release()
+
+
+def _change_set_rules(table: TableConfig) -> ChangeSetRules | None:
+    if table.changes is None:
+        return None
+    return ChangeSetRules(
+        table=table.name,
+        key_columns=tuple(table.key_names),
+        tombstone_retention_days=table.changes.tombstone_retention_days,
+        quarantine_ties=table.duplicate_keys is DuplicateKeyPolicy.quarantine,
+        hashed_non_keys=tuple((column.name, column.type) for column in table.non_keys),
+    )
 
 
 def _guard_deletions(

@@ -3,17 +3,23 @@
 Independent of the pipeline (no Spark, no project imports), written to be read and checked by eye.
 The table it models is the tests' changeset table: key ``id``, tracked non-key ``value``, untracked
 ``cdc_timestamp``, which is also the sequence. A record is a dict ``{flag, id, value, cdc_timestamp}``
-with ``flag`` already normalized to I, U or D.
+with ``flag`` already normalized to I, U, D, or T for a truncate (which names no key: ``id`` None).
 
 Semantics (seed 003, Table 1 and its ``RANK() OVER (PARTITION BY ID ORDER BY CDC_TIMESTAMP DESC)``):
 
 1. Exact repeats of a record (same key, sequence, flag and values) count once.
 2. A record whose sequence is not greater than the sequence last applied to its key on an earlier
    date is late: it is set aside (``late``) and not applied. A delete's tombstone is remembered for
-   ``retention_days`` days after the date it was applied; an expired tombstone is forgotten.
+   ``retention_days`` days after the date it was applied; an expired tombstone is forgotten. A
+   truncate at sequence T on an earlier date is a floor for every key, kept for good: a record
+   below T is late too (one at T is taken to come after the truncate).
+2a. On the truncate's own date, a record below the day's greatest truncate T is superseded by it;
+   a key current holds whose applied sequence is below T is deleted (D) unless a record of the day
+   at or after T touches it.
 3. Per key, the remaining record with the greatest sequence wins. Two different records sharing the
-   greatest sequence are a tie: ``duplicate_keys="fail"`` raises :class:`Tie`, ``"quarantine"``
-   rejects all of that key's records of the date and leaves the key as it was.
+   greatest sequence are a tie (late records were set aside first, so they never tie):
+   ``duplicate_keys="fail"`` raises :class:`Tie`, ``"quarantine"`` sets all of that key's remaining
+   records of the date aside (reason ``tied``) and leaves the key as it was.
 4. The winner against the previous current state:
    - D, key in current      -> D: leaves current; history carries its last payload from current.
    - D, key not in current  -> nothing, but its sequence is remembered (a tombstone).
@@ -32,6 +38,8 @@ from typing import Any
 
 UPSERT_FLAGS = ("I", "U")
 DELETE_FLAG = "D"
+TRUNCATE_FLAG = "T"
+FLOOR = "floor"  # the key under which ``applied`` keeps the greatest truncate's sequence
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,7 @@ def apply_day(
     """
     counts = dict.fromkeys(
         ("I", "U", "D", "N", "X", "late", "duplicate_events", "deletes_of_unknown_keys",
-         "quarantined_keys", "quarantined_records"),
+         "quarantined_keys", "quarantined_records", "truncates"),
         0,
     )
 
@@ -93,8 +101,9 @@ def apply_day(
     applied = {
         key: state
         for key, state in applied.items()
-        if not (state.deleted and (day - state.applied_on).days > retention_days)
+        if key == FLOOR or not (state.deleted and (day - state.applied_on).days > retention_days)
     }
+    floor = applied.get(FLOOR)
 
     # 1. Exact repeats count once (first occurrence kept).
     unique: list[dict] = []
@@ -110,11 +119,21 @@ def apply_day(
     # 2. Late records: sequence not greater than what an earlier date applied to the key.
     late: list[tuple[dict, Any]] = []
     by_key: dict[Any, list[dict]] = {}
+    truncates = [record["cdc_timestamp"] for record in unique if record["flag"] == TRUNCATE_FLAG]
+    counts["truncates"] = len(truncates)
+    truncated_at = max(truncates, default=None)
     for record in unique:
+        if record["flag"] == TRUNCATE_FLAG:
+            continue
         state = applied.get(record["id"])
         if state is not None and state.applied_on < day and not record["cdc_timestamp"] > state.seq:
             late.append((record, state.seq))
             continue
+        if floor is not None and record["cdc_timestamp"] < floor.seq:
+            late.append((record, floor.seq))
+            continue
+        if truncated_at is not None and record["cdc_timestamp"] < truncated_at:
+            continue  # 2a: superseded by the day's truncate
         by_key.setdefault(record["id"], []).append(record)
     counts["late"] = len(late)
 
@@ -127,7 +146,7 @@ def apply_day(
             if duplicate_keys == "fail":
                 raise Tie(key, top)
             counts["quarantined_keys"] += 1
-            counts["quarantined_records"] += sum(1 for record in records if record["id"] == key)
+            counts["quarantined_records"] += len(key_records)
             continue
         winners[key] = ranked_first[0]
 
@@ -158,11 +177,22 @@ def apply_day(
         if row.operation in ("I", "U"):
             history[key] = row
 
-    # Keys in current that the date did not change (untouched, or every record late or quarantined).
+    # Keys in current that the date did not change (untouched, or every record late or quarantined),
+    # unless the day's truncate deleted them.
     for key, before in current.items():
-        if key not in winners:
-            new_current[key] = replace(before, operation="X")
-            counts["X"] += 1
+        if key in winners:
+            continue
+        if truncated_at is not None and applied[key].seq < truncated_at:
+            history[key] = Row(before.value, before.cdc_timestamp, "D", day)
+            counts["D"] += 1
+            continue
+        new_current[key] = replace(before, operation="X")
+        counts["X"] += 1
+
+    # The floor rises to the day's truncate; what is below it is subsumed by it.
+    if truncated_at is not None and (floor is None or truncated_at > floor.seq):
+        new_applied = {key: state for key, state in new_applied.items() if key != FLOOR and state.seq >= truncated_at}
+        new_applied[FLOOR] = Applied(truncated_at, True, day)
 
     return new_current, new_applied, history, late, counts
 

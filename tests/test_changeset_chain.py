@@ -154,6 +154,10 @@ def test_reference_late_ties_and_tombstones():
     after, new_applied, _, _, counts = apply_day(current, applied, tie, D3, 30, "quarantine")
     assert after[2] == Row(20, ts("2018-01-02 09:00:00"), "X", D1) and new_applied[2] == applied[2]
     assert counts["quarantined_records"] == 2
+    # Two different records at one sequence that are both late are late, not a tie: lateness comes first.
+    late_tie = [rec("U", 2, 24, "2018-01-01 12:00:00"), rec("U", 2, 25, "2018-01-01 12:00:00")]
+    after, _, _, late, counts = apply_day(current, applied, late_tie, D3, 30, "fail")
+    assert len(late) == 2 and counts["quarantined_keys"] == 0 and after[2].operation == "X"
     # A tie below the greatest sequence does not matter.
     after, *_ = apply_day(current, applied, [*tie, rec("U", 2, 23, "2018-01-03 10:00:00")], D3, 30, "fail")
     assert after[2].value == 23
@@ -406,44 +410,79 @@ def test_late_update_of_a_deleted_key_is_not_applied(spark, warehouse, tmp_path)
     assert expected_rows(current) == expected_current and expected_late(late) == expected_late_rows
 
 
-TIE_DAY1 = [rec("I", 1, 10, "2018-01-01 09:00:00"), rec("I", 2, 20, "2018-01-01 09:00:00")]
+TIE_DAY1 = [
+    rec("I", 1, 10, "2018-01-01 09:00:00"),
+    rec("I", 2, 20, "2018-01-01 09:00:00"),
+    rec("I", 3, 30, "2018-01-01 10:00:00"),
+]
+# Key 3: two different records at one sequence, both older than the 10:00 applied on day 1: late, not a tie.
+LATE_TIE = [rec("U", 3, 31, "2018-01-01 09:30:00"), rec("U", 3, 32, "2018-01-01 09:30:00")]
 TIE_DAY2 = [
     rec("U", 1, 11, "2018-01-02 10:00:00"),
     rec("U", 1, 12, "2018-01-02 10:00:00"),  # a different record with the same greatest sequence
+    rec("U", 1, 9, "2018-01-02 08:00:00"),  # superseded: set aside with the key's other records
     rec("U", 2, 21, "2018-01-02 10:00:00"),
+    *LATE_TIE,
 ]
 
 
-def _tie_tables(tmp_path, policy):
+def set_aside_rows(spark, warehouse: Path, day: date) -> list[tuple]:
+    """late_changes as sorted (id, value, cdc_timestamp, reason)."""
+    frame = spark.read.parquet(str(partition_dir(warehouse, TABLE, LATE, day.isoformat())))
+    selected = frame.select("id", "value", F.date_format("cdc_timestamp", "yyyy-MM-dd HH:mm:ss").alias("ts"), "reason")
+    return sorted(tuple(r) for r in selected.collect())
+
+
+def test_a_late_tie_is_late_and_a_tie_fails_the_run_naming_key_and_sequence(spark, warehouse, tmp_path):
     source = tmp_path / "source"
     land(source, D1, TIE_DAY1)
-    land(source, D2, TIE_DAY2)
-    return definitions_for(table_config(tmp_path / f"configs_{policy}", source, policy))
-
-
-def test_a_tie_fails_the_run_naming_key_and_sequence(spark, warehouse, tmp_path):
+    land(source, D2, [rec("U", 2, 21, "2018-01-02 10:00:00"), *LATE_TIE])
+    land(source, D3, [rec("U", 1, 11, "2018-01-03 10:00:00"), rec("U", 1, 12, "2018-01-03 10:00:00"), *LATE_TIE])
+    defs = definitions_for(table_config(tmp_path / "configs", source, "fail"))
     instance = DagsterInstance.ephemeral()
-    [first] = run_dates(_tie_tables(tmp_path, "fail"), [D1.isoformat()], instance)
-    assert first.success
-    [failed] = run_dates(_tie_tables(tmp_path, "fail"), [D2.isoformat()], instance, raise_on_error=False)
+    assert all(result.success for result in run_dates(defs, dates(D1, 2), instance))
+    assert set_aside_rows(spark, warehouse, D2) == [(3, 31, "2018-01-01 09:30:00", "late"), (3, 32, "2018-01-01 09:30:00", "late")]
+    assert spark.read.parquet(str(partition_dir(warehouse, TABLE, REJECTS, D2.isoformat()))).count() == 0
+
+    [failed] = run_dates(defs, [D3.isoformat()], instance, raise_on_error=False)
     assert not failed.success
     message = failure_text(failed)
     assert re.search(r"\bid\W{1,3}1\b", message), message
-    assert re.search(r"2018-01-02[ T]10:00:00", message), message
-    assert not partition_dir(warehouse, TABLE, CURRENT, D2.isoformat()).exists()
+    assert re.search(r"2018-01-03[ T]10:00:00", message), message
+    assert "id=3" not in message  # key 3's records are late, not tied
+    assert not partition_dir(warehouse, TABLE, CURRENT, D3.isoformat()).exists()
 
 
-def test_a_tie_is_quarantined_and_the_key_left_unchanged(spark, warehouse, tmp_path):
-    results = run_dates(_tie_tables(tmp_path, "quarantine"), dates(D1, 2))
+def test_a_tie_is_set_aside_and_the_key_left_unchanged(spark, warehouse, tmp_path):
+    source = tmp_path / "source"
+    land(source, D1, TIE_DAY1)
+    land(source, D2, TIE_DAY2)
+    results = run_dates(definitions_for(table_config(tmp_path / "configs", source, "quarantine")), dates(D1, 2))
     assert all(result.success for result in results)
 
-    rejects = spark.read.parquet(str(partition_dir(warehouse, TABLE, REJECTS, D2.isoformat()))).collect()
-    rejected = sorted((str(json.loads(r["raw_record"])["id"]), str(json.loads(r["raw_record"])["value"])) for r in rejects)
-    assert rejected == [("1", "11"), ("1", "12")]
+    assert spark.read.parquet(str(partition_dir(warehouse, TABLE, REJECTS, D2.isoformat()))).count() == 0
+    assert set_aside_rows(spark, warehouse, D2) == [
+        (1, 9, "2018-01-02 08:00:00", "tied"),
+        (1, 11, "2018-01-02 10:00:00", "tied"),
+        (1, 12, "2018-01-02 10:00:00", "tied"),
+        (3, 31, "2018-01-01 09:30:00", "late"),
+        (3, 32, "2018-01-01 09:30:00", "late"),
+    ]
     assert table_rows(spark, warehouse, CURRENT, D2) == [
         (1, 10, "2018-01-01 09:00:00", "X", D1),
         (2, 21, "2018-01-02 10:00:00", "U", D2),
+        (3, 30, "2018-01-01 10:00:00", "X", D1),
     ]
     assert table_rows(spark, warehouse, HISTORY, D2) == [(2, 21, "2018-01-02 10:00:00", "U", D2)]
-    incoming = spark.read.parquet(str(partition_dir(warehouse, TABLE, HASHED_INCOMING, D2.isoformat())))
-    assert sorted(r["id"] for r in incoming.collect()) == [2]
+    figures = next(
+        event.event_specific_data.materialization.metadata
+        for event in results[1].get_asset_materialization_events()
+        if event.event_specific_data.materialization.asset_key.path[-1] == "hash_join_classification"
+    )
+    assert (figures["tied_keys"].value, figures["tied_records"].value, figures["late"].value) == (1, 3, 2)
+    checks = [e.event_specific_data for r in results for e in r.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert checks and all(check.passed for check in checks)
+    # The oracle agrees.
+    _, (current, _, late, counts) = apply_days([(D1, TIE_DAY1), (D2, TIE_DAY2)], duplicate_keys="quarantine")
+    assert expected_rows(current) == table_rows(spark, warehouse, CURRENT, D2)
+    assert (counts["quarantined_keys"], counts["quarantined_records"], len(late)) == (1, 3, 2)

@@ -88,11 +88,14 @@ def test_output_columns_are_the_configured_ones_then_the_working_ones(spark, tmp
     frame = read_debezium(spark, config, DAY1)
     assert frame.columns == [
         "id", "Name", "active", "birth_date", "balance", "updated_at",
-        FLAG, "__cdc_sequence_0", "__cdc_sequence_1", TOMBSTONE, BAD, RAW_LINE, SOURCE_FILE, RECORD_ID,
+        FLAG, "__cdc_sequence_0", "__cdc_sequence_1", "__cdc_unavailable", TOMBSTONE, BAD, RAW_LINE, SOURCE_FILE,
+        RECORD_ID,
     ]
     assert sequence_columns(config) == ["__cdc_sequence_0", "__cdc_sequence_1"]
     types = {field.name: field.dataType.simpleString() for field in frame.schema.fields}
-    assert types == {name: "string" for name in frame.columns} | {TOMBSTONE: "boolean", RECORD_ID: "bigint"}
+    assert types == {name: "string" for name in frame.columns} | {
+        TOMBSTONE: "boolean", RECORD_ID: "bigint", "__cdc_unavailable": "array<string>",
+    }
     found = rows(frame)
     assert len(found) == 16  # one row per line, tombstones and bad lines included
     assert found[0]["__cdc_sequence_1"] == "1709251200050"  # ts_ms, a number's text
@@ -306,6 +309,11 @@ def test_sequence_fields_may_be_nested_top_level_or_a_row_column(spark, tmp_path
     assert [found[index]["__cdc_sequence_0"] for index in (0, 4, 8)] == ["100", "130", "160"]
     assert found[1]["__cdc_sequence_1"] == "1709254800100"
     assert [found[index]["__cdc_sequence_2"] for index in (0, 6, 8)] == ["1", None, None]
+    # A column of the row is matched in any case, as configured columns are: line 4 spells it "NAME".
+    config = make_config(tmp_path, changes={"sequence_columns": ["after.Name", "after.ID"]})
+    found = rows(read_debezium(spark, config, DAY1))
+    assert [found[index]["__cdc_sequence_0"] for index in (0, 4)] == ["Alice", "Carol"]
+    assert [found[index]["__cdc_sequence_1"] for index in (0, 4, 6)] == ["1", "3", None]
 
 
 def test_conflicting_sequence_paths_are_a_source_error(spark, tmp_path):
@@ -374,3 +382,143 @@ def test_spark_connect_reads_the_same_rows(spark, tmp_path, connect_server):
         assert result.returncode == 0, result.stderr[-4000:]
         classic = read_debezium(spark, config, day).drop(RECORD_ID).orderBy(RAW_LINE)
         assert json.loads(result.stdout.strip().splitlines()[-1]) == [list(row) for row in classic.collect()]
+
+
+def _landed(tmp_path: Path, lines: list[str]) -> str:
+    landing = tmp_path / "landing"
+    landing.mkdir(exist_ok=True)
+    (landing / f"{DAY1}.jsonl").write_text("\n".join(lines) + "\n")
+    return str(landing / "{date}.jsonl")
+
+
+FULL_ROW = {"id": 1, "Name": "A", "active": True, "birth_date": 0, "balance": "1.00", "updated_at": "2024-03-01T00:00:00Z"}
+
+
+def test_a_row_missing_a_configured_column_is_bad_naming_it(spark, tmp_path):
+    renamed = {key: value for key, value in FULL_ROW.items() if key != "Name"} | {"full_name": "A"}
+    lines = [
+        json.dumps({"after": renamed, "op": "u", "source": {"lsn": 1}}),
+        json.dumps({"after": {k: v for k, v in renamed.items() if k != "active"}, "op": "c", "source": {"lsn": 2}}),
+        json.dumps({"after": FULL_ROW | {"Name": None}, "op": "r", "source": {"lsn": 3}}),  # NULL is a value
+        json.dumps({"before": {"id": 1}, "op": "d", "source": {"lsn": 4}}),  # a key-only before is enough
+    ]
+    config = make_config(tmp_path, path=_landed(tmp_path, lines))
+    found = rows(read_debezium(spark, config, DAY1))
+    assert [row[BAD] for row in found] == [
+        "op 'u' event's after row has no configured column(s) Name (renamed or dropped at the source?)",
+        "op 'c' event's after row has no configured column(s) Name, active (renamed or dropped at the source?)",
+        None,
+        None,
+    ]
+
+
+def test_a_wrapped_null_is_a_tombstone_and_counted_as_one(spark, tmp_path):
+    from cdc_assets.core.incoming import prepare_incoming_dates
+
+    lines = [
+        '{"schema":null,"payload":null}',
+        ' { "payload" : null , "schema" : null } ',
+        '{"payload":null}',
+        json.dumps({"after": FULL_ROW, "op": "c", "source": {"lsn": 1}}),
+        '{"schema":null,"payload":null,"x":1}',  # not Kafka's tombstone: not an event either
+    ]
+    config = make_config(tmp_path, path=_landed(tmp_path, lines))
+    found = rows(read_debezium(spark, config, DAY1))
+    assert [row[TOMBSTONE] for row in found] == [True, True, True, False, False]
+    assert [row[BAD] for row in found] == [None, None, None, None, "not a Debezium event: no op"]
+    prepared = prepare_incoming_dates(config, {DAY1: read_debezium(spark, config, DAY1)})
+    try:
+        figures = prepared.figures[DAY1]
+        assert (figures.rows_read, figures.tombstone_lines, figures.rows_rejected, figures.rows_accepted) == (5, 3, 1, 1)
+    finally:
+        prepared.release()
+
+
+def _wrapped(fields: list[tuple[str, str, str | None]], after: dict) -> str:
+    """A wrapped c event whose schema gives each (column, Connect type, logical name) of the row."""
+    row = [{"type": kind, "optional": True, "field": name, **({"name": logical} if logical else {})} for name, kind, logical in fields]
+    if any(logical == "org.apache.kafka.connect.data.Decimal" for _, _, logical in fields):
+        row = [entry | ({"parameters": {"scale": "2"}} if entry.get("name", "").endswith("Decimal") else {}) for entry in row]
+    schema = {"type": "struct", "fields": [{"type": "struct", "fields": row, "field": "after"}]}
+    return json.dumps({"schema": schema, "payload": {"after": after, "op": "c", "ts_ms": 5}})
+
+
+LOGICAL_COLUMNS = {
+    "keys": [{"name": "id", "type": "int"}],
+    "non_keys": [
+        {"name": "t", "type": "timestamp"},
+        {"name": "d", "type": "date"},
+        {"name": "s", "type": "string"},
+        {"name": "amount", "type": "decimal(10,2)"},
+    ],
+    "untracked_columns": [],
+    "changes": {"sequence_columns": ["ts_ms"]},
+}
+GOOD = {"t": ("int64", "io.debezium.time.MicroTimestamp", 1_000_000), "d": ("int32", "io.debezium.time.Date", 1),
+        "s": ("string", None, "x"), "amount": ("bytes", "org.apache.kafka.connect.data.Decimal", "AQ==")}
+
+
+def _event_with(**overrides) -> str:
+    spec = GOOD | overrides
+    fields = [("id", "int32", None)] + [(name, kind, logical) for name, (kind, logical, _) in spec.items()]
+    return _wrapped(fields, {"id": 1, **{name: value for name, (_, _, value) in spec.items()}})
+
+
+def test_logical_types_a_column_does_not_take_are_bad_records(spark, tmp_path):
+    lines = [
+        _event_with(),
+        _event_with(t=("int64", "io.debezium.time.MicroTime", 3_600_000_000)),  # a time of day, in micros
+        _event_with(t=("int64", "io.debezium.time.NanoTime", 3_600_000_000_000)),
+        _event_with(t=("int32", "org.apache.kafka.connect.data.Time", 3_600_000)),
+        _event_with(t=("string", "io.debezium.time.ZonedTime", "10:15:30Z")),
+        _event_with(d=("int32", "io.debezium.time.Year", 2024)),
+        _event_with(s=("bytes", "org.apache.kafka.connect.data.Decimal", "AQ==")),
+        _event_with(amount=("int64", "io.debezium.time.MicroTime", 5)),
+    ]
+    config = make_config(tmp_path, path=_landed(tmp_path, lines), **LOGICAL_COLUMNS)
+    frame = read_debezium(spark, config, DAY1)
+    found, cast = rows(frame), typed(frame, config)
+    assert found[0][BAD] is None
+    assert values(cast[0], config) == {
+        "id": 1, "t": datetime(1970, 1, 1, 0, 0, 1), "d": date(1970, 1, 2), "s": "x", "amount": Decimal("0.01"),
+    }
+    assert [row[BAD] for row in found[1:]] == [
+        "column t: value '3600000000' has logical type 'io.debezium.time.MicroTime', which a timestamp column does not take",
+        "column t: value '3600000000000' has logical type 'io.debezium.time.NanoTime', which a timestamp column does not take",
+        "column t: value '3600000' has logical type 'org.apache.kafka.connect.data.Time', which a timestamp column does not take",
+        "column t: value '10:15:30Z' has logical type 'io.debezium.time.ZonedTime', which a timestamp column does not take",
+        "column d: value '2024' has logical type 'io.debezium.time.Year', which a date column does not take",
+        "column s: value 'AQ==' has logical type 'org.apache.kafka.connect.data.Decimal', which a string column does not take",
+        "column amount: value '5' has logical type 'io.debezium.time.MicroTime', which a decimal(10,2) column does not take",
+    ]
+
+
+def test_temporal_numbers_decode_up_to_the_range_ends_and_are_bad_beyond(spark, tmp_path):
+    days_first, days_last = -719_162, 2_932_896
+    micros_first, micros_last = -62_135_596_800_000_000, 253_402_300_799_999_999
+    cases = [
+        (days_first, micros_first), (days_last, micros_last), (days_first - 1, micros_first - 1), (days_last + 1, micros_last + 1),
+    ]
+    lines = [_event_with(d=("int32", "io.debezium.time.Date", d), t=("int64", "io.debezium.time.MicroTimestamp", t)) for d, t in cases]
+    config = make_config(tmp_path, path=_landed(tmp_path, lines), **LOGICAL_COLUMNS)
+    frame = read_debezium(spark, config, DAY1)
+    found = rows(frame)
+    assert [(row["d"], row["t"]) for row in found[:2]] == [
+        ("0001-01-01", "0001-01-01 00:00:00.000000"), ("9999-12-31", "9999-12-31 23:59:59.999999"),
+    ]
+    # The texts cast to the very ends of Spark's ranges (compared in Spark: Python's datetime cannot
+    # take year 1 through the local time zone).
+    cast = frame.orderBy(RECORD_ID).select(
+        F.expr("try_cast(d AS date) IN (DATE'0001-01-01', DATE'9999-12-31')").alias("d_end"),
+        F.expr(
+            "try_cast(t AS timestamp) IN (TIMESTAMP'0001-01-01 00:00:00', TIMESTAMP'9999-12-31 23:59:59.999999')"
+        ).alias("t_end"),
+    ).collect()
+    assert [(row["d_end"], row["t_end"]) for row in cast[:2]] == [(True, True), (True, True)]
+    assert [row[BAD] for row in found] == [
+        None, None,
+        f"column t: value '{micros_first - 1}' (micros) is outside 0001-01-01..9999-12-31",
+        f"column t: value '{micros_last + 1}' (micros) is outside 0001-01-01..9999-12-31",
+    ]
+    # The date column's own reason comes after the timestamp column's: both are out of range.
+    assert all(found[index]["d"] == str(days) for index, days in ((2, days_first - 1), (3, days_last + 1)))

@@ -92,19 +92,22 @@ def test_debezium_truncate_bad_lines_and_tombstones(spark, warehouse, tmp_path):
     results = run_dates(definitions_for(config), days, DagsterInstance.ephemeral())
     assert all(check.passed for check in _checks(results))
 
-    # Day 1: the truncate at lsn 1600 deletes every key changed before it (1, 2, 3: never in current,
-    # so no trace); 10 and 12 come after it. Four lines are bad, two are tombstones, one a repeat.
+    # Day 1: the truncate at lsn 1600 supersedes every record before it (keys 1, 2, 3: never in
+    # current, so no trace, not even a delete of an unknown key); 10 and 12 come after it. Four lines
+    # are bad, two are tombstones, one a repeat.
     assert _ids(spark, warehouse, "events", "current_table", days[0], "id") == {10: "I", 12: "I"}
     intake = _metadata(results, "hashed_incoming", days[0])
     assert (intake["rows_read"], intake["rows_rejected"], intake["tombstone_lines"], intake["rows_accepted"]) == (16, 4, 2, 10)
     rejects = spark.read.parquet(str(partition_dir(warehouse, "events", "rejects", days[0]))).collect()
     assert len(rejects) == 4 and all(row.reason and row.raw_record is not None for row in rejects)
     figures = _metadata(results, "hash_join_classification", days[0])
-    assert (figures["winners"], figures["superseded"], figures["duplicate_events"], figures["truncates"]) == (6, 3, 1, 1)
+    # Winners: 10, 12 and the truncate; superseded: the six records before the truncate.
+    assert (figures["winners"], figures["superseded"], figures["duplicate_events"], figures["truncates"]) == (3, 6, 1, 1)
+    assert figures["deletes_of_unknown_keys"] == 0
     incoming = spark.read.parquet(str(partition_dir(warehouse, "events", "hashed_incoming", days[0])))
     assert incoming.filter("change_flag = 'T'").count() == 1 and incoming.count() == 10
 
-    # Day 2: key 1's update is newer than the truncate's tombstone: inserted again; key 3's delete
-    # is of a key current does not hold.
+    # Day 2: key 1's update is newer than the truncate (the table's floor): inserted again; key 3's
+    # delete is of a key current does not hold.
     assert _ids(spark, warehouse, "events", "current_table", days[1], "id") == {1: "I", 4: "I", 10: "X", 12: "X"}
     assert _metadata(results, "hash_join_classification", days[1])["deletes_of_unknown_keys"] == 1

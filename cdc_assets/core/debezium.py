@@ -22,16 +22,25 @@ encodings so that ``try_cast(text AS <configured type>)`` gives the value:
   two's-complement integer, Connect ``Decimal`` with its scale in the embedded schema, or Debezium's
   self-describing ``VariableScaleDecimal``) is decoded with SQL functions, up to decimal(38).
 * Anything else: the JSON value's text (a number's text, an object's compact JSON).
+* A non-key value that is ``changes.unavailable_value_placeholder`` (PostgreSQL's unchanged TOASTed
+  column, ``__debezium_unavailable_value`` by default) in a c, u or r event is no value: NULL, and
+  the column is named in ``__cdc_unavailable`` (validation carries it as ``unavailable_columns``;
+  the CDC step keeps the column's previous value, see core/changeset.py).
 
 Working columns: ``__cdc_flag`` (the op as found), ``__cdc_sequence_<i>`` (text of each
-``changes.sequence_columns`` envelope field), ``__cdc_tombstone``, ``__cdc_bad`` (why the line cannot
-be used, else NULL), ``__cdc_raw_line``, plus ``_source_file`` and ``_record_id`` as for other formats.
+``changes.sequence_columns`` envelope field), ``__cdc_unavailable`` (array, NULL if none),
+``__cdc_tombstone``, ``__cdc_bad`` (why the line cannot be used, else NULL), ``__cdc_raw_line``, plus
+``_source_file`` and ``_record_id`` as for other formats.
 
 Left to validation: unknown or missing flags, missing sequences, values that do not cast to their
 configured type, NULL keys, and what to do with tombstones and bad lines. This module only says
 why a line is unusable when the reason is lost once decoded: not a JSON object (or a field of an
-unexpected JSON type), no op, no row for the op, a precise decimal that is not base64 or is beyond
-decimal(38), a temporal number out of range or of unknown unit.
+unexpected JSON type), no op, no row for the op or a row without a configured column, a precise
+decimal that is not base64 or is beyond decimal(38), a temporal number out of range or of unknown
+unit, and a logical type (from an embedded schema) the column's type does not take: a date or
+timestamp column takes Date, Timestamp, MicroTimestamp, NanoTimestamp and ZonedTimestamp (not
+MicroTime, NanoTime, Time, ZonedTime, Year, ...), a decimal column Decimal and VariableScaleDecimal,
+and no other column either of those two.
 """
 
 from __future__ import annotations
@@ -43,7 +52,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType
 
 from cdc_assets.config import INTERNAL_PREFIX, Column, TableConfig
-from cdc_assets.core.source import FLAG, RAW_LINE, RECORD_ID, SEQUENCE_PREFIX, SOURCE_FILE, TOMBSTONE, SourceError, _no_input
+from cdc_assets.core.source import (
+    FLAG,
+    RAW_LINE,
+    RECORD_ID,
+    SEQUENCE_PREFIX,
+    SOURCE_FILE,
+    TOMBSTONE,
+    UNAVAILABLE,
+    SourceError,
+    _no_input,
+)
 from cdc_assets.core.source import READER_PROBLEM as BAD
 
 
@@ -58,6 +77,9 @@ _TIME_UNITS = {
 }
 _CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
 _VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"  # {"scale": s, "value": base64}
+# A date or timestamp column takes the logical types above and ISO strings; any other (MicroTime,
+# NanoTime, Time, ZonedTime, Year, ...) would be read in a unit it is not in: a bad record instead.
+_TEMPORAL_LOGICAL = (*_TIME_UNITS, "io.debezium.time.ZonedTimestamp")
 # What Spark's date and timestamp types hold: 0001-01-01 to 9999-12-31 (days / microseconds since the epoch).
 _DAYS_RANGE = (-719_162, 2_932_896)
 _MICROS_RANGE = (-62_135_596_800_000_000, 253_402_300_799_999_999)
@@ -67,6 +89,7 @@ _TIMESTAMP_TEXT = "yyyy-MM-dd HH:mm:ss.SSSSSS"
 _CHUNK_HEX_DIGITS = 14
 _CHUNK_PLACE = 1 << (4 * _CHUNK_HEX_DIGITS)
 _ENVELOPE_ROWS = ("before", "after")
+_WRAPPED_NULL = r'^\s*\{\s*(?:"schema"\s*:\s*null\s*,\s*)?"payload"\s*:\s*null\s*(?:,\s*"schema"\s*:\s*null\s*)?\}\s*$'
 _CORRUPT = f"{INTERNAL_PREFIX}corrupt"
 _WORK = f"{INTERNAL_PREFIX}dbz_"  # prefix of this module's intermediate columns
 _WRAPPED = f"{_WORK}wrapped"  # TRUE for a {"schema", "payload"} line, else NULL
@@ -217,6 +240,27 @@ class _Decoder:
     def reason(self, text: SparkColumn) -> SparkColumn:
         return F.concat(F.lit(f"column {self.column.name}: value "), _quoted(self.text), text)
 
+    def unsupported_logical(self, supported: tuple[str, ...]) -> SparkColumn:
+        """Whether the embedded schema gives the value a logical type this column cannot read."""
+        return self.logical.isNotNull() & ~self.logical.isin(*supported)
+
+    def unsupported_reason(self) -> SparkColumn:
+        return self.reason(
+            F.concat(
+                F.lit(" has logical type "), _quoted(self.logical), F.lit(f", which a {self.column.type} column does not take")
+            )
+        )
+
+
+class _PlainDecoder(_Decoder):
+    """Any other column: the value's text; a decimal's encoding (its scale is in the schema) is refused."""
+
+    needs_logical_type = True
+
+    def problem(self) -> SparkColumn:
+        decimal = self.logical.isin(_CONNECT_DECIMAL, _VARIABLE_SCALE_DECIMAL)
+        return F.when(decimal, self.unsupported_reason())
+
 
 class _TemporalDecoder(_Decoder):
     """date and timestamp columns: numbers are days or epoch units, strings pass through."""
@@ -239,7 +283,9 @@ class _TemporalDecoder(_Decoder):
         )
         return [
             {
-                self.name("kind"): F.when(is_number, unit).when(self.text.isNotNull(), F.lit("text")),
+                self.name("kind"): F.when(self.unsupported_logical(_TEMPORAL_LOGICAL), F.lit("unsupported"))
+                .when(is_number, unit)
+                .when(self.text.isNotNull(), F.lit("text")),
                 self.name("number"): F.when(is_number, self.text.try_cast("bigint")),
             },
             {self.name("micros"): micros},
@@ -250,13 +296,16 @@ class _TemporalDecoder(_Decoder):
         days = F.when(number.between(*_DAYS_RANGE), F.date_add(F.lit("1970-01-01").cast("date"), number.cast("int")))
         instant = F.when(micros.between(*_MICROS_RANGE), F.date_format(F.timestamp_micros(micros), _TIMESTAMP_TEXT))
         # A value that cannot be decoded keeps its text: it is never silently NULL (and it is bad, see problem()).
-        return F.coalesce(F.when(kind == "days", days.cast("string")).when(kind != "text", instant), self.text)
+        return F.coalesce(
+            F.when(kind == "days", days.cast("string")).when(~kind.isin("text", "unsupported"), instant), self.text
+        )
 
     def problem(self) -> SparkColumn:
         kind, number, micros = self.col("kind"), self.col("number"), self.col("micros")
         in_range = F.when(kind == "days", number.between(*_DAYS_RANGE)).otherwise(micros.between(*_MICROS_RANGE))
         return _first_reason(
             [
+                (kind == "unsupported", self.unsupported_reason()),
                 (
                     kind == "unknown",
                     self.reason(
@@ -345,6 +394,7 @@ class _DecimalDecoder(_Decoder):
         looks_base64 = self.text.rlike("^[A-Za-z0-9+/]+={0,2}$") & self.text.try_cast("double").isNull()
         return _first_reason(
             [
+                (self.unsupported_logical((_CONNECT_DECIMAL, _VARIABLE_SCALE_DECIMAL)), self.unsupported_reason()),
                 (
                     encoded.isNotNull() & F.coalesce(F.length(hex_digits) == 0, F.lit(True)),
                     self.reason(F.lit(" is not a base64-encoded decimal (decimal.handling.mode=precise)")),
@@ -375,19 +425,20 @@ def _decoder(index: int, column: Column, config: TableConfig) -> _Decoder:
         return _TemporalDecoder(index, column, config)
     if column.type.startswith("decimal("):
         return _DecimalDecoder(index, column, config)
-    return _Decoder(index, column, config)
+    return _PlainDecoder(index, column, config)
 
 
 def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) -> DataFrame:
     """One row per line of the date's Debezium events: every configured column as text (see the module
-    docstring), ``__cdc_flag``, ``__cdc_sequence_<i>``, ``__cdc_tombstone``, ``__cdc_bad``,
+    docstring), ``__cdc_flag``, ``__cdc_sequence_<i>``, ``__cdc_unavailable``, ``__cdc_tombstone``, ``__cdc_bad``,
     ``__cdc_raw_line``, ``_source_file`` and ``_record_id``. Raises :class:`SourceError` when there is
     no input at the date's path.
     """
     path = config.source.path_for(business_date)
     lines = _read_lines(spark, config, path)
     line = F.col("value")
-    tombstone = line.rlike(r"^\s*(null)?\s*$")
+    # Kafka's tombstone: a null value, which JsonConverter with schemas writes as {"schema":null,"payload":null}.
+    tombstone = line.rlike(r"^\s*(null)?\s*$") | line.rlike(_WRAPPED_NULL)
     parsed_name = f"{_WORK}parsed"
     frame = lines.select(
         line.alias(RAW_LINE),
@@ -411,8 +462,10 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
 
     def sequence(path: str) -> SparkColumn:
         parts = path.split(".")
-        if parts[0] in _ENVELOPE_ROWS:  # a column of the row, e.g. after.version
-            return F.try_element_at(envelope(parts[0]), F.lit(parts[1]))
+        if parts[0] in _ENVELOPE_ROWS:  # a column of the row, e.g. after.version: any case, as columns
+            row = envelope(parts[0])
+            names = F.transform(F.map_keys(row), F.lower)
+            return F.get(F.map_values(row), (F.array_position(names, F.lit(parts[1].lower())) - 1).cast("int"))
         return envelope(*parts)
 
     op = F.col(FLAG)
@@ -451,12 +504,30 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
         return (F.array_position(F.col(names), column.name.lower()) - 1).cast("int")
 
     located: dict[str, SparkColumn] = {}
+    # An unchanged large column (PostgreSQL TOAST) comes as the placeholder: no value, but a name in
+    # UNAVAILABLE, for the CDC step to keep the column's previous value.
+    placeholder = config.changes.unavailable_value_placeholder
+    fillable = {column.name for column in (*config.non_keys, *config.untracked_columns)}
+    unavailable: list[SparkColumn] = []
+    missing: list[SparkColumn] = []
     for decoder in decoders:
-        located[decoder.name("text")] = F.get(F.col(texts_name), position(names_name, decoder.column))
+        found = F.get(F.col(texts_name), position(names_name, decoder.column))
+        # A c, u or r row lists every column (NULL or not): one it lacks was renamed or dropped at the source.
+        absent = F.array_position(F.col(names_name), decoder.column.name.lower()) == 0
+        missing.append(F.when(op.isin("c", "u", "r") & absent, F.lit(decoder.column.name)))
+        if decoder.column.name in fillable:
+            left_out = op.isin("c", "u", "r") & (found == F.lit(placeholder))
+            unavailable.append(F.when(left_out, F.lit(decoder.column.name)))
+            found = F.when(~F.coalesce(left_out, F.lit(False)), found)
+        located[decoder.name("text")] = found
         if decoder.needs_logical_type:
             entry = F.get(row_schema, position(schema_names_name, decoder.column))
             located[decoder.name("logical")] = entry.getField("name")
             located[decoder.name("scale")] = F.try_element_at(entry.getField("parameters"), F.lit("scale"))
+    names = F.array_compact(F.array(*unavailable)) if unavailable else F.array().cast("array<string>")
+    located[UNAVAILABLE] = F.when(F.size(names) > 0, names)
+    missing_name = f"{_WORK}missing"
+    located[missing_name] = F.array_join(F.array_compact(F.array(*missing)), ", ")
     frame = frame.withColumns(located)
     staged = [decoder.stages() for decoder in decoders]
     for depth in range(max(map(len, staged), default=0)):
@@ -474,6 +545,13 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
             op.isin("c", "u", "r", "d") & row.isNull(),
             F.concat(F.lit("op "), _quoted(op), F.lit(" event has no "), side, F.lit(" row")),
         ),
+        (
+            F.length(F.col(missing_name)) > 0,
+            F.concat(
+                F.lit("op "), _quoted(op), F.lit(" event's "), side, F.lit(" row has no configured column(s) "),
+                F.col(missing_name), F.lit(" (renamed or dropped at the source?)"),
+            ),
+        ),
     ]
     problems = [problem for problem in (decoder.problem() for decoder in decoders) if problem is not None]
     column_problem = F.coalesce(*problems) if problems else F.lit(None).cast("string")
@@ -482,6 +560,7 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
         *(decoder.decoded().alias(decoder.column.name) for decoder in decoders),
         F.col(FLAG),
         *sequence_names,
+        F.col(UNAVAILABLE),
         F.col(TOMBSTONE),
         bad.alias(BAD),
         F.col(RAW_LINE),

@@ -24,9 +24,6 @@ from cdc_assets.core.source import (
     RECORD_ID,
     REJECT_REASON,
     SOURCE_FILE,
-    CHANGE_FLAG,
-    CHANGE_SEQUENCE,
-    TRUNCATE,
     accepted_records,
     header_mismatch,
     is_tombstone,
@@ -116,8 +113,8 @@ def _describe_duplicates(duplicates: DataFrame, accepted: DataFrame, config: Tab
 class DateFigures:
     """One date's intake figures: rows read = rows accepted + rows rejected + tombstone lines.
 
-    ``duplicate_keys``: keys found more than once (a changeset: keys whose greatest sequence is tied
-    between different records). ``tombstone_lines``: Debezium's null-valued lines, counted, not kept.
+    ``duplicate_keys``: keys found more than once (0 for a change set). ``tombstone_lines``: Debezium's
+    null-valued lines, counted, not kept.
     """
 
     rows_read: int = 0
@@ -182,10 +179,9 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
     validated = add_hashes(validate_records(raw, config), keys, non_keys).persist(CACHE_LEVEL)
     # One job fills the cache and yields every date's figures: rows read, rows rejected, and the keys
     # that occur more than once among the date's accepted rows (with their rows); for a change set,
-    # its tombstone lines instead (its ties are looked for afterwards, in _set_ties_aside).
+    # its tombstone lines instead (several records per key are its point).
     changeset = config.load_type is LoadType.changeset
     if changeset:
-        # A change set holds several records per key: ties are looked for once bad records are out.
         totals_query = validated.groupBy(BUSINESS_DATE).agg(
             F.count(F.lit(1)).alias("read"),
             F.count(F.when(F.col(REJECT_REASON).isNotNull(), F.lit(1))).alias("rejected"),
@@ -233,8 +229,8 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
     dated = validated.withColumn(BUSINESS_DATE, F.col(BUSINESS_DATE).cast("date"))
     accepted = accepted_records(dated)
     rejected = rejected_records(dated)
-    if changeset:
-        return _set_ties_aside(config, figures, dated, accepted, rejected, validated)
+    if changeset:  # its ties are decided by the CDC step, once late records are set aside
+        return IncomingDates(accepted=accepted, rejected=rejected, figures=figures, _cached=validated)
     duplicated_day = next((day for day in days if figures[day].duplicate_keys), None)
     if duplicated_day:
         duplicates = accepted.groupBy(BUSINESS_DATE, KEY_HASH).count().filter(F.col("count") > 1)
@@ -265,71 +261,4 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
         figures = {
             day: replace(found, rows_rejected=found.rows_rejected + duplicate_rows.get(day, 0)) for day, found in figures.items()
         }
-    return IncomingDates(accepted=accepted, rejected=rejected, figures=figures, _cached=validated)
-
-
-def _set_ties_aside(
-    config: TableConfig,
-    figures: dict[str, DateFigures],
-    dated: DataFrame,
-    accepted: DataFrame,
-    rejected: DataFrame,
-    validated: DataFrame,
-) -> IncomingDates:
-    """A change set's ties: two different records of one key share the key's greatest sequence.
-
-    Which one is the key's last change is then unknown. ``duplicate_keys: fail`` names the key and
-    the sequence; ``quarantine`` rejects all of that key's records of the date, so the key is not
-    changed that day. An exactly repeated record (Debezium delivers at least once) is not a tie.
-    """
-    payload = [column.name for column in config.columns]
-    keyed = accepted.filter(F.col(CHANGE_FLAG) != TRUNCATE)
-    latest = keyed.groupBy(BUSINESS_DATE, KEY_HASH).agg(F.max(CHANGE_SEQUENCE).alias("_latest"))
-    at_latest = keyed.join(latest, on=[BUSINESS_DATE, KEY_HASH]).filter(F.col(CHANGE_SEQUENCE) == F.col("_latest"))
-    distinct_at_latest = at_latest.select(BUSINESS_DATE, KEY_HASH, CHANGE_FLAG, CHANGE_SEQUENCE, *payload).distinct()
-    tied = distinct_at_latest.groupBy(BUSINESS_DATE, KEY_HASH).agg(
-        F.count(F.lit(1)).alias("records"), F.first(CHANGE_SEQUENCE).alias("sequence")
-    ).filter(F.col("records") > 1)
-    tied_by_day = {row[BUSINESS_DATE].isoformat(): row["count"] for row in tied.groupBy(BUSINESS_DATE).count().collect()}
-    if not tied_by_day:
-        return IncomingDates(accepted=accepted, rejected=rejected, figures=figures, _cached=validated)
-    first = min(tied_by_day)
-    if config.duplicate_keys is DuplicateKeyPolicy.fail:
-        samples = (
-            accepted.join(tied.filter(F.col(BUSINESS_DATE) == F.lit(first).cast("date")), on=[BUSINESS_DATE, KEY_HASH])
-            .select(*config.key_names, F.col("sequence").cast("string").alias("_sequence"))
-            .distinct()
-            .limit(SAMPLE_SIZE)
-            .collect()
-        )
-        shown = "; ".join(
-            "{" + ", ".join(f"{name}={row[name]!r}" for name in config.key_names) + f"}} at sequence {row['_sequence']}"
-            for row in samples
-        )
-        validated.unpersist()
-        raise DuplicateKeysError(
-            f"table {config.name}, {first}: {tied_by_day[first]} key(s) have different records with the same greatest "
-            f"sequence, so their last change is unknown, e.g. {shown}. Nothing was written for this date; fix the "
-            "change set, or set duplicate_keys: quarantine to set such keys' records of the day aside."
-        )
-    tied_keys = tied.select(BUSINESS_DATE, KEY_HASH)
-    tied_records = dated.join(tied_keys, on=[BUSINESS_DATE, KEY_HASH], how="left_semi").filter(
-        F.col(REJECT_REASON).isNull() & ~is_tombstone(dated)
-    )
-    rejected = rejected.unionByName(
-        tied_records.select(
-            F.to_json(F.struct(F.col(CHANGE_FLAG), F.col(CHANGE_SEQUENCE), *(F.col(name).cast("string").alias(name) for name in payload))).alias("raw_record"),
-            F.lit("tied sequence: another record of this key has the same greatest sequence").alias("reason"),
-            F.col(SOURCE_FILE).alias("source_file"),
-            F.col(BUSINESS_DATE),
-        )
-    )
-    accepted = accepted.join(tied_keys, on=[BUSINESS_DATE, KEY_HASH], how="left_anti").select(*accepted.columns)
-    record_counts = {
-        row[BUSINESS_DATE].isoformat(): row["count"] for row in tied_records.groupBy(BUSINESS_DATE).count().collect()
-    }
-    figures = {
-        day: replace(found, rows_rejected=found.rows_rejected + record_counts.get(day, 0), duplicate_keys=tied_by_day.get(day, 0))
-        for day, found in figures.items()
-    }
     return IncomingDates(accepted=accepted, rejected=rejected, figures=figures, _cached=validated)

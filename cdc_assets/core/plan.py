@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from cdc_assets.config import LoadType
 from cdc_assets.core.caching import CACHE_LEVEL
 from cdc_assets.core import changes as cdc
-from cdc_assets.core.changeset import apply_change_set
+from cdc_assets.core.changeset import ChangeSetRules, apply_change_set
 from cdc_assets.core.columns import BUSINESS_DATE
 
 # Rows per task when the outputs are written (at most the session's shuffle partitions). Each task
@@ -71,7 +71,7 @@ def plan_changes(
     payload_columns: Sequence[str],
     max_write_tasks: int,
     previous_sequences: DataFrame | None = None,
-    tombstone_retention_days: int = 30,
+    change_set_rules: ChangeSetRules | None = None,
     audit: cdc.RunAudit | None = None,
     non_key_columns: Sequence[str] | None = None,
 ) -> ChangePlan:
@@ -81,13 +81,14 @@ def plan_changes(
     stored ``current_table`` as of the day before the first date (None: no earlier state). With
     ``audit`` the outputs carry who wrote each row, with ``non_key_columns`` the changes carry
     ``changed_columns`` (see :func:`changes.classify_changes`). Runs the Spark jobs that classify and
-    count (the outputs then read from a cache); nothing is written.
+    count (the outputs then read from a cache); nothing is written. A change set (``load_type:
+    changeset``) needs ``previous_sequences`` (applied_sequences as of the day before) and its rules.
     """
     dates = sorted(business_dates)
     stamps = dict(audit=audit, non_key_columns=non_key_columns)
     if load_type is LoadType.changeset:
         return _change_sets_date_by_date(
-            incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, tombstone_retention_days, stamps
+            incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, change_set_rules, stamps
         )
     if load_type is LoadType.full and len(dates) > 1:
         classification, changed, counts, cached = _full_loads_in_one_query(incoming, previous, dates, payload_columns, stamps)
@@ -150,13 +151,18 @@ def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, pa
 
 
 def _change_sets_date_by_date(
-    incoming, previous, previous_sequences, dates: list[date], payload_columns, max_partitions: int, retention: int, stamps
+    incoming, previous, previous_sequences, dates: list[date], payload_columns, max_partitions: int, rules, stamps
 ) -> ChangePlan:
     """Change sets go date by date, oldest first: a date's late records depend on every earlier date."""
     classified, changed, late, sequences, counts, figures, cached = [], [], [], [], {}, {}, []
     for day in dates:
         records = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
-        result = apply_change_set(records, previous, previous_sequences, day, payload_columns, retention, **stamps)
+        try:
+            result = apply_change_set(records, previous, previous_sequences, day, payload_columns, rules, **stamps)
+        except Exception:
+            for frame in cached:  # a tie fails the range: nothing of it is kept
+                frame.unpersist()
+            raise
         changes, state = result.changes, result.state
         if len(dates) > 1:
             # As for deltas: a local checkpoint keeps the next date's plan from nesting this one's.

@@ -156,6 +156,10 @@ FLAG = f"{INTERNAL_PREFIX}flag"
 TOMBSTONE = f"{INTERNAL_PREFIX}tombstone"
 READER_PROBLEM = f"{INTERNAL_PREFIX}bad"
 RAW_LINE = f"{INTERNAL_PREFIX}raw_line"
+# Debezium: the columns an event left out as unchanged (the connector's placeholder), NULL if none.
+# Carried into hashed_incoming as UNAVAILABLE_COLUMNS, where the CDC step fills them in.
+UNAVAILABLE = f"{INTERNAL_PREFIX}unavailable"
+UNAVAILABLE_COLUMNS = "unavailable_columns"
 CHANGE_FLAG, CHANGE_SEQUENCE = "change_flag", "change_sequence"
 TRUNCATE = "T"
 
@@ -256,7 +260,7 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
     text. Spark keeps projections apart rather than repeat a non-trivial expression, so nothing below
     is evaluated twice per row.
     """
-    working = {FLAG, TOMBSTONE, READER_PROBLEM, RAW_LINE, _CORRUPT}
+    working = {FLAG, TOMBSTONE, READER_PROBLEM, RAW_LINE, UNAVAILABLE, _CORRUPT}
     carried = [name for name in (SOURCE_FILE, RECORD_ID, BUSINESS_DATE, TOMBSTONE) if name in raw.columns]
     raw_columns = [
         name for name in raw.columns
@@ -316,6 +320,7 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
     return flagged.select(
         *(F.col(typed_alias[name]).alias(name) for name in typed_alias),
         *(F.col(f"{INTERNAL_PREFIX}{name}").alias(name) for name in changes),
+        *([F.col(UNAVAILABLE).alias(UNAVAILABLE_COLUMNS)] if UNAVAILABLE in raw.columns else []),
         F.when(F.col(bad_alias), _first_reason(candidates)).alias(REJECT_REASON),
         # Only rejected rows keep their raw text; good rows would just carry it around.
         F.when(F.col(bad_alias), F.coalesce(raw_record, raw_json)).alias(RAW_RECORD),
