@@ -180,28 +180,38 @@ def _asset_comment(config: TableConfig, asset: str) -> str:
     return f"{config.name}: {asset}, one partition per business_date"
 
 
-def _latest_view(config: TableConfig, database: str) -> str:
-    latest, current = _quoted(database, f"{config.name}_latest"), _quoted(database, table_name(config, CURRENT))
-    return (
-        f"CREATE OR REPLACE VIEW {latest} COMMENT {_string_literal(f'{config.name}: current_table as of its newest business_date')} "
-        f"AS SELECT * FROM {current} WHERE business_date = (SELECT max(business_date) FROM {current})"
-    )
+@dataclass(frozen=True)
+class View:
+    """One of a table's views: over the table of ``asset``, defined by ``query``."""
+
+    name: str
+    asset: str
+    comment: str
+    query: str
+
+    def create(self, database: str, replace: bool = True) -> str:
+        # Spark replaces a view by dropping it and creating it again: only for a metastore read by no one else.
+        verb = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW IF NOT EXISTS"
+        return f"{verb} {_quoted(database, self.name)} COMMENT {_string_literal(self.comment)} AS {self.query}"
+
+    def alter(self, database: str) -> str:
+        """The new definition in place (one metastore update): readers see the old view or the new one."""
+        return f"ALTER VIEW {_quoted(database, self.name)} AS {self.query}"
+
+    def drop(self, database: str) -> str:
+        return f"DROP VIEW IF EXISTS {_quoted(database, self.name)}"
 
 
-def _scd2_view(config: TableConfig, database: str) -> str:
-    scd2, history = _quoted(database, f"{config.name}_scd2"), _quoted(database, table_name(config, HISTORY))
-    query = scd2_sql([column.name for column in config.columns], history, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark)
-    body = " ".join(line for line in query.splitlines() if not line.lstrip().startswith("--"))
-    return f"CREATE OR REPLACE VIEW {scd2} COMMENT {_string_literal(f'{config.name}: SCD type 2 versions from history_partition')} AS {body}"
-
-
-def _views(config: TableConfig, database: str, stored: dict[str, bool]) -> list[str]:
-    """Each view replaced in place while its table has data, dropped once it has none."""
-    latest, scd2 = _quoted(database, f"{config.name}_latest"), _quoted(database, f"{config.name}_scd2")
+def table_views(config: TableConfig, database: str) -> list[View]:
+    """``<table>_latest`` over current_table and ``<table>_scd2`` over history_partition."""
+    current, history = _quoted(database, table_name(config, CURRENT)), _quoted(database, table_name(config, HISTORY))
+    scd2 = scd2_sql([column.name for column in config.columns], history, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark)
     return [
-        _latest_view(config, database) if stored[CURRENT] else f"DROP VIEW IF EXISTS {latest}",
-        _scd2_view(config, database) if stored[HISTORY] else f"DROP VIEW IF EXISTS {scd2}",
-    ]
+        View(f"{config.name}_latest", CURRENT, f"{config.name}: current_table as of its newest business_date",
+             f"SELECT * FROM {current} WHERE business_date = (SELECT max(business_date) FROM {current})"),
+        View(f"{config.name}_scd2", HISTORY, f"{config.name}: SCD type 2 versions from history_partition",
+             " ".join(line for line in scd2.splitlines() if not line.lstrip().startswith("--"))),
+    ]  # fmt: skip
 
 
 def _stored(config: TableConfig, storage: WarehouseStorage) -> dict[str, bool]:
@@ -217,16 +227,14 @@ def table_statements(config: TableConfig, storage: WarehouseStorage, database: s
     (:func:`sync_in_place`).
     """
     stored = _stored(config, storage)
-    statements = []
+    views = table_views(config, database)
+    statements = [view.drop(database) for view in views if not stored[view.asset]]
     for asset in (CURRENT, HISTORY):
         name = _quoted(database, table_name(config, asset))
-        if not stored[asset]:  # its view goes first: the view may not outlive the table's data
-            statements.append(_views(config, database, stored)[0 if asset == CURRENT else 1])
         statements.append(f"DROP TABLE IF EXISTS {name}")
         if stored[asset]:
             statements.append(_create_table(name, storage.asset_path(config.name, asset), _asset_comment(config, asset)))
-    statements += [view for view in _views(config, database, stored) if view.startswith("CREATE")]
-    return statements
+    return statements + [view.create(database) for view in views if stored[view.asset]]
 
 
 def sync_statements(configs: Sequence[TableConfig], storage: WarehouseStorage, database: str) -> list[str]:
@@ -286,8 +294,8 @@ def sync_in_place(spark: SparkSession, configs: Sequence[TableConfig], storage: 
     A table that exists keeps its definition, brought up to date: the stored columns it lacks are added
     (``ALTER TABLE ... ADD COLUMNS``, so a column a config gained reads as NULL on older dates), its
     location is set if it moved, and ``REFRESH TABLE`` drops this session's listing. A table not yet
-    registered is created; views are replaced (``CREATE OR REPLACE VIEW``). So a query planned while a
-    sync runs finds every name. Dropped are only the objects of an asset with nothing stored, and a table
+    registered is created; a view that exists gets its new query in place (``ALTER VIEW ... AS``; Spark's
+    ``CREATE OR REPLACE VIEW`` drops it first). So a query planned while a sync runs finds every name. Dropped are only the objects of an asset with nothing stored, and a table
     whose registered partitioning or column types no longer match its files (dropped and created again,
     the one case where a name is missing for a moment).
     """
@@ -301,13 +309,17 @@ def sync_in_place(spark: SparkSession, configs: Sequence[TableConfig], storage: 
 
 def _sync_table_in_place(spark: SparkSession, report: SyncReport, config: TableConfig, storage: WarehouseStorage, database: str) -> None:
     stored = _stored(config, storage)
-    views = _views(config, database, stored)
     for asset in (CURRENT, HISTORY):
         if stored[asset]:
             location = storage.asset_path(config.name, asset)
             _define_table(spark, report, database, table_name(config, asset), location, _asset_comment(config, asset), [BUSINESS_DATE])
-    for view in views:
-        report.run(spark, view)
+    for view in table_views(config, database):
+        if not stored[view.asset]:
+            report.run(spark, view.drop(database))
+        elif spark.catalog.tableExists(f"{database}.{view.name}"):
+            report.run(spark, view.alter(database))
+        else:
+            report.run(spark, view.create(database, replace=False))
     for asset in (CURRENT, HISTORY):
         if not stored[asset]:
             report.run(spark, f"DROP TABLE IF EXISTS {_quoted(database, table_name(config, asset))}")
@@ -323,10 +335,10 @@ def _sync_runs_log_in_place(spark: SparkSession, report: SyncReport, storage: Wa
 def _define_table(spark: SparkSession, report: SyncReport, database: str, name: str, location: str, comment: str,
                   partition_columns: list[str]) -> None:  # fmt: skip
     quoted = _quoted(database, name)
-    if not spark.catalog.tableExists(name, database):
+    if not spark.catalog.tableExists(f"{database}.{name}"):
         report.run(spark, _create_table(quoted, location, comment, if_not_exists=True))
         return
-    registered = {column.name.lower(): column for column in spark.catalog.listColumns(name, database)}
+    registered = {column.name.lower(): column for column in spark.catalog.listColumns(f"{database}.{name}")}
     stored = spark.read.option("mergeSchema", "true").parquet(location).schema
     partitioned = [key for key, column in registered.items() if column.isPartition]
     conflicts = [field for field in stored.fields
@@ -597,7 +609,7 @@ def _sync_for_server(spark: SparkSession, storage: WarehouseStorage, database: s
         return {"statements": 0, "errors": [str(error)]}
     report = sync_in_place(spark, configs, storage, database)
     spark.sql(f"USE {quote_identifier(database, Dialect.spark)}")
-    changes = [statement[:300] for statement in report.statements if statement.startswith(("ALTER", "DROP", "CREATE TABLE"))]
+    changes = [statement[:300] for statement in report.statements if statement.startswith(("ALTER TABLE", "DROP", "CREATE TABLE"))]
     print(f"cdc-catalog: synced {len(configs)} table configs from {configs_dir} in {time.monotonic() - began:.1f} s: "
           f"{len(report.statements)} statements, {len(report.errors)} errors", *changes, *report.errors, sep="\n", flush=True)  # fmt: skip
     return {"statements": len(report.statements), "errors": report.errors}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -35,8 +36,9 @@ def test_sync_defines_what_is_stored_and_drops_what_is_not(tmp_path, monkeypatch
 
     creates = [statement for statement in statements if statement.startswith("CREATE")]
     assert creates[0].startswith("CREATE DATABASE IF NOT EXISTS `cdc` LOCATION")
-    assert [statement.split(" ")[2] for statement in creates[1:]] == [
-        "`cdc`.`orders_current`", "`cdc`.`orders_history`", "`cdc`.`orders_latest`", "`cdc`.`orders_scd2`",
+    assert [re.match(r"CREATE (TABLE|OR REPLACE VIEW) (`cdc`\.`\w+`)", statement).groups() for statement in creates[1:]] == [
+        ("TABLE", "`cdc`.`orders_current`"), ("TABLE", "`cdc`.`orders_history`"),
+        ("OR REPLACE VIEW", "`cdc`.`orders_latest`"), ("OR REPLACE VIEW", "`cdc`.`orders_scd2`"),
     ]  # fmt: skip
     assert f"LOCATION '{tmp_path}/ware\\'house/orders/current_table'" in creates[1]
     assert "max(business_date)" in creates[3] and "LEAD(business_date)" in creates[4]
