@@ -294,10 +294,11 @@ def sync_in_place(spark: SparkSession, configs: Sequence[TableConfig], storage: 
     A table that exists keeps its definition, brought up to date: the stored columns it lacks are added
     (``ALTER TABLE ... ADD COLUMNS``, so a column a config gained reads as NULL on older dates), its
     location is set if it moved, and ``REFRESH TABLE`` drops this session's listing. A table not yet
-    registered is created; a view that exists gets its new query in place (``ALTER VIEW ... AS``; Spark's
-    ``CREATE OR REPLACE VIEW`` drops it first). So a query planned while a sync runs finds every name. Dropped are only the objects of an asset with nothing stored, and a table
-    whose registered partitioning or column types no longer match its files (dropped and created again,
-    the one case where a name is missing for a moment).
+    registered is created. A view that exists gets its new query in place (``ALTER VIEW ... AS``;
+    Spark's ``CREATE OR REPLACE VIEW`` drops it first). So a query planned while a sync runs finds
+    every name. Dropped are only the objects of an asset with nothing stored, and a table whose
+    registered partitioning or column types no longer match its files (dropped and created again, the
+    one case where a name is missing for a moment).
     """
     report = SyncReport()
     report.run(spark, _create_database(storage, database))
