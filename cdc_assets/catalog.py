@@ -142,7 +142,7 @@ def catalog_conf(location: Path) -> dict[str, str]:
             "spark.sql.hive.manageFilesourcePartitions": "false",
             "spark.sql.metadataCacheTTLSeconds": "1",
             # derby.log goes beside the metastore, not into the working directory.
-            "spark.driver.extraJavaOptions": f"-Dderby.system.home={location}",
+            "spark.driver.extraJavaOptions": f"{conf.get('spark.driver.extraJavaOptions', '')} -Dderby.system.home={location}".strip(),
         }
     )
     return conf

@@ -64,11 +64,20 @@ def _storage(env) -> WarehouseStorage:
     return WarehouseStorage(env["CDC_WAREHOUSE"])
 
 
-def _spark_sql(env, query: str) -> list[list[str]]:
-    """Rows of ``query`` run by ``cdc-catalog sql -S -e`` (spark-sql on the catalog, or beeline via the server)."""
-    done = subprocess.run([str(BIN / "cdc-catalog"), "sql", "-S", "-e", query], env=env, capture_output=True, text=True, timeout=600)
+def _spark_sql(env, *queries: str) -> list[list[list[str]]]:
+    """Rows of each query, all run by one ``cdc-catalog sql -S -e`` (spark-sql on the catalog: a JVM each time)."""
+    separator = "---next query---"
+    batch = f"; SELECT '{separator}'; ".join(queries)
+    done = subprocess.run([str(BIN / "cdc-catalog"), "sql", "-S", "-e", batch], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return [line.split("\t") for line in done.stdout.splitlines() if line.strip()]
+    results: list[list[list[str]]] = [[]]
+    for line in done.stdout.splitlines():
+        if line.strip() == separator:
+            results.append([])
+        elif line.strip():
+            results[-1].append(line.split("\t"))
+    assert len(results) == len(queries), done.stdout[-3000:]
+    return results
 
 
 def _beeline(env, port: int, query: str) -> list[list[str]]:
@@ -97,27 +106,29 @@ def _materialize(env, table: str, day: str) -> subprocess.Popen:
 
 
 def test_spark_sql_reads_every_table_of_a_backfill_by_name(spark, lake):
-    tables = {row[-2] if len(row) > 2 else row[0] for row in _spark_sql(lake, "SHOW TABLES IN cdc")}
+    shown, current, history, latest, (versions,), (logged,) = _spark_sql(
+        lake,
+        "SHOW TABLES IN cdc",
+        "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1",
+        "SELECT business_date, count(*) FROM cdc.orders_history GROUP BY 1 ORDER BY 1",
+        "SELECT business_date, count(*) FROM cdc.orders_latest GROUP BY 1",
+        "SELECT count(*) FROM cdc.orders_scd2",
+        "SELECT count(*) FROM cdc.runs_log WHERE `table` = 'orders' AND status = 'succeeded'",
+    )
+    tables = {row[-2] if len(row) > 2 else row[0] for row in shown}
     assert {"orders_current", "orders_history", "orders_latest", "orders_scd2", "runs_log"} <= tables
     assert not {name for name in tables if name.startswith("accounts_")}  # configured, nothing stored yet
 
-    current = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1")
-    history = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_history GROUP BY 1 ORDER BY 1")
     assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
     assert list(_counts_by_date(current)) == ORDERS_DAYS[:2]
     assert _counts_by_date(history) == _stored_counts(lake, "orders", "history_partition")
-
-    latest = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_latest GROUP BY 1")
     assert latest == [[ORDERS_DAYS[1], str(_stored_counts(lake, "orders", "current_table")[ORDERS_DAYS[1]])]]
 
     with pytest.MonkeyPatch.context() as patch:
         for key in ("CDC_TABLE_CONFIGS", "CDC_WAREHOUSE"):
             patch.setenv(key, lake[key])
         expected_versions = scd2_view(spark, "orders").count()
-    (versions,) = _spark_sql(lake, "SELECT count(*) FROM cdc.orders_scd2")
     assert int(versions[0]) == expected_versions > 0
-
-    (logged,) = _spark_sql(lake, "SELECT count(*) FROM cdc.runs_log WHERE `table` = 'orders' AND status = 'succeeded'")
     assert int(logged[0]) == 2  # one row per date of the backfill
 
 
@@ -177,7 +188,10 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
 
     # A fresh machine: no metastore at all, the same warehouse. Every partition of both tables is back.
     shutil.rmtree(catalog_dir(storage))
-    current = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1")
+    current, history = _spark_sql(
+        lake,
+        "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1",
+        "SELECT business_date, count(*) FROM cdc.accounts_history GROUP BY 1",
+    )
     assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
-    history = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.accounts_history GROUP BY 1")
     assert _counts_by_date(history) == _stored_counts(lake, "accounts", "history_partition")

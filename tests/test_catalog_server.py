@@ -67,7 +67,9 @@ def tiny_lake(tmp_path_factory):
     env = {key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}
     env.update(
         PYTHONPATH=str(REPO), CDC_TABLE_CONFIGS=str(configs), CDC_WAREHOUSE=str(warehouse), CDC_SPARK_MASTER="local[1]",
-        CDC_SPARK_CONF='{"spark.sql.shuffle.partitions": "1", "spark.ui.enabled": "false", "spark.driver.memory": "1g"}',
+        # C1 only: a server that lives for a few queries starts faster without the optimizing compiler.
+        CDC_SPARK_CONF='{"spark.sql.shuffle.partitions": "1", "spark.ui.enabled": "false", "spark.driver.memory": "1g", '
+                       '"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}',
     )  # fmt: skip
     yield env
     _cli(env, "server", "stop")
@@ -229,3 +231,13 @@ def test_a_reader_finds_every_name_while_syncs_run_and_a_gained_column_reads_nul
         "day1_rows": str(len(DAY_1_ROWS["id"])), "day1_extra": "0", "day2_extra": str(with_extra),
         "history_extra": str(with_extra), "scd2_extra": str(with_extra), "latest_extra": str(with_extra),
     }  # fmt: skip
+
+
+def test_a_batch_the_server_refused_runs_again(capfd):
+    """beeline on a port where no server listens (yet): the batch is tried again, then its error passed on."""
+    from cdc_assets.catalog import run_beeline
+
+    assert run_beeline(free_port(), "cdc", ["-e", "SELECT 1; SELECT 2"], attempts=2) != 0
+    captured = capfd.readouterr()
+    assert captured.err.count("rejected the statement (Could not open client transport); trying again") == 1
+    assert "Connection refused" in captured.err  # the last attempt's own error, passed on
