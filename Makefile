@@ -102,7 +102,8 @@ cluster-down: install
 sql: install
 	$(BIN)/cdc-catalog sql $(SQL_ARGS)
 
-# The Spark Thrift server on 127.0.0.1:$(SQL_PORT) over the same catalog, for JDBC and beeline clients.
+# The Spark Thrift server on 127.0.0.1:$(SQL_PORT) over the same catalog, for JDBC and beeline clients;
+# it registers every table before the port opens.
 SQL_PORT ?= 10000
 sql-server: install
 	$(BIN)/cdc-catalog server start --port $(SQL_PORT)

@@ -2,7 +2,7 @@
 
     cdc-catalog sync                      register every table (what `make sql` and the SQL server do first)
     cdc-catalog sql [spark-sql args]      spark-sql on the catalog (`make sql`), e.g. -e "SELECT ..."
-    cdc-catalog server start|status|stop  the Spark Thrift server on 127.0.0.1:10000 (`make sql-server`)
+    cdc-catalog server start|status|stop  the SQL server (Spark Thrift server) on 127.0.0.1:10000 (`make sql-server`)
 
 For each configured table with stored data, database ``cdc`` (``CDC_CATALOG_DATABASE``) holds:
 
@@ -15,17 +15,22 @@ For each configured table with stored data, database ``cdc`` (``CDC_CATALOG_DATA
 **One writer, and no writer in the runs.** Spark's embedded Derby metastore admits one JVM at a time,
 and a pipeline run is a JVM of its own (several at once when tables run side by side). So runs never
 open the metastore. The tables do not track partitions in the metastore
-(``spark.sql.hive.manageFilesourcePartitions=false`` when they are created): Spark finds a table's
-partitions from its folder when a query is planned, and the catalog sessions keep that listing for at
-most a second (``spark.sql.metadataCacheTTLSeconds=1``). A commit's rename into
-``business_date=D`` is therefore what registers date D, a replaced partition is read as replaced, and a
-catalog created over an existing warehouse sees every partition there. The metastore only holds
-definitions, written by :func:`sync_statements`; only the process that holds the catalog writes them:
-``cdc-catalog sql`` (spark-sql) for as long as it runs, or the SQL server, which then takes every
-other client's statements, ``make sql`` included. A per-catalog lock file, held by that process, makes
-a second opener fail with a message naming the holder instead of Derby's. A table whose first date was
-committed after the holder synced appears at the next sync (``cdc-catalog sync`` goes through a
-running server).
+(``spark.sql.hive.manageFilesourcePartitions=false`` when they are created): Spark lists a table's
+folder when a query is planned, and the catalog sessions keep a table's resolved relation for at most
+a second (``spark.sql.metadataCacheTTLSeconds=1``). A commit's rename into ``business_date=D`` is
+therefore what registers date D, and a catalog created over an existing warehouse sees every
+partition there. The metastore only holds definitions, and only the process that holds the catalog
+writes them: ``cdc-catalog sql`` (spark-sql) for as long as it runs, or the SQL server, which then
+syncs for every other client, ``make sql`` included. A per-catalog lock file, held by that process,
+makes a second opener fail with a message naming the holder instead of Derby's. A table whose first
+date was committed after the holder synced appears at the next sync (``cdc-catalog sync`` asks a
+running server to sync).
+
+**No name goes missing while the SQL server serves.** Its driver is this module under spark-submit
+(:func:`serve_sql`): it syncs in its own session before the Thrift server listens, so the first
+client finds every name, and later syncs (:func:`request_sync`) change objects in place
+(:func:`sync_in_place`) rather than dropping them. spark-sql, which holds the metastore alone, defines
+them afresh (:func:`sync_statements`).
 
 The metastore lives in ``<warehouse>/_catalog`` (``CDC_CATALOG_DIR`` for a warehouse that is not a
 local folder): deleting it loses nothing the next sync does not rebuild, except objects a user added.
@@ -36,17 +41,24 @@ from __future__ import annotations
 import argparse
 import fcntl
 import getpass
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
-from cdc_assets.config import TableConfig, load_table_configs
+from pyspark.sql import SparkSession
+
+from cdc_assets.config import TABLE_CONFIGS_ENV, TableConfig, TableConfigError, load_table_configs, table_configs_dir
 from cdc_assets.connect_server import (
     HOST,
     _alive,
@@ -58,23 +70,38 @@ from cdc_assets.connect_server import (
     log_tail,
     spark_home,
 )
+from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.scd2 import Dialect, quote_identifier, scd2_sql
 from cdc_assets.names import CURRENT, HISTORY
-from resources.storage import WarehouseStorage, warehouse_root
+from resources.storage import WAREHOUSE_ENV, WarehouseStorage, warehouse_root
 
 DATABASE_ENV = "CDC_CATALOG_DATABASE"
 DEFAULT_DATABASE = "cdc"
 CATALOG_DIR_ENV = "CDC_CATALOG_DIR"
 SQL_PORT_ENV = "CDC_SQL_PORT"
 DEFAULT_SQL_PORT = 10000
-THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
-SQL_CLI_CLASS = "org.apache.spark.sql.hive.thriftserver.SparkSQLCLIDriver"
+# The SQL server's application name, also how its process is recognized.
+SERVER_NAME = "cdc_assets SQL server"
 LOCK_FILE = "catalog.lock"
 SERVER_FOLDER = "sql-server"
+# What the server's first sync left, written before it listens; and the folder of sync requests.
+STARTED_FILE = "started.json"
+REQUESTS_FOLDER = "requests"
+RUNS_LOG = "runs_log"
+RUNS_LOG_COMMENT = "one row per run, table and business date (README, Audit columns and the runs log)"
 # The SCD2 view sees every stored history date: its as-of is a date after any business date.
 ALL_HISTORY = "9999-12-31"
 TABLE_SUFFIXES = {CURRENT: "current", HISTORY: "history"}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SYNC_ATTEMPTS = 4
+BEELINE_ATTEMPTS = 3
+# A sync or query that listed a folder while a commit renamed it away: listing again finds the new one.
+_VANISHED_FILE = re.compile(r"FileNotFoundException|FAILED_READ_FILE|PATH_NOT_FOUND|File does not exist|No such file", re.IGNORECASE)
+# Rejections after which beeline ran nothing, and those a single statement may not meet a second time.
+_REJECTED_CONNECTION = re.compile(r"Could not open client transport|Connection refused|Invalid SessionHandle", re.IGNORECASE)
+_REJECTED_STATEMENT = re.compile(
+    r"Invalid OperationHandle|FileNotFoundException|FAILED_READ_FILE|PATH_NOT_FOUND|File does not exist", re.IGNORECASE
+)
 
 
 class CatalogBusy(RuntimeError):
@@ -115,7 +142,7 @@ def catalog_conf(location: Path) -> dict[str, str]:
             "spark.sql.hive.manageFilesourcePartitions": "false",
             "spark.sql.metadataCacheTTLSeconds": "1",
             # derby.log goes beside the metastore, not into the working directory.
-            "spark.driver.extraJavaOptions": f"-Dderby.system.home={location}",
+            "spark.driver.extraJavaOptions": f"{conf.get('spark.driver.extraJavaOptions', '')} -Dderby.system.home={location}".strip(),
         }
     )
     return conf
@@ -136,55 +163,89 @@ def table_name(config: TableConfig, asset: str) -> str:
     return f"{config.name}_{TABLE_SUFFIXES[asset]}"
 
 
-def table_statements(config: TableConfig, storage: WarehouseStorage, database: str) -> list[str]:
-    """The statements that (re)define one table's objects in ``database``, from what is stored.
+def _create_database(storage: WarehouseStorage, database: str) -> str:
+    location = _string_literal(str(catalog_dir(storage) / f"{database}.db"))
+    return f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database, Dialect.spark)} LOCATION {location}"
 
-    Tables are dropped and created again rather than altered: they are external, so that loses no
-    data, and the new definition takes the stored schema as it is now (Spark merges every partition's
-    footer, so a column added later is there). An asset with nothing stored loses its objects.
+
+def _create_table(name: str, location: str, comment: str, if_not_exists: bool = False) -> str:
+    # No schema given: Spark takes it from every stored file's footer (mergeSchema), partitions from the folders.
+    return (
+        f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}{name} USING parquet OPTIONS (mergeSchema 'true') "
+        f"LOCATION {_string_literal(location)} COMMENT {_string_literal(comment)}"
+    )
+
+
+def _asset_comment(config: TableConfig, asset: str) -> str:
+    return f"{config.name}: {asset}, one partition per business_date"
+
+
+@dataclass(frozen=True)
+class View:
+    """One of a table's views: over the table of ``asset``, defined by ``query``."""
+
+    name: str
+    asset: str
+    comment: str
+    query: str
+
+    def create(self, database: str, replace: bool = True) -> str:
+        # Spark replaces a view by dropping it and creating it again: only for a metastore read by no one else.
+        verb = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW IF NOT EXISTS"
+        return f"{verb} {_quoted(database, self.name)} COMMENT {_string_literal(self.comment)} AS {self.query}"
+
+    def alter(self, database: str) -> str:
+        """The new definition in place (one metastore update): readers see the old view or the new one."""
+        return f"ALTER VIEW {_quoted(database, self.name)} AS {self.query}"
+
+    def drop(self, database: str) -> str:
+        return f"DROP VIEW IF EXISTS {_quoted(database, self.name)}"
+
+
+def table_views(config: TableConfig, database: str) -> list[View]:
+    """``<table>_latest`` over current_table and ``<table>_scd2`` over history_partition."""
+    current, history = _quoted(database, table_name(config, CURRENT)), _quoted(database, table_name(config, HISTORY))
+    scd2 = scd2_sql([column.name for column in config.columns], history, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark)
+    return [
+        View(f"{config.name}_latest", CURRENT, f"{config.name}: current_table as of its newest business_date",
+             f"SELECT * FROM {current} WHERE business_date = (SELECT max(business_date) FROM {current})"),
+        View(f"{config.name}_scd2", HISTORY, f"{config.name}: SCD type 2 versions from history_partition",
+             " ".join(line for line in scd2.splitlines() if not line.lstrip().startswith("--"))),
+    ]  # fmt: skip
+
+
+def _stored(config: TableConfig, storage: WarehouseStorage) -> dict[str, bool]:
+    return {asset: bool(storage.stored_dates(config.name, asset)) for asset in (CURRENT, HISTORY)}
+
+
+def table_statements(config: TableConfig, storage: WarehouseStorage, database: str) -> list[str]:
+    """The statements that define one table's objects afresh in ``database``, from what is stored.
+
+    For a metastore no one else reads while they run (``cdc-catalog sql`` holds it alone): tables are
+    dropped and created again, which loses no data (they are external) and takes the stored schema as
+    it is now. An asset with nothing stored loses its objects. The SQL server syncs in place instead
+    (:func:`sync_in_place`).
     """
-    statements = []
-    stored = {asset: bool(storage.stored_dates(config.name, asset)) for asset in (CURRENT, HISTORY)}
-    latest, scd2 = _quoted(database, f"{config.name}_latest"), _quoted(database, f"{config.name}_scd2")
-    statements += [f"DROP VIEW IF EXISTS {latest}", f"DROP VIEW IF EXISTS {scd2}"]
+    stored = _stored(config, storage)
+    views = table_views(config, database)
+    statements = [view.drop(database) for view in views if not stored[view.asset]]
     for asset in (CURRENT, HISTORY):
         name = _quoted(database, table_name(config, asset))
         statements.append(f"DROP TABLE IF EXISTS {name}")
         if stored[asset]:
-            statements.append(
-                f"CREATE TABLE {name} USING parquet OPTIONS (mergeSchema 'true') "
-                f"LOCATION {_string_literal(storage.asset_path(config.name, asset))} "
-                f"COMMENT {_string_literal(f'{config.name}: {asset}, one partition per business_date')}"
-            )
-    if stored[CURRENT]:
-        current = _quoted(database, table_name(config, CURRENT))
-        statements.append(
-            f"CREATE VIEW {latest} COMMENT {_string_literal(f'{config.name}: current_table as of its newest business_date')} "
-            f"AS SELECT * FROM {current} WHERE business_date = (SELECT max(business_date) FROM {current})"
-        )
-    if stored[HISTORY]:
-        history = _quoted(database, table_name(config, HISTORY))
-        query = scd2_sql(
-            [column.name for column in config.columns], history, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark
-        )
-        body = " ".join(line for line in query.splitlines() if not line.lstrip().startswith("--"))
-        statements.append(f"CREATE VIEW {scd2} COMMENT {_string_literal(f'{config.name}: SCD type 2 versions from history_partition')} AS {body}")
-    return statements
+            statements.append(_create_table(name, storage.asset_path(config.name, asset), _asset_comment(config, asset)))
+    return statements + [view.create(database) for view in views if stored[view.asset]]
 
 
 def sync_statements(configs: Sequence[TableConfig], storage: WarehouseStorage, database: str) -> list[str]:
-    """Every statement of a sync: the database, each table's objects, the runs log; then ``USE database``."""
-    location = _string_literal(str(catalog_dir(storage) / f"{database}.db"))
-    statements = [f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database, Dialect.spark)} LOCATION {location}"]
+    """Every statement of a fresh sync: the database, each table's objects, the runs log; then ``USE database``."""
+    statements = [_create_database(storage, database)]
     for config in configs:
         statements += table_statements(config, storage, database)
-    runs_log = _quoted(database, "runs_log")
+    runs_log = _quoted(database, RUNS_LOG)
     statements.append(f"DROP TABLE IF EXISTS {runs_log}")
     if storage.list_names(storage.runs_log_path()):
-        statements.append(
-            f"CREATE TABLE {runs_log} USING parquet LOCATION {_string_literal(storage.runs_log_path())} "
-            "COMMENT 'one row per run, table and business date (README, Audit columns and the runs log)'"
-        )
+        statements.append(_create_table(runs_log, storage.runs_log_path(), RUNS_LOG_COMMENT))
     statements.append(f"USE {quote_identifier(database, Dialect.spark)}")
     return statements
 
@@ -196,6 +257,118 @@ def write_sync_file(statements: Sequence[str], folder: Path) -> Path:
     with os.fdopen(handle, "w") as out:
         out.write("".join(f"{statement};\n" for statement in statements))
     return Path(name)
+
+
+# -- syncing in place, in the SQL server -------------------------------------------------------------
+
+
+@dataclass
+class SyncReport:
+    """What a sync in place ran, and what failed (one line per object); the rest was synced regardless."""
+
+    statements: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def run(self, spark: SparkSession, statement: str) -> None:
+        spark.sql(statement)
+        self.statements.append(statement)
+
+    def attempt(self, what: str, action: Callable[[], None]) -> None:
+        """``action``, again after a pause while it fails on a file a commit renamed away meanwhile."""
+        for attempt in range(1, SYNC_ATTEMPTS + 1):
+            try:
+                action()
+                return
+            except Exception as error:  # noqa: BLE001 - reported per object; the sync goes on with the others
+                message = str(error).strip()
+                if attempt < SYNC_ATTEMPTS and _VANISHED_FILE.search(message):
+                    time.sleep(0.5 * attempt)
+                    continue
+                self.errors.append(f"{what}: {message.splitlines()[0][:1000] if message else type(error).__name__}")
+                return
+
+
+def sync_in_place(spark: SparkSession, configs: Sequence[TableConfig], storage: WarehouseStorage, database: str) -> SyncReport:
+    """Bring the catalog in ``spark``'s metastore to what is stored, without any name going missing.
+
+    A table that exists keeps its definition, brought up to date: the stored columns it lacks are added
+    (``ALTER TABLE ... ADD COLUMNS``, so a column a config gained reads as NULL on older dates), its
+    location is set if it moved, and ``REFRESH TABLE`` drops this session's listing. A table not yet
+    registered is created. A view that exists gets its new query in place (``ALTER VIEW ... AS``;
+    Spark's ``CREATE OR REPLACE VIEW`` drops it first). So a query planned while a sync runs finds
+    every name. Dropped are only the objects of an asset with nothing stored, and a table whose
+    registered partitioning or column types no longer match its files (dropped and created again, the
+    one case where a name is missing for a moment).
+    """
+    report = SyncReport()
+    report.run(spark, _create_database(storage, database))
+    for config in configs:
+        report.attempt(config.name, lambda config=config: _sync_table_in_place(spark, report, config, storage, database))
+    report.attempt(RUNS_LOG, lambda: _sync_runs_log_in_place(spark, report, storage, database))
+    return report
+
+
+def _sync_table_in_place(spark: SparkSession, report: SyncReport, config: TableConfig, storage: WarehouseStorage, database: str) -> None:
+    stored = _stored(config, storage)
+    for asset in (CURRENT, HISTORY):
+        if stored[asset]:
+            location = storage.asset_path(config.name, asset)
+            _define_table(spark, report, database, table_name(config, asset), location, _asset_comment(config, asset), [BUSINESS_DATE])
+    for view in table_views(config, database):
+        if not stored[view.asset]:
+            report.run(spark, view.drop(database))
+        elif spark.catalog.tableExists(f"{database}.{view.name}"):
+            report.run(spark, view.alter(database))
+        else:
+            report.run(spark, view.create(database, replace=False))
+    for asset in (CURRENT, HISTORY):
+        if not stored[asset]:
+            report.run(spark, f"DROP TABLE IF EXISTS {_quoted(database, table_name(config, asset))}")
+
+
+def _sync_runs_log_in_place(spark: SparkSession, report: SyncReport, storage: WarehouseStorage, database: str) -> None:
+    if storage.list_names(storage.runs_log_path()):
+        _define_table(spark, report, database, RUNS_LOG, storage.runs_log_path(), RUNS_LOG_COMMENT, [])
+    else:
+        report.run(spark, f"DROP TABLE IF EXISTS {_quoted(database, RUNS_LOG)}")
+
+
+def _define_table(spark: SparkSession, report: SyncReport, database: str, name: str, location: str, comment: str,
+                  partition_columns: list[str]) -> None:  # fmt: skip
+    quoted = _quoted(database, name)
+    if not spark.catalog.tableExists(f"{database}.{name}"):
+        report.run(spark, _create_table(quoted, location, comment, if_not_exists=True))
+        return
+    registered = {column.name.lower(): column for column in spark.catalog.listColumns(f"{database}.{name}")}
+    stored = spark.read.option("mergeSchema", "true").parquet(location).schema
+    partitioned = [key for key, column in registered.items() if column.isPartition]
+    conflicts = [field for field in stored.fields
+                 if field.name.lower() in registered and registered[field.name.lower()].dataType != field.dataType.simpleString()]  # fmt: skip
+    if partitioned != [column.lower() for column in partition_columns] or conflicts:
+        report.run(spark, f"DROP TABLE IF EXISTS {quoted}")
+        report.run(spark, _create_table(quoted, location, comment))
+        return
+    if _registered_location(spark, quoted) != _normalized_location(location):
+        report.run(spark, f"ALTER TABLE {quoted} SET LOCATION {_string_literal(location)}")
+    missing = [field for field in stored.fields if field.name.lower() not in registered]
+    if missing:
+        columns = ", ".join(f"{quote_identifier(field.name, Dialect.spark)} {field.dataType.simpleString()}" for field in missing)
+        report.run(spark, f"ALTER TABLE {quoted} ADD COLUMNS ({columns})")
+    report.run(spark, f"REFRESH TABLE {quoted}")
+
+
+def _registered_location(spark: SparkSession, quoted: str) -> str | None:
+    for row in spark.sql(f"DESCRIBE TABLE EXTENDED {quoted}").collect():  # a few dozen rows of metadata
+        if row["col_name"] == "Location":
+            return _normalized_location(row["data_type"])
+    return None
+
+
+def _normalized_location(location: str) -> str:
+    parsed = urlparse(location)
+    if parsed.scheme in ("", "file"):
+        return os.path.normpath(unquote(parsed.path))
+    return location.rstrip("/")
 
 
 # -- the one holder of the metastore ---------------------------------------------------------------
@@ -242,15 +415,15 @@ def spark_sql_command(location: Path, init_file: Path, args: Sequence[str]) -> l
     return [os.path.join(spark_home(), "bin", "spark-sql"), *_conf_args(catalog_conf(location)), "-i", str(init_file), *args]
 
 
-def run_spark_sql(storage: WarehouseStorage, args: Sequence[str], configs: Sequence[TableConfig] | None = None) -> int:
+def run_spark_sql(storage: WarehouseStorage, args: Sequence[str], configs_dir: Path | None = None) -> int:
     """``cdc-catalog sql``: sync, then spark-sql with ``args``; beeline through the SQL server if one runs."""
     location = catalog_dir(storage)
-    statements = sync_statements(load_table_configs() if configs is None else configs, storage, catalog_database())
+    configs_dir = Path(configs_dir or table_configs_dir()).resolve()
     server = running_sql_server(location)
     if server is not None:
-        sync_through_server(location, server[1], statements)
-        return subprocess.call(beeline_command(server[1], catalog_database(), _beeline_args(args)), env=_spark_env())
-    init_file = write_sync_file(statements, location / "tmp")
+        request_sync(location, server[0], configs_dir)
+        return run_beeline(server[1], catalog_database(), args)
+    init_file = write_sync_file(sync_statements(load_table_configs(configs_dir), storage, catalog_database()), location / "tmp")
     try:
         fd = _hold(location, f"pid {os.getpid()} (cdc-catalog sql)")
         try:
@@ -262,21 +435,46 @@ def run_spark_sql(storage: WarehouseStorage, args: Sequence[str], configs: Seque
         init_file.unlink(missing_ok=True)
 
 
-def sync_through_server(location: Path, port: int, statements: Sequence[str]) -> None:
-    """Run the sync's statements on the SQL server (the holder of the metastore) with beeline."""
-    sync_file = write_sync_file(statements, location / "tmp")
-    try:
-        done = subprocess.run(beeline_command(port, "default", ["--silent=true", "-f", str(sync_file)]), env=_spark_env(),
-                              capture_output=True, text=True)  # fmt: skip
-    finally:
-        sync_file.unlink(missing_ok=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"registering the tables through the SQL server failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-
-
 def _beeline_args(args: Sequence[str]) -> list[str]:
     # spark-sql's -e/-f mean the same to beeline; its -S (silent) is beeline's --silent=true, always on.
     return ["--silent=true", "--showHeader=true", "--outputformat=tsv2", *(arg for arg in args if arg not in ("-S", "--silent"))]
+
+
+def run_beeline(port: int, database: str, args: Sequence[str], attempts: int = BEELINE_ATTEMPTS) -> int:
+    """beeline with spark-sql's ``args`` on the SQL server; a batch the server rejects transiently runs again.
+
+    Interactive use runs as it is. With ``-e``/``-f`` the output is passed on once the batch is done;
+    a failed connection is retried, and so is a single statement the server failed on a handle it lost
+    or on a file a commit replaced while the query ran (several statements are not: some may have run).
+    """
+    command = beeline_command(port, database, _beeline_args(args))
+    if not {"-e", "-f"} & set(args):
+        return subprocess.call(command, env=_spark_env())
+    for attempt in range(1, attempts + 1):
+        done = subprocess.run(command, env=_spark_env(), capture_output=True, text=True)
+        rejection = _transient_rejection(args, done.stdout + done.stderr) if done.returncode != 0 else None
+        if rejection is None or attempt == attempts:
+            sys.stdout.write(done.stdout)
+            sys.stdout.flush()
+            sys.stderr.write(done.stderr)
+            return done.returncode
+        print(f"cdc-catalog: the SQL server rejected the statement ({rejection}); trying again", file=sys.stderr)
+        time.sleep(attempt)
+    raise AssertionError("unreachable")
+
+
+def _transient_rejection(args: Sequence[str], output: str) -> str | None:
+    """The transient error in beeline's ``output``, if it is one that running ``args`` again may not meet."""
+    found = _REJECTED_CONNECTION.search(output)
+    if found is None and _single_statement(args):
+        found = _REJECTED_STATEMENT.search(output)
+    return found.group(0) if found else None
+
+
+def _single_statement(args: Sequence[str]) -> bool:
+    if "-f" in args or "-e" not in args or args.index("-e") + 1 >= len(args):
+        return False
+    return ";" not in args[args.index("-e") + 1].strip().rstrip(";")
 
 
 def _wait_forwarding_signals(process: subprocess.Popen) -> int:
@@ -311,52 +509,60 @@ def running_sql_server(location: Path) -> tuple[int, int] | None:
         port = int((state / "server.port").read_text())
     except (OSError, ValueError):
         return None
-    if not _alive(pid) or THRIFT_SERVER_CLASS not in (_cmdline(pid) or THRIFT_SERVER_CLASS):
+    if not _alive(pid) or SERVER_NAME not in (_cmdline(pid) or SERVER_NAME):
         return None
     return pid, port
 
 
-def start_sql_server(storage: WarehouseStorage, port: int = DEFAULT_SQL_PORT, timeout: float = 180,
-                     configs: Sequence[TableConfig] | None = None) -> tuple[int, int]:
-    """Start the Thrift server on 127.0.0.1:``port`` holding the catalog, then sync through it.
+def start_sql_server(storage: WarehouseStorage, port: int = DEFAULT_SQL_PORT, timeout: float = 300,
+                     configs_dir: Path | None = None) -> tuple[int, int]:
+    """Start the SQL server on 127.0.0.1:``port`` holding the catalog; returns (pid, port) once it serves.
 
-    Returns (pid, port). The server runs detached in a session of its own and keeps the catalog's lock
-    (inherited) until it exits. An already running server is synced and returned as it is.
+    The server syncs before it listens (:func:`serve_sql`), so the first client finds every name. It
+    runs detached in a session of its own and keeps the catalog's lock (inherited) until it exits. An
+    already running server is synced and returned as it is. Raises ``RuntimeError`` when some object
+    could not be registered; the server then serves the others.
     """
     location = catalog_dir(storage)
     state = location / SERVER_FOLDER
-    database = catalog_database()
+    configs_dir = Path(configs_dir or table_configs_dir()).resolve()
     running = running_sql_server(location)
-    if running is None:
-        if not _port_is_free(port):
-            raise RuntimeError(f"port {HOST}:{port} is in use by another process")
-        fd = _hold(location, f"the SQL server on {HOST}:{port} (cdc-catalog server, started by pid {os.getpid()})")
-        try:
-            state.mkdir(parents=True, exist_ok=True)
-            log_path = state / "server.log"
-            command = [
-                os.path.join(spark_home(), "bin", "spark-submit"), "--class", THRIFT_SERVER_CLASS,
-                "--name", "cdc_assets SQL server", *_conf_args(catalog_conf(location)), "spark-internal",
-                "--hiveconf", f"hive.server2.thrift.bind.host={HOST}", "--hiveconf", f"hive.server2.thrift.port={port}",
-            ]  # fmt: skip
-            with open(log_path, "wb") as log:
-                process = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=_spark_env(),
-                    cwd=location, start_new_session=True, pass_fds=(fd,),
-                )  # fmt: skip
-            (state / "server.port").write_text(f"{port}\n")
-            (state / "server.pid").write_text(f"{process.pid}\n")
-        finally:
-            os.close(fd)  # the server's inherited copy keeps the lock
-        running = (process.pid, port)
-        try:
-            _wait_until_serving(process.pid, port, log_path, timeout)
-        except BaseException:
-            stop_sql_server(storage)
-            raise
-    statements = sync_statements(load_table_configs() if configs is None else configs, storage, database)
-    sync_through_server(location, running[1], statements)
-    return running
+    if running is not None:
+        request_sync(location, running[0], configs_dir)
+        return running
+    if not _port_is_free(port):
+        raise RuntimeError(f"port {HOST}:{port} is in use by another process")
+    load_table_configs(configs_dir)  # a config error is told here, before a JVM starts
+    fd = _hold(location, f"the SQL server on {HOST}:{port} (cdc-catalog server, started by pid {os.getpid()})")
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        (state / STARTED_FILE).unlink(missing_ok=True)
+        log_path = state / "server.log"
+        conf = {**catalog_conf(location), "spark.hadoop.hive.server2.thrift.bind.host": HOST, "spark.hadoop.hive.server2.thrift.port": str(port)}
+        command = [os.path.join(spark_home(), "bin", "spark-submit"), "--name", SERVER_NAME, *_conf_args(conf), __file__, "server", "run"]
+        env = {
+            **_spark_env(), WAREHOUSE_ENV: storage.root, TABLE_CONFIGS_ENV: str(configs_dir),
+            # The driver is this module under spark-submit: its own folder must not shadow top-level modules.
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONSAFEPATH": "1",
+        }  # fmt: skip
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                cwd=location, start_new_session=True, pass_fds=(fd,),
+            )  # fmt: skip
+        (state / "server.port").write_text(f"{port}\n")
+        (state / "server.pid").write_text(f"{process.pid}\n")
+    finally:
+        os.close(fd)  # the server's inherited copy keeps the lock
+    try:
+        _wait_until_serving(process.pid, port, log_path, timeout)
+    except BaseException:
+        stop_sql_server(storage)
+        raise
+    started = json.loads((state / STARTED_FILE).read_text())
+    if started["errors"]:
+        raise RuntimeError("the SQL server serves, but registering these objects failed:\n" + "\n".join(started["errors"]))
+    return process.pid, port
 
 
 def _wait_until_serving(pid: int, port: int, log_path: Path, timeout: float) -> None:
@@ -366,7 +572,79 @@ def _wait_until_serving(pid: int, port: int, log_path: Path, timeout: float) -> 
             raise RuntimeError(f"the SQL server exited while starting; end of {log_path}:\n{log_tail(log_path)}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the SQL server did not listen on {HOST}:{port} within {timeout:g} s; end of {log_path}:\n{log_tail(log_path)}")
-        time.sleep(0.5)
+        time.sleep(0.1)
+
+
+def serve_sql(storage: WarehouseStorage, configs_dir: Path) -> None:
+    """The SQL server's driver (``cdc-catalog server run``, launched by :func:`start_sql_server`).
+
+    In the JVM that holds the metastore: sync in place, then start the Thrift server on this session,
+    then answer sync requests (:func:`request_sync`) one after another until the process is stopped.
+    """
+    from pyspark.sql import SparkSession
+
+    state = catalog_dir(storage) / SERVER_FOLDER
+    spark = SparkSession.builder.getOrCreate()
+    database = catalog_database()
+    _write_json(state / STARTED_FILE, _sync_for_server(spark, storage, database, configs_dir))
+    # The Thrift server has no Python API; it serves this session's catalog, now synced, from here on.
+    spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(spark._jsparkSession.sqlContext())
+    requests = state / REQUESTS_FOLDER
+    while True:
+        pending: dict[str, list[Path]] = {}
+        for request in sorted(requests.glob("*.request")):
+            pending.setdefault(json.loads(request.read_text())["configs"], []).append(request)
+        for configs, waiting in pending.items():  # one sync answers every request pending for the same configs
+            result = _sync_for_server(spark, storage, database, Path(configs))
+            for request in waiting:
+                _write_json(request.with_suffix(".result"), result)
+                request.unlink()
+        time.sleep(0.2)
+
+
+def _sync_for_server(spark: SparkSession, storage: WarehouseStorage, database: str, configs_dir: Path) -> dict:
+    began = time.monotonic()
+    try:
+        configs = load_table_configs(configs_dir)
+    except TableConfigError as error:
+        return {"statements": 0, "errors": [str(error)]}
+    report = sync_in_place(spark, configs, storage, database)
+    spark.sql(f"USE {quote_identifier(database, Dialect.spark)}")
+    changes = [statement[:300] for statement in report.statements if statement.startswith(("ALTER TABLE", "DROP", "CREATE TABLE"))]
+    print(f"cdc-catalog: synced {len(configs)} table configs from {configs_dir} in {time.monotonic() - began:.1f} s: "
+          f"{len(report.statements)} statements, {len(report.errors)} errors", *changes, *report.errors, sep="\n", flush=True)  # fmt: skip
+    return {"statements": len(report.statements), "errors": report.errors}
+
+
+def request_sync(location: Path, server_pid: int, configs_dir: Path, timeout: float = 900) -> None:
+    """Have the running SQL server sync the tables of ``configs_dir`` in place, and wait until it has.
+
+    Raises ``RuntimeError`` naming what failed (the rest is synced), or if the server exits first.
+    """
+    requests = location / SERVER_FOLDER / REQUESTS_FOLDER
+    name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    _write_json(requests / f"{name}.request", {"configs": str(configs_dir)})
+    result_path = requests / f"{name}.result"
+    deadline = time.monotonic() + timeout
+    while not result_path.exists():
+        if not _alive(server_pid) or time.monotonic() > deadline:
+            (requests / f"{name}.request").unlink(missing_ok=True)
+            log_path = location / SERVER_FOLDER / "server.log"
+            why = "exited" if not _alive(server_pid) else f"did not sync within {timeout:g} s"
+            raise RuntimeError(f"the SQL server (pid {server_pid}) {why}; end of {log_path}:\n{log_tail(log_path)}")
+        time.sleep(0.1)
+    result = json.loads(result_path.read_text())
+    result_path.unlink()
+    if result["errors"]:
+        raise RuntimeError("registering these objects through the SQL server failed:\n" + "\n".join(result["errors"]))
+
+
+def _write_json(path: Path, value: dict) -> None:
+    """Written whole or not at all: readers poll for ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(json.dumps(value))
+    os.replace(partial, path)
 
 
 def stop_sql_server(storage: WarehouseStorage, timeout: float = 30) -> bool:
@@ -380,19 +658,20 @@ def stop_sql_server(storage: WarehouseStorage, timeout: float = 30) -> bool:
         if not _wait_for_exit(pid, timeout):
             _signal_group(pid, signal.SIGKILL)
             _wait_for_exit(pid, 10)
-    for name in ("server.pid", "server.port"):
+    for name in ("server.pid", "server.port", STARTED_FILE):
         (state / name).unlink(missing_ok=True)
+    shutil.rmtree(state / REQUESTS_FOLDER, ignore_errors=True)
     return running is not None
 
 
-def sync(storage: WarehouseStorage, configs: Sequence[TableConfig] | None = None) -> int:
+def sync(storage: WarehouseStorage, configs_dir: Path | None = None) -> int:
     """``cdc-catalog sync``: register every table, through the SQL server if one runs."""
     location = catalog_dir(storage)
     server = running_sql_server(location)
     if server is not None:
-        start_sql_server(storage, server[1], configs=configs)
+        request_sync(location, server[0], Path(configs_dir or table_configs_dir()).resolve())
         return 0
-    return run_spark_sql(storage, ["-e", "SELECT 1"], configs)
+    return run_spark_sql(storage, ["-e", "SELECT 1"], configs_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     sql = commands.add_parser("sql", help="spark-sql on the catalog; the remaining arguments go to spark-sql", add_help=False)
     sql.add_argument("args", nargs=argparse.REMAINDER)
     server = commands.add_parser("server", help="the SQL (Thrift) server on 127.0.0.1")
-    server.add_argument("action", choices=["start", "status", "stop"])
+    server.add_argument("action", choices=["start", "status", "stop", "run"], help="run: the server's driver, as start launches it under spark-submit")
     server.add_argument("--port", type=int, default=None, help=f"start: the port (default: ${SQL_PORT_ENV} or {DEFAULT_SQL_PORT})")
     argv = sys.argv[1:] if argv is None else argv
     # Everything after "sql" belongs to spark-sql, options included.
@@ -417,6 +696,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sql":
             return run_spark_sql(storage, args.args)
         location = catalog_dir(storage)
+        if args.action == "run":
+            serve_sql(storage, table_configs_dir())
+            return 0
         if args.action == "start":
             port = args.port or int(os.environ.get(SQL_PORT_ENV) or DEFAULT_SQL_PORT)
             began = time.monotonic()

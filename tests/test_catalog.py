@@ -1,8 +1,8 @@
 """The SQL catalog through the real tools: spark-sql, the Spark Thrift server with beeline, and runs.
 
-A backfill, a re-run of a date, two tables' runs in separate processes while the SQL server holds the
+A backfill, a re-run of a date, two tables' runs in separate JVMs while the SQL server holds the
 metastore, and a fresh machine (the catalog folder deleted): each time the catalog must show exactly
-what the warehouse holds.
+what the warehouse holds. tests/test_catalog_server.py checks that no name goes missing meanwhile.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def lake(spark, tmp_path_factory):
     home.mkdir()
     shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
     with DagsterInstance.from_config(str(home)):
-        pass  # the instance's storage exists before two runs start at once
+        pass  # the instance's storage exists before a CLI run starts
     env = {key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}
     env.update(
         PYTHONPATH=str(REPO), DAGSTER_HOME=str(home), CDC_TABLE_CONFIGS=str(configs), CDC_DATA_ROOT=str(REPO),
@@ -64,11 +64,20 @@ def _storage(env) -> WarehouseStorage:
     return WarehouseStorage(env["CDC_WAREHOUSE"])
 
 
-def _spark_sql(env, query: str) -> list[list[str]]:
-    """Rows of ``query`` run by ``cdc-catalog sql -S -e`` (spark-sql on the catalog, or beeline via the server)."""
-    done = subprocess.run([str(BIN / "cdc-catalog"), "sql", "-S", "-e", query], env=env, capture_output=True, text=True, timeout=600)
+def _spark_sql(env, *queries: str) -> list[list[list[str]]]:
+    """Rows of each query, all run by one ``cdc-catalog sql -S -e`` (spark-sql on the catalog: a JVM each time)."""
+    separator = "---next query---"
+    batch = f"; SELECT '{separator}'; ".join(queries)
+    done = subprocess.run([str(BIN / "cdc-catalog"), "sql", "-S", "-e", batch], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return [line.split("\t") for line in done.stdout.splitlines() if line.strip()]
+    results: list[list[list[str]]] = [[]]
+    for line in done.stdout.splitlines():
+        if line.strip() == separator:
+            results.append([])
+        elif line.strip():
+            results[-1].append(line.split("\t"))
+    assert len(results) == len(queries), done.stdout[-3000:]
+    return results
 
 
 def _beeline(env, port: int, query: str) -> list[list[str]]:
@@ -97,27 +106,29 @@ def _materialize(env, table: str, day: str) -> subprocess.Popen:
 
 
 def test_spark_sql_reads_every_table_of_a_backfill_by_name(spark, lake):
-    tables = {row[-2] if len(row) > 2 else row[0] for row in _spark_sql(lake, "SHOW TABLES IN cdc")}
+    shown, current, history, latest, (versions,), (logged,) = _spark_sql(
+        lake,
+        "SHOW TABLES IN cdc",
+        "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1",
+        "SELECT business_date, count(*) FROM cdc.orders_history GROUP BY 1 ORDER BY 1",
+        "SELECT business_date, count(*) FROM cdc.orders_latest GROUP BY 1",
+        "SELECT count(*) FROM cdc.orders_scd2",
+        "SELECT count(*) FROM cdc.runs_log WHERE `table` = 'orders' AND status = 'succeeded'",
+    )
+    tables = {row[-2] if len(row) > 2 else row[0] for row in shown}
     assert {"orders_current", "orders_history", "orders_latest", "orders_scd2", "runs_log"} <= tables
     assert not {name for name in tables if name.startswith("accounts_")}  # configured, nothing stored yet
 
-    current = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1")
-    history = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_history GROUP BY 1 ORDER BY 1")
     assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
     assert list(_counts_by_date(current)) == ORDERS_DAYS[:2]
     assert _counts_by_date(history) == _stored_counts(lake, "orders", "history_partition")
-
-    latest = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_latest GROUP BY 1")
     assert latest == [[ORDERS_DAYS[1], str(_stored_counts(lake, "orders", "current_table")[ORDERS_DAYS[1]])]]
 
     with pytest.MonkeyPatch.context() as patch:
         for key in ("CDC_TABLE_CONFIGS", "CDC_WAREHOUSE"):
             patch.setenv(key, lake[key])
         expected_versions = scd2_view(spark, "orders").count()
-    (versions,) = _spark_sql(lake, "SELECT count(*) FROM cdc.orders_scd2")
     assert int(versions[0]) == expected_versions > 0
-
-    (logged,) = _spark_sql(lake, "SELECT count(*) FROM cdc.runs_log WHERE `table` = 'orders' AND status = 'succeeded'")
     assert int(logged[0]) == 2  # one row per date of the backfill
 
 
@@ -149,11 +160,16 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
     current = _beeline(lake, port, "SELECT business_date, count(*) FROM orders_current GROUP BY 1 ORDER BY 1")
     assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
 
-    # Two tables' runs at once, in processes of their own, while the server holds the metastore.
-    runs = [_materialize(lake, "orders", ORDERS_DAYS[2]), _materialize(lake, "accounts", ACCOUNTS_DAY)]
-    for run in runs:
-        output, _ = run.communicate(timeout=900)
-        assert run.returncode == 0, output[-6000:]
+    # Two tables' runs at once, each in a JVM of its own, while the server holds the metastore: orders
+    # through the CLI, accounts in this process's session.
+    orders_run = _materialize(lake, "orders", ORDERS_DAYS[2])
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("CDC_TABLE_CONFIGS", "CDC_DATA_ROOT", "CDC_WAREHOUSE"):
+            patch.setenv(key, lake[key])
+        (accounts_run,) = run_dates(definitions_for(load_table_config(Path(lake["CDC_TABLE_CONFIGS"]) / "accounts.yaml")), [ACCOUNTS_DAY])
+    output, _ = orders_run.communicate(timeout=900)
+    assert orders_run.returncode == 0, output[-6000:]
+    assert accounts_run.success
 
     # orders' new date is there without any registration: the commit's folder is the partition.
     current = _beeline(lake, port, "SELECT business_date, count(*) FROM orders_current GROUP BY 1 ORDER BY 1")
@@ -172,7 +188,10 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
 
     # A fresh machine: no metastore at all, the same warehouse. Every partition of both tables is back.
     shutil.rmtree(catalog_dir(storage))
-    current = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1")
+    current, history = _spark_sql(
+        lake,
+        "SELECT business_date, count(*) FROM cdc.orders_current GROUP BY 1 ORDER BY 1",
+        "SELECT business_date, count(*) FROM cdc.accounts_history GROUP BY 1",
+    )
     assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
-    history = _spark_sql(lake, "SELECT business_date, count(*) FROM cdc.accounts_history GROUP BY 1")
     assert _counts_by_date(history) == _stored_counts(lake, "accounts", "history_partition")

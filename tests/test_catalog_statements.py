@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_assets.catalog import CatalogBusy, _hold, catalog_database, catalog_dir, sync_statements
+from cdc_assets.catalog import CatalogBusy, _hold, _transient_rejection, catalog_database, catalog_dir, sync_statements
 from cdc_assets.config import load_table_config
 from resources.storage import WarehouseStorage
 
@@ -35,8 +36,9 @@ def test_sync_defines_what_is_stored_and_drops_what_is_not(tmp_path, monkeypatch
 
     creates = [statement for statement in statements if statement.startswith("CREATE")]
     assert creates[0].startswith("CREATE DATABASE IF NOT EXISTS `cdc` LOCATION")
-    assert [statement.split(" ")[2] for statement in creates[1:]] == [
-        "`cdc`.`orders_current`", "`cdc`.`orders_history`", "`cdc`.`orders_latest`", "`cdc`.`orders_scd2`",
+    assert [re.match(r"CREATE (TABLE|OR REPLACE VIEW) (`cdc`\.`\w+`)", statement).groups() for statement in creates[1:]] == [
+        ("TABLE", "`cdc`.`orders_current`"), ("TABLE", "`cdc`.`orders_history`"),
+        ("OR REPLACE VIEW", "`cdc`.`orders_latest`"), ("OR REPLACE VIEW", "`cdc`.`orders_scd2`"),
     ]  # fmt: skip
     assert f"LOCATION '{tmp_path}/ware\\'house/orders/current_table'" in creates[1]
     assert "max(business_date)" in creates[3] and "LEAD(business_date)" in creates[4]
@@ -85,3 +87,19 @@ def test_a_second_opener_is_told_who_holds_the_catalog(tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.1)
     assert (tmp_path / "catalog.lock").read_text() == "this test"
+
+
+def test_a_batch_runs_again_only_after_a_rejection_that_ran_nothing():
+    refused = ("Error: Could not open client transport with JDBC Uri: jdbc:hive2://127.0.0.1:1/cdc: "
+               "java.net.ConnectException: Connection refused (state=08S01,code=0)")  # fmt: skip
+    lost = "Error: org.apache.hive.service.cli.HiveSQLException: Invalid OperationHandle: OperationHandle [opType=EXECUTE_STATEMENT]"
+    missing = "Error: ... [TABLE_OR_VIEW_NOT_FOUND] The table or view `cdc`.`orders_current` cannot be found."
+    one, several = ["-S", "-e", "SELECT 1;"], ["-e", "INSERT INTO t VALUES (1); SELECT 1"]
+    # Nothing ran when the connection was refused: any batch may run again.
+    assert _transient_rejection(several, refused) == "Could not open client transport"
+    assert _transient_rejection(["-f", "batch.sql"], refused) is not None
+    # A lost handle: a single statement runs again, several do not (the first may have run).
+    assert _transient_rejection(one, lost) == "Invalid OperationHandle"
+    assert _transient_rejection(several, lost) is None
+    # A real error is not transient.
+    assert _transient_rejection(one, missing) is None
