@@ -593,12 +593,15 @@ def serve_sql(storage: WarehouseStorage, configs_dir: Path) -> None:
     while True:
         pending: dict[str, list[Path]] = {}
         for request in sorted(requests.glob("*.request")):
-            pending.setdefault(json.loads(request.read_text())["configs"], []).append(request)
+            try:
+                pending.setdefault(json.loads(request.read_text())["configs"], []).append(request)
+            except OSError:
+                continue  # its requester gave up waiting and took it back
         for configs, waiting in pending.items():  # one sync answers every request pending for the same configs
             result = _sync_for_server(spark, storage, database, Path(configs))
             for request in waiting:
                 _write_json(request.with_suffix(".result"), result)
-                request.unlink()
+                request.unlink(missing_ok=True)
         time.sleep(0.2)
 
 
@@ -608,8 +611,11 @@ def _sync_for_server(spark: SparkSession, storage: WarehouseStorage, database: s
         configs = load_table_configs(configs_dir)
     except TableConfigError as error:
         return {"statements": 0, "errors": [str(error)]}
-    report = sync_in_place(spark, configs, storage, database)
-    spark.sql(f"USE {quote_identifier(database, Dialect.spark)}")
+    try:
+        report = sync_in_place(spark, configs, storage, database)
+        spark.sql(f"USE {quote_identifier(database, Dialect.spark)}")
+    except Exception as error:  # noqa: BLE001 - e.g. the database could not be created: told to the requester, the server goes on
+        return {"statements": 0, "errors": [f"{database}: {str(error).strip().splitlines()[0][:1000]}"]}
     changes = [statement[:300] for statement in report.statements if statement.startswith(("ALTER TABLE", "DROP", "CREATE TABLE"))]
     print(f"cdc-catalog: synced {len(configs)} table configs from {configs_dir} in {time.monotonic() - began:.1f} s: "
           f"{len(report.statements)} statements, {len(report.errors)} errors", *changes, *report.errors, sep="\n", flush=True)  # fmt: skip
