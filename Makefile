@@ -12,10 +12,14 @@ UI_PORT ?= 3000
 # The demo: the seed's scenario (10,000 + 10,000 rows, 5 keys, 10 non-keys, 20% deleted, 40% updated, 40% unchanged).
 DEMO_DATES := 2019-06-18 2019-06-19
 
-# A long-lived Spark Connect server on 127.0.0.1 (`make spark-server`); runs use it when SPARK_REMOTE
-# names it, e.g. `make demo SPARK_REMOTE=sc://127.0.0.1:15002`.
+# The project's Spark Connect server on 127.0.0.1: `make ui` starts it (or reuses one `make spark-server`
+# left running) and sends every run through it; `make demo` and the dagster CLI use it whenever it runs.
+# CDC_SPARK=local opts out; SPARK_REMOTE points at any other server (resources/spark_target.py).
 SPARK_CONNECT_PORT ?= 15002
-SPARK_SERVER_DIR := $(CURDIR)/.spark-server
+CDC_SPARK_SERVER_DIR ?= $(CURDIR)/.spark-server
+SPARK_SERVER_DIR := $(CDC_SPARK_SERVER_DIR)
+export SPARK_CONNECT_PORT CDC_SPARK_SERVER_DIR
+
 # A Spark standalone cluster on 127.0.0.1 (`make cluster-up`): a master and two workers of 1 core and 2g;
 # runs use it with CDC_SPARK_MASTER=spark://127.0.0.1:7077. Other sizes and ports: CLUSTER_ARGS='--worker-memory 4g'.
 SPARK_CLUSTER_DIR := $(CURDIR)/.spark-cluster

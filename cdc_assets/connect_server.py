@@ -46,8 +46,11 @@ PORT_ENV = "SPARK_CONNECT_PORT"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 PID_FILE = "server.pid"
 PORT_FILE = "server.port"
+OWNER_FILE = "server.owner"
 LOG_FILE = "server.log"
 LOCK_FILE = "start.lock"
+# Runs that may share the server at once when the Dagster instance does not say (instance/dagster.yaml's).
+DEFAULT_SHARED_RUNS = 4
 
 # Server processes this Python process started, so that they are reaped (no zombie looks alive).
 _CHILDREN: dict[int, subprocess.Popen] = {}
@@ -76,6 +79,50 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def configured_port() -> int:
+    """The project server's port: ``SPARK_CONNECT_PORT``, else 15002."""
+    return int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
+
+
+def shared_runs() -> int:
+    """How many runs may share the server at once: the Dagster instance's ``max_concurrent_runs``.
+
+    Read from ``$DAGSTER_HOME/dagster.yaml`` (``concurrency.runs`` or the run coordinator's config);
+    :data:`DEFAULT_SHARED_RUNS` when there is no such file or setting.
+    """
+    home = os.environ.get("DAGSTER_HOME", "").strip()
+    if not home:
+        return DEFAULT_SHARED_RUNS
+    try:
+        import yaml
+
+        settings = yaml.safe_load((Path(home) / "dagster.yaml").read_text()) or {}
+    except (OSError, ValueError):
+        return DEFAULT_SHARED_RUNS
+    candidates = [
+        ((settings.get("concurrency") or {}).get("runs") or {}).get("max_concurrent_runs"),
+        ((settings.get("run_coordinator") or {}).get("config") or {}).get("max_concurrent_runs"),
+    ]
+    for value in candidates:
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_SHARED_RUNS
+
+
+def server_heap_gib(memory_gib: float, runs: int) -> int:
+    """The local server's JVM heap: 2 GiB of its own plus 1.5 GiB per run sharing it, at most half the machine.
+
+    A run alone used to get a 4 GiB JVM of its own; cached data is on disk (core/caching.py), so the heap
+    holds the running stages' buffers, and four runs at once fit in 8 GiB. The other half of the machine
+    stays for the run processes (about 0.3 GiB each), the Python workers and the page cache.
+    """
+    return max(2, min(int(2 + 1.5 * runs), int(memory_gib // 2)))
+
+
+def machine_memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
 def server_conf(port: int, master: str | None = None, conf: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
     """The master and the ``--conf`` pairs a server on ``port`` gets."""
     from resources.spark import LOCAL_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
@@ -84,6 +131,12 @@ def server_conf(port: int, master: str | None = None, conf: dict[str, str] | Non
     merged = {**PIPELINE_DEFAULTS}
     if resolved_master.startswith("local"):
         merged.update(LOCAL_DEFAULTS)
+        # One JVM serves every run at once: sized for them, not for one.
+        merged["spark.driver.memory"] = f"{server_heap_gib(machine_memory_gib(), shared_runs())}g"
+    # Runs share the server side by side: each run's jobs go to its table's pool (the session conf
+    # spark.scheduler.pool, which Spark copies onto every job of the session), and pools share fairly,
+    # so a big table's long stages do not hold a small table's run behind them.
+    merged["spark.scheduler.mode"] = "FAIR"
     merged.update(spark_conf_from_env())
     merged.update({str(key): str(value) for key, value in (conf or {}).items()})
     merged.update(
@@ -103,11 +156,13 @@ def start_server(
     master: str | None = None,
     conf: dict[str, str] | None = None,
     timeout: float = 120,
+    owner: str | None = None,
 ) -> ServerHandle:
     """Start a detached Spark Connect server on 127.0.0.1:``port`` and wait until it answers a query.
 
     If the server recorded in ``state_dir`` is alive on ``port``, it is returned as it is (its conf is not
-    changed). Once started, the server is in a session of its own: Ctrl-C of the caller does not reach
+    changed). ``owner`` is recorded with a server this call starts (see :func:`server_owner`), e.g. so that
+    ``make ui`` stops at its end the server it (or one of its runs) started, and no other. Once started, the server is in a session of its own: Ctrl-C of the caller does not reach
     it (interrupting ``start_server`` while it waits does stop the half-started server).
 
     Raises ``RuntimeError`` if that server runs on another port, if the port is taken, or if the server
@@ -119,10 +174,10 @@ def start_server(
     # One start at a time per state dir: a concurrent caller waits, then finds the server running.
     with open(state / LOCK_FILE, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _start_locked(port, state, master, conf, timeout)
+        return _start_locked(port, state, master, conf, timeout, owner)
 
 
-def _start_locked(port: int, state: Path, master: str | None, conf: dict[str, str] | None, timeout: float) -> ServerHandle:
+def _start_locked(port: int, state: Path, master: str | None, conf: dict[str, str] | None, timeout: float, owner: str | None) -> ServerHandle:
     log_path = state / LOG_FILE
     running = _recorded_server(state)
     if running is not None:
@@ -156,6 +211,7 @@ def _start_locked(port: int, state: Path, master: str | None, conf: dict[str, st
         )
     _CHILDREN[process.pid] = process
     (state / PORT_FILE).write_text(f"{port}\n")
+    (state / OWNER_FILE).write_text(f"{owner or ''}\n")
     (state / PID_FILE).write_text(f"{process.pid}\n")
     handle = _handle(process.pid, port, state)
     try:
@@ -184,6 +240,19 @@ def stop_server(state_dir: str | Path = DEFAULT_STATE_DIR, timeout: float = 30) 
             raise RuntimeError(f"Spark Connect server pid {pid} survived SIGKILL")
     _forget(state)
     return True
+
+
+def server_owner(state_dir: str | Path = DEFAULT_STATE_DIR) -> str | None:
+    """Who started the server recorded in ``state_dir`` (``start_server``'s ``owner``), or None."""
+    try:
+        return (Path(state_dir).resolve() / OWNER_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    return _alive(pid)
 
 
 def running_server(state_dir: str | Path = DEFAULT_STATE_DIR) -> ServerHandle | None:
@@ -225,7 +294,7 @@ def probe(port: int, timeout: float = 10) -> dict[str, str]:
         rows = sum(response.arrow_batch.row_count for response in stub.ExecutePlan(request, timeout=timeout) if response.HasField("arrow_batch"))
         if rows != 1:
             raise RuntimeError(f"SELECT 1 on the Spark Connect server returned {rows} rows")
-        keys = ["spark.master", "spark.sql.session.timeZone", "spark.driver.memory", "spark.sql.shuffle.partitions"]
+        keys = ["spark.master", "spark.app.id", "spark.sql.session.timeZone", "spark.driver.memory", "spark.sql.shuffle.partitions", "spark.scheduler.mode"]
         config = base_pb2.ConfigRequest(**common)
         config.operation.get_option.keys.extend(keys)
         pairs = {pair.key: pair.value for pair in stub.Config(config, timeout=timeout).pairs}
@@ -267,7 +336,7 @@ def _recorded_server(state: Path) -> tuple[int, int] | None:
 
 
 def _forget(state: Path) -> None:
-    for name in (PID_FILE, PORT_FILE):
+    for name in (PID_FILE, PORT_FILE, OWNER_FILE):
         (state / name).unlink(missing_ok=True)
 
 
@@ -393,10 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "start":
-        port = args.port or int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
+        port = args.port or configured_port()
         began = time.monotonic()
         already = running_server(args.state_dir)
-        handle = start_server(port=port, state_dir=args.state_dir, master=args.master, timeout=args.timeout or 120)
+        handle = start_server(port=port, state_dir=args.state_dir, master=args.master, timeout=args.timeout or 120, owner="make spark-server")
         how = "already running" if already is not None and already.pid == handle.pid else f"ready in {time.monotonic() - began:.1f} s"
         print(f"Spark Connect server {how}: pid {handle.pid}, log {handle.log_path}", file=sys.stderr)
         print(handle.url)

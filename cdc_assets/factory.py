@@ -67,8 +67,8 @@ from cdc_assets.names import (
     pool_name,
 )
 from cdc_assets.runs_log import cdc_left_out, run_started_at, runs_logged
-from resources.parquet_io_manager import DatedRows, LazyPartitions, PartitionedParquetIOManager
-from resources.spark import map_dates
+from resources.parquet_io_manager import DatedRows, LazyPartitions, PartitionedParquetIOManager, server_loss_explained
+from resources.spark import SCHEDULER_POOL, map_dates
 
 IO_MANAGER_KEY = "parquet_io_manager"
 KINDS = {"spark", "parquet"}
@@ -180,7 +180,8 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
         days = list(context.partition_keys)  # oldest first
         # The CDC step logs the run's dates; this step does when the run ends here.
         with runs_logged(context, config, parquet_io_manager.storage, days, "intake", only_if_last=cdc_left_out(context, config)):
-            yield from _read_incoming(context, config, pyspark, days, hashed_key, rejects_key)
+            with server_loss_explained(pyspark):
+                yield from _read_incoming(context, config, pyspark, days, hashed_key, rejects_key)
 
     return read_incoming
 
@@ -188,6 +189,7 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
 def _read_incoming(context: AssetExecutionContext, config: TableConfig, pyspark, days: list[str], hashed_key, rejects_key):
     """The intake step: read, validate and hash every date of the range, then write both outputs."""
     spark = pyspark.spark_session
+    spark.conf.set(SCHEDULER_POOL, pool_name(config))  # this table's fair share of a shared server
     # Each date's extract is located and its header checked on its own, side by side (the header
     # is read by Spark, a small job each); then every date is validated and hashed in
     # one query, and written in one write per output. Per-date jobs, not rows, are what a range
@@ -266,7 +268,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
             previous_current: LazyPartitions | None,
         ):
             days = list(context.partition_keys)
-            with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged:
+            with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged, server_loss_explained(pyspark):
                 yield from _apply_changes(context, table, config, pyspark, keys, incoming, previous_current, None, logged)
 
         return apply_changes
@@ -282,7 +284,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         previous_sequences: LazyPartitions | None,
     ):
         days = list(context.partition_keys)
-        with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged:
+        with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged, server_loss_explained(pyspark):
             yield from _apply_changes(
                 context, table, config, pyspark, keys, incoming, previous_current, previous_sequences, logged
             )
@@ -302,6 +304,7 @@ def _apply_changes(
         return stored[first_previous] if stored and first_previous in stored else None
 
     spark = pyspark.spark_session
+    spark.conf.set(SCHEDULER_POOL, pool_name(table))
     with _timed(context, table.name, "classification", _span(days)):
         plan = plan_changes(
             incoming.read_all(),

@@ -7,6 +7,7 @@ a preview, the path).
 
 
 import uuid
+from contextlib import nullcontext
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -135,6 +136,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
 
     # -- writing -------------------------------------------------------------------------------
     def handle_output(self, context: OutputContext, obj: DataFrame | DatedRows) -> None:
+        with server_loss_explained(self.pyspark):
+            self._store_output(context, obj)
+
+    def _store_output(self, context: OutputContext, obj: DataFrame | DatedRows) -> None:
         table, asset = _table_and_asset(context.asset_key.path)
         dates = sorted(context.asset_partition_keys)
         frame = obj.frame if isinstance(obj, DatedRows) else obj
@@ -208,6 +213,12 @@ def describe_partition(schema: StructType, path: str, row_count: int, preview: l
         "preview": MetadataValue.md(header + ("\n" + body if body else "")),
         "path": MetadataValue.path(path),
     }
+
+
+def server_loss_explained(pyspark: LazyPySparkResource):
+    """The Spark resource's explanation of a dead Connect server, when it has one (the project's resource)."""
+    explain = getattr(pyspark, "server_loss_explained", None)
+    return explain() if explain is not None else nullcontext()
 
 
 def _table_and_asset(path: list[str]) -> tuple[str, str]:

@@ -1,13 +1,15 @@
 """The Spark resource (dagster-pyspark's), one SparkSession per run, configured from the environment.
 
-Every step of a run executes in the run's process (``in_process_executor``), so the JVM starts once
-per run, not once per step. The same code runs on a cluster (``CDC_SPARK_MASTER``) or through Spark
-Connect (``SPARK_REMOTE``, e.g. a long-lived server from ``make spark-server``), with more conf in
-``CDC_SPARK_CONF``; nothing in the pipeline assumes local mode or a JVM in its own process.
+Every step of a run executes in the run's process (``in_process_executor``), so a run has one session.
+Where that session lives is chosen when the run first needs Spark (resources/spark_target.py): the
+project's warm Spark Connect server when one is running (``make ui`` keeps one), any server named by
+``SPARK_REMOTE``, or a JVM of the run's own, on a cluster with ``CDC_SPARK_MASTER``; more conf in
+``CDC_SPARK_CONF``. Nothing in the pipeline assumes local mode or a JVM in its own process.
 """
 
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -16,7 +18,11 @@ from typing import Any, TypeVar
 from dagster import InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from dagster_pyspark.resources import spark_session_from_config
+from pydantic import PrivateAttr
 from pyspark.sql import SparkSession
+
+from cdc_assets.core.caching import release_persisted
+from resources.spark_target import SparkTarget, connect_session, explain_server_loss, resolve_spark_target
 
 T = TypeVar("T")
 
@@ -94,7 +100,8 @@ def spark_config_from_environment(master: str | None = None, conf: dict[str, Any
     Without ``SPARK_REMOTE`` the master is ``master``, else ``CDC_SPARK_MASTER``, else ``local[*]``
     (the local defaults apply to a local master only). With ``SPARK_REMOTE`` (Spark Connect) pyspark
     connects to that server and only session conf is sent: what the server's JVM fixed at its start
-    (master, driver and executor settings, the UI) belongs in the server's own conf.
+    (master, driver and executor settings, the UI) belongs in the server's own conf. A run that finds
+    the project's server later drops the same keys (:func:`session_conf`).
     """
     remote = os.environ.get("SPARK_REMOTE", "").strip()
     merged = {**PIPELINE_DEFAULTS}
@@ -105,9 +112,21 @@ def spark_config_from_environment(master: str | None = None, conf: dict[str, Any
             merged.update(LOCAL_DEFAULTS)
     merged.update(spark_conf_from_env())
     merged.update({key: str(value) for key, value in (conf or {}).items()})
-    if remote:
-        merged = {key: value for key, value in merged.items() if not key.startswith(_SERVER_ONLY_PREFIXES)}
-    return merged
+    return session_conf(merged, remote=bool(remote))
+
+
+def session_conf(conf: dict[str, str], remote: bool) -> dict[str, str]:
+    """``conf`` as a session on a Connect server (``remote``) can take it: without the server's own keys."""
+    if not remote:
+        return dict(conf)
+    return {key: value for key, value in conf.items() if not key.startswith(_SERVER_ONLY_PREFIXES)}
+
+
+def start_session(target: SparkTarget, conf: dict[str, str]) -> SparkSession:
+    """The session ``conf`` describes, on ``target``: a Connect client, or a session of the process's own."""
+    if target.is_remote:
+        return connect_session(target.url, session_conf(conf, remote=True))
+    return spark_session_from_config(conf)
 
 
 def is_connect(spark: SparkSession) -> bool:
@@ -120,32 +139,79 @@ def build_spark_session(master: str | None = None, conf: dict[str, Any] | None =
 
     ``getOrCreate`` keeps an existing session's static conf, so the first session in a process wins.
     """
+    target = resolve_spark_target(start_server=False)
     config = spark_config_from_environment(master, conf)
-    if not os.environ.get("SPARK_REMOTE", "").strip():
+    if not target.is_remote:
         config["spark.app.name"] = app_name
-    session = spark_session_from_config(config)
+    session = start_session(target, config)
     # Session conf does apply to a reused session; the time zone must hold for every run.
     session.conf.set("spark.sql.session.timeZone", config["spark.sql.session.timeZone"])
     return session
 
 
+# The session conf that puts a session's jobs into a FAIR scheduler pool (Spark copies session conf
+# onto each job's local properties); the project's Connect server schedules its pools fairly.
+SCHEDULER_POOL = "spark.scheduler.pool"
+
+# Where each run in this process runs Spark, by run id: the resource is set up twice per run (its own
+# key and inside the IO manager), and the choice, and its log line, is made once.
+_RUN_TARGETS: dict[str, SparkTarget] = {}
+
+
 class PipelineSparkResource(LazyPySparkResource):
     """dagster-pyspark's lazy resource, configured from the environment, that cleans up after its run.
 
-    The session starts on first use, so sensors and schedules never start a JVM; every step of a run
-    executes in the run's process (``in_process_executor``), so a run has one session. When the run
-    ends, however it ends, operations it still has running are interrupted; a Spark Connect session is
-    also closed, so the server releases what the run held there.
+    When a run starts, it chooses where Spark runs (the project's warm Connect server, ``SPARK_REMOTE``,
+    or a session of its own: resources/spark_target.py) and says so in the run's first log lines. The
+    session itself starts on first use, so sensors and schedules never start a JVM. When the run ends,
+    however it ends, operations it still has running are interrupted, DataFrames it cached are released,
+    and a Spark Connect session is closed, so a shared server keeps nothing of the run.
     """
+
+    _target: SparkTarget | None = PrivateAttr(default=None)
+    _log: Any = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        run_id = context.run_id or ""
+        target = _RUN_TARGETS.get(run_id)
+        if target is None:
+            target = resolve_spark_target()
+            if run_id:
+                _RUN_TARGETS[run_id] = target
+            if context.log is not None:
+                context.log.info(f"Spark for this run: {target.description}")
+        self._target = target
+        self._log = context.log
+
+    @property
+    def spark_target(self) -> SparkTarget:
+        if self._target is None:
+            self._target = resolve_spark_target()
+        return self._target
+
+    def _init_session(self) -> None:
+        if self._spark_session is None:
+            started = time.perf_counter()
+            self._spark_session = start_session(self.spark_target, self.spark_config)
+            if self._log is not None:
+                # The application id names the JVM: runs on one warm server share it.
+                application = self._spark_session.conf.get("spark.app.id", "unknown")
+                self._log.info(f"Spark session ready in {time.perf_counter() - started:.1f} s on application {application}")
+
+    def server_loss_explained(self):
+        """A context in which a failure while the run's Connect server is gone says so (and what to do)."""
+        return explain_server_loss(self._target if self._target is not None and self._target.is_remote else None)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         session = self._spark_session
         self._spark_session = None
+        _RUN_TARGETS.pop(context.run_id or "", None)
         # The IO manager's copy of this resource is torn down too; the first teardown does the work.
         if session is None or getattr(session, "is_stopped", False):
             return
         try:
             session.interruptAll()
+            release_persisted()
             if is_connect(session):
                 session.stop()
         except Exception as error:  # noqa: BLE001 - cleanup must not mask the run's own outcome

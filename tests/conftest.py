@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 # Dagster and Spark must not write into the repository or the user's home while tests run.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Runs find the project's Spark Connect server without being told (resources/spark_target.py). Tests
+# start their own servers where they want one: a developer's `make spark-server` (or `make ui`) must not
+# turn the suite's cold runs warm, nor its classic session into a Connect client. An empty folder of
+# the test session's own: nothing runs there until a test starts it.
+os.environ["CDC_SPARK_SERVER_DIR"] = tempfile.mkdtemp(prefix="cdc-tests-spark-server-")
+atexit.register(shutil.rmtree, os.environ["CDC_SPARK_SERVER_DIR"], True)
+os.environ.pop("CDC_SPARK", None)
 
 
 @pytest.fixture(scope="session")

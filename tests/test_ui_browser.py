@@ -92,6 +92,9 @@ def _environment(tmp_path: Path, name: str) -> dict[str, str]:
             "CDC_DATA_ROOT": str(tmp_path),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "CDC_SPARK_CONF": '{"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}',
+            # make ui's warm Spark server, of this test's own (make ui stops it, tests/test_warm_server.py checks).
+            "CDC_SPARK_SERVER_DIR": str(tmp_path / f"{name}_spark_server"),
+            "SPARK_CONNECT_PORT": str(free_port()),
         }
     )
     return env

@@ -12,5 +12,28 @@ memory anyway, outside the JVM's heap.
 """
 
 from pyspark import StorageLevel
+from pyspark.sql import DataFrame
 
 CACHE_LEVEL = StorageLevel.DISK_ONLY
+
+# Every DataFrame this process cached and has not released through release_persisted. Each step
+# unpersists its own caches when it is done with them, but a step that fails half-way may not, and
+# on a shared Spark Connect server a cache outlives the run's session: the server's cache manager is
+# shared by all sessions. The run's end releases whatever is left (resources/spark.py).
+_PERSISTED: list[DataFrame] = []
+
+
+def persist(frame: DataFrame) -> DataFrame:
+    """``frame`` cached at :data:`CACHE_LEVEL`, remembered until :func:`release_persisted`."""
+    cached = frame.persist(CACHE_LEVEL)
+    _PERSISTED.append(cached)
+    return cached
+
+
+def release_persisted() -> int:
+    """Unpersist every DataFrame :func:`persist` cached in this process since the last call; how many."""
+    released = 0
+    while _PERSISTED:
+        _PERSISTED.pop().unpersist()
+        released += 1
+    return released

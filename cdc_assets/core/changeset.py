@@ -41,7 +41,7 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
-from cdc_assets.core.caching import CACHE_LEVEL
+from cdc_assets.core.caching import persist
 from cdc_assets.core.changes import (
     CLASSIFICATION_COLUMNS,
     DELETE,
@@ -154,7 +154,7 @@ def apply_change_set(
     # A tie: the key's second record by sequence still ranks first. Lateness is decided before,
     # so a late record never ties (nor one the day's truncate supersedes).
     fillable = [name for name in payload_columns if name not in rules.key_columns] if fills else []
-    ranked = (
+    ranked = persist(
         distinct.filter(~is_truncate & ~is_late & ~before_truncate)
         .withColumns(
             {
@@ -166,7 +166,6 @@ def apply_change_set(
         .withColumn(
             _TIED, F.max((F.col(_RANK) == 2) & (F.col(_TOP) == 1)).over(Window.partitionBy(KEY_HASH))
         )
-        .persist(CACHE_LEVEL)
     )
     late = distinct.filter(is_late)
 
@@ -210,7 +209,7 @@ def apply_change_set(
         winners, previous_current, previous_state, last_truncate, day, payload_columns, audit, non_key_columns,
         fillable, rules.hashed_non_keys,
     )
-    resolved = resolved.persist(CACHE_LEVEL)
+    resolved = persist(resolved)
     counts = {operation: 0 for operation in OPERATIONS}
     by_operation = resolved.groupBy(OPERATION).agg(
         F.count(F.lit(1)).alias("count"), F.count(F.when(F.col(_FILLED), F.lit(1))).alias("filled")

@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from cdc_assets.config import BadRecordPolicy, DuplicateKeyPolicy, LoadType, TableConfig
-from cdc_assets.core.caching import CACHE_LEVEL
+from cdc_assets.core.caching import persist
 from cdc_assets.core.hashing import KEY_HASH, add_hashes
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.source import (
@@ -176,7 +176,7 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
         (sources[day].withColumn(BUSINESS_DATE, F.lit(day)) for day in days),
     )
     # Hash while the typed values are at hand; the cache spares a second parse of the source.
-    validated = add_hashes(validate_records(raw, config), keys, non_keys).persist(CACHE_LEVEL)
+    validated = persist(add_hashes(validate_records(raw, config), keys, non_keys))
     # One job fills the cache and yields every date's figures: rows read, rows rejected, and the keys
     # that occur more than once among the date's accepted rows (with their rows); for a change set,
     # its tombstone lines instead (several records per key are its point).

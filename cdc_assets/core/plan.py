@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from cdc_assets.config import LoadType
-from cdc_assets.core.caching import CACHE_LEVEL
+from cdc_assets.core.caching import persist
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.changeset import ChangeSetRules, apply_change_set
 from cdc_assets.core.columns import BUSINESS_DATE
@@ -118,13 +118,13 @@ def _counts_by_date(classification: DataFrame, dates: Sequence[date]) -> dict[da
 
 
 def _full_loads_in_one_query(incoming: DataFrame, previous: DataFrame | None, dates: list[date], payload_columns, stamps):
-    classification = cdc.classify_full_loads(incoming, previous, dates, stamps["audit"]).persist(CACHE_LEVEL)
+    classification = persist(cdc.classify_full_loads(incoming, previous, dates, stamps["audit"]))
     counts = _counts_by_date(classification, dates)
     totals = {op: sum(by_op[op] for by_op in counts.values()) for op in cdc.OPERATIONS}
     changed = cdc.join_payload_by_date(
         classification, incoming, previous, dates, payload_columns, totals, non_key_columns=stamps["non_key_columns"]
     )
-    changed = changed.persist(CACHE_LEVEL)  # six outputs are filtered from it
+    changed = persist(changed)  # six outputs are filtered from it
     return classification.select(*cdc.CLASSIFICATION_COLUMNS, BUSINESS_DATE), changed, counts, [changed, classification]
 
 
@@ -140,7 +140,7 @@ def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, pa
             # cap keeps the partitions from growing date by date.
             changes = changes.coalesce(max_partitions).localCheckpoint()
         else:
-            changes = changes.persist(CACHE_LEVEL)  # six outputs are filtered from it
+            changes = persist(changes)  # six outputs are filtered from it
         cached.append(changes)
         counts[day] = cdc.count_operations(changes)
         dated = F.lit(day).alias(BUSINESS_DATE)
