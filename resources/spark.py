@@ -154,8 +154,9 @@ def build_spark_session(master: str | None = None, conf: dict[str, Any] | None =
 SCHEDULER_POOL = "spark.scheduler.pool"
 
 # Where each run in this process runs Spark, by run id: the resource is set up twice per run (its own
-# key and inside the IO manager), and the choice, and its log line, is made once.
+# key and inside the IO manager), and the choice, and its log line, is made once; so is the session's.
 _RUN_TARGETS: dict[str, SparkTarget] = {}
+_RUN_SESSIONS_LOGGED: set[str] = set()
 
 
 class PipelineSparkResource(LazyPySparkResource):
@@ -170,6 +171,7 @@ class PipelineSparkResource(LazyPySparkResource):
 
     _target: SparkTarget | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
+    _run_id: str = PrivateAttr(default="")
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         run_id = context.run_id or ""
@@ -182,6 +184,7 @@ class PipelineSparkResource(LazyPySparkResource):
                 context.log.info(f"Spark for this run: {target.description}")
         self._target = target
         self._log = context.log
+        self._run_id = run_id
 
     @property
     def spark_target(self) -> SparkTarget:
@@ -193,7 +196,8 @@ class PipelineSparkResource(LazyPySparkResource):
         if self._spark_session is None:
             started = time.perf_counter()
             self._spark_session = start_session(self.spark_target, self.spark_config)
-            if self._log is not None:
+            if self._log is not None and self._run_id not in _RUN_SESSIONS_LOGGED:
+                _RUN_SESSIONS_LOGGED.add(self._run_id)
                 # The application id names the JVM: runs on one warm server share it.
                 application = self._spark_session.conf.get("spark.app.id", "unknown")
                 self._log.info(f"Spark session ready in {time.perf_counter() - started:.1f} s on application {application}")
@@ -206,6 +210,7 @@ class PipelineSparkResource(LazyPySparkResource):
         session = self._spark_session
         self._spark_session = None
         _RUN_TARGETS.pop(context.run_id or "", None)
+        _RUN_SESSIONS_LOGGED.discard(context.run_id or "")
         # The IO manager's copy of this resource is torn down too; the first teardown does the work.
         if session is None or getattr(session, "is_stopped", False):
             return
