@@ -111,6 +111,23 @@ def test_a_range_write_commits_every_date_including_one_without_rows(spark, stor
     assert not list((Path(storage.root) / "t" / "_staging").rglob("*.parquet")), "nothing left in staging"
 
 
+def test_a_write_whose_observed_counts_come_back_empty_counts_the_staged_files(spark, storage, monkeypatch):
+    """Spark 4.0's Connect server may return a write's observed metrics empty on a busy server (SPARK-54279)."""
+    from resources import storage as storage_module
+
+    monkeypatch.setattr(storage_module.Observation, "get", property(lambda self: {}))
+    assert storage.write(_dated(spark, [("a", 1, D1), ("b", 2, D1), ("c", 3, D3)]), "t", "asset", [D1, D2, D3]) == {D1: 2, D2: 0, D3: 1}
+    assert storage.write(_dated(spark, [("d", 4, D2)]), "t", "asset", [D2]) == {D2: 1}
+    assert storage.write(spark.createDataFrame([("e", 5)], "key_hash string, amount int"), "t", "other", [D1]) == {D1: 1}
+    assert storage.row_counts("t", "asset", [D1, D2, D3]) == {D1: 2, D2: 1, D3: 1}
+    # Rows dated outside the write are still refused, for a range and for one date.
+    with pytest.raises(ValueError, match="1 row"):
+        storage.write(_dated(spark, [("z", 7, D1), ("w", 6, D3)]), "t", "asset", [D1, D2])
+    with pytest.raises(ValueError, match="1 row"):
+        storage.write(_dated(spark, [("z", 7, D1), ("w", 6, None)]), "t", "asset", [D1])
+    assert storage.row_counts("t", "asset", [D1, D2, D3]) == {D1: 2, D2: 1, D3: 1}
+
+
 def test_a_rewrite_replaces_whole_dates_and_rows_of_other_dates_are_refused(spark, storage):
     storage.write(_dated(spark, [("a", 1, D1), ("b", 2, D2)]), "t", "asset", [D1, D2])
     storage.write(_dated(spark, [("x", 9, D1), ("y", 8, D2)]), "t", "asset", [D1, D2])
