@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/bench_many_tables.py [--tables 20] [--rows 100000] [--dates 2]
         [--max-concurrent N] [--warm-concurrent 4] [--skip-cold] [--restart-server] [--no-pool-setup]
-        [--dequeue-interval 1] [--timeout 14400] [--seed 11] [--workdir DIR] [--keep] [--results-dir DIR]
+        [--dequeue-interval 1] [--dequeue-workers 0] [--timeout 14400] [--seed 11] [--workdir DIR] [--keep] [--results-dir DIR]
 
 Issue 22's target: "Twenty tables of 100,000 rows, day 2 of each, through the run queue on the warm
 server: total wall <= 0.2 x the same twenty runs cold through the queue, measured in the same
@@ -17,7 +17,8 @@ Data: ``--tables`` table configs (``many_t01``, ...; the synthetic columns, full
 
 Every phase has a fresh DAGSTER_HOME whose dagster.yaml is the project's ``instance/dagster.yaml``
 (pools: default_limit 1, granularity run: one run per table) plus the QueuedRunCoordinator (dequeue every
-``--dequeue-interval`` s) and ``concurrency: runs: max_concurrent_runs``; each table's pool limit is
+``--dequeue-interval`` s; with ``--dequeue-workers N``, ``dequeue_use_threads`` and N workers, else
+Dagster's default of one launch at a time) and ``concurrency: runs: max_concurrent_runs``; each table's pool limit is
 created before the daemon starts, as ``make ui`` does (``cdc_assets.dev_ui.create_table_pools``; not with
 ``--no-pool-setup``). In each phase:
 
@@ -467,8 +468,11 @@ class Bench:
         home.mkdir(parents=True, exist_ok=True)
         settings = yaml.safe_load((REPO / "instance" / "dagster.yaml").read_text())
         settings.setdefault("concurrency", {})["runs"] = {"max_concurrent_runs": max_concurrent}
-        settings["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator",
-                                       "config": {"dequeue_interval_seconds": self.args.dequeue_interval}}
+        coordinator = {"dequeue_interval_seconds": self.args.dequeue_interval}
+        if self.args.dequeue_workers:
+            # Launch several runs at once; Dagster's default (and the project's) launches one at a time.
+            coordinator.update(dequeue_use_threads=True, dequeue_num_workers=self.args.dequeue_workers)
+        settings["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator", "config": coordinator}
         (home / "dagster.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
     def instance_home(self, phase: str, max_concurrent: int) -> tuple[Path, Path]:
@@ -1006,6 +1010,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-pool-setup", action="store_true",
                         help="do not create the tables' pool limits before the daemon starts (make ui does)")
     parser.add_argument("--dequeue-interval", type=int, default=1, help="QueuedRunCoordinator dequeue_interval_seconds (default 1; Dagster's is 5)")
+    parser.add_argument("--dequeue-workers", type=int, default=0,
+                        help="QueuedRunCoordinator dequeue_use_threads with this many workers (default 0: Dagster's one launch at a time)")
     parser.add_argument("--timeout", type=int, default=4 * 3600, help="seconds to wait for a phase's runs (default 4 h)")
     parser.add_argument("--seed", type=int, default=11, help="generator seed of table 1 (table i: seed + i)")
     parser.add_argument("--workdir", help="default: a fresh temp dir, deleted at the end unless --keep")
@@ -1044,6 +1050,7 @@ def main(argv: list[str] | None = None) -> int:
         skip_cold=args.skip_cold,
         restart_server=args.restart_server,
         dequeue_interval_seconds=args.dequeue_interval,
+        dequeue_workers=args.dequeue_workers,
         workdir=str(workdir),
         spark_env={k: os.environ[k] for k in ("CDC_SPARK_CONF", "CDC_SPARK_MASTER") if k in os.environ},
         machine={"cpus": psutil.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / GIB, 1),
