@@ -30,7 +30,7 @@ else
 export SPARK_REMOTE
 endif
 
-.PHONY: install demo test test-fast browser ui validate benchmark spark-server spark-server-stop cluster-up cluster-down sql sql-server sql-server-stop clean
+.PHONY: install demo test test-fast browser ui validate benchmark benchmark-many spark-server spark-server-stop cluster-up cluster-down sql sql-server sql-server-stop clean
 
 $(BIN)/dagster: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,12 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 # Every target of issue 10 (about 20-30 min idle at the defaults); small: make benchmark BENCH_ARGS='--rows 20000 --range-days 3 --range-rows 2000'
 benchmark: install
 	$(BIN)/python benchmarks/bench_targets.py $(BENCH_ARGS)
+
+# Issue 22's many-tables targets: day 2 of 20 tables of 100,000 rows through the run queue, warm (one
+# Connect server) against cold (a JVM per run), and the server's peak RSS (about 45-60 min idle);
+# seed 003's 65 tables: make benchmark-many BENCH_ARGS='--tables 65 --rows 20000 --skip-cold'
+benchmark-many: install
+	$(BIN)/python benchmarks/bench_many_tables.py $(BENCH_ARGS)
 
 # Prints the server's sc:// URL; the server keeps running (its pid and log are in .spark-server/).
 spark-server: install

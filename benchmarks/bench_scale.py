@@ -81,7 +81,8 @@ def dagster_bin(name: str) -> str:
 
 def base_env() -> dict:
     """The caller's environment without anything that would point a run at another instance, warehouse or server."""
-    return {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "DAGSTER_HOME", "CDC_WAREHOUSE", "CDC_TABLE_CONFIGS")}
+    # Cold runs: neither an inherited SPARK_REMOTE nor the project's running server (found by default).
+    return {**{k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "DAGSTER_HOME", "CDC_WAREHOUSE", "CDC_TABLE_CONFIGS")}, "CDC_SPARK": "local"}
 
 
 def generate(rows: int, data: Path, seed: int) -> dict:

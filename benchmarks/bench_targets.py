@@ -290,8 +290,10 @@ class Bench:
         self.servers: list[Path] = []  # state dirs of every server we tried to start
         self.connect = None
         self.results: dict = {"measurements": {}, "errors": {}}
-        # The user's Spark settings reach every run; an inherited SPARK_REMOTE must not make a "cold" run warm.
+        # The user's Spark settings reach every run; an inherited SPARK_REMOTE, or the project's running
+        # server (which runs find by default), must not make a "cold" run warm: warm runs name their server.
         self.base_env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "DAGSTER_HOME", "CDC_WAREHOUSE", "CDC_TABLE_CONFIGS")}
+        self.base_env["CDC_SPARK"] = "local"
         self.generated = None
 
     # environment -----------------------------------------------------------------------------
