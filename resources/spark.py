@@ -42,6 +42,13 @@ PIPELINE_DEFAULTS: dict[str, str] = {
     # stages of one plan (a range's per-date branches) or of successive queries each compile again;
     # a cold compile of the intake's stage is about 0.1 s. Only stack traces lose the id.
     "spark.sql.codegen.useIdInClassName": "false",
+    # HotSpot never JIT-compiles a method of more than 8,000 bytes of bytecode: such a whole-stage
+    # method runs interpreted on every run, on a warm JVM as on a cold one. The intake's validation
+    # and hashing together made one of about 11 KB (15 columns) and ran at a third of the speed; Spark
+    # falls back from whole-stage codegen for a stage whose method would pass this limit (its own
+    # advice for HotSpot; Spark's default, 65,535, is the JVM's hard limit). A session conf, so it
+    # reaches a Connect server's sessions too.
+    "spark.sql.codegen.hugeMethodLimit": "8000",
 }
 # How many small independent pieces of Spark work run at once: a range's per-date source header
 # checks (a job each where Spark must infer the header), previews of large dates, and the checks'
