@@ -250,6 +250,12 @@ def server_owner(state_dir: str | Path = DEFAULT_STATE_DIR) -> str | None:
         return None
 
 
+def record_owner(state_dir: str | Path, owner: str) -> None:
+    """Make ``owner`` the recorded owner of the server in ``state_dir`` (e.g. a ``make ui`` adopting the
+    server a killed ``make ui`` left running)."""
+    (Path(state_dir).resolve() / OWNER_FILE).write_text(f"{owner}\n")
+
+
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie is not)."""
     return _alive(pid)

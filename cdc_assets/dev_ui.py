@@ -110,10 +110,26 @@ class WarmSpark:
         except (RuntimeError, TimeoutError, OSError) as error:
             _say(f"the Spark Connect server did not start ({error}); each run tries again, else runs cold on its own")
             return
-        if already is not None and already.pid == handle.pid:
+        if already is not None and already.pid == handle.pid and self._orphaned(connect_server.server_owner(self.state)):
+            # Left running by a make ui that was killed (SIGKILL gives it no chance to stop it): ours now.
+            connect_server.record_owner(self.state, self.owner)
+            _say(f"runs use the Spark Connect server a stopped make ui left running at {handle.url} (pid {handle.pid}); it stops with this UI")
+        elif already is not None and already.pid == handle.pid:
             _say(f"runs use the Spark Connect server already running at {handle.url} (pid {handle.pid}); it keeps running after the UI stops")
         else:
             _say(f"Spark Connect server ready at {handle.url} (pid {handle.pid}, log {handle.log_path}): every run goes through it, warm")
+
+    @staticmethod
+    def _orphaned(owner: str | None) -> bool:
+        """Whether ``owner`` names a ``make ui`` whose process is gone."""
+        from cdc_assets.connect_server import process_alive
+
+        if not owner or not owner.startswith("make ui (pid ") or not owner.endswith(")"):
+            return False
+        try:
+            return not process_alive(int(owner[len("make ui (pid ") : -1]))
+        except ValueError:
+            return False
 
     def stop(self) -> None:
         """Stop the server if this ``make ui`` or one of its runs started it."""

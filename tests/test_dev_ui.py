@@ -4,7 +4,9 @@ is kept. A real Dagster instance on SQLite in a temp DAGSTER_HOME; no Spark."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 from dagster import DagsterInstance
@@ -80,3 +82,16 @@ def test_the_shipped_instance_holds_one_run_per_table_and_four_in_all(tmp_path):
     assert concurrency.pool_config.pool_granularity.value == "run"
     # Dagster's default is 10 runs: 10 Spark drivers of 4g do not fit the 24 GiB reference machine.
     assert concurrency.run_queue_config.max_concurrent_runs == 4
+
+
+def test_make_ui_adopts_only_a_server_whose_make_ui_is_gone():
+    """A `make ui` killed with SIGKILL leaves its server running; the next one adopts it and stops it at its end,
+    but never one that `make spark-server` or a live `make ui` started."""
+    from cdc_assets.dev_ui import WarmSpark
+
+    gone = subprocess.Popen(["true"])  # a pid that existed and is gone
+    gone.wait()
+    assert WarmSpark._orphaned(f"make ui (pid {gone.pid})")
+    assert not WarmSpark._orphaned(f"make ui (pid {os.getpid()})")
+    assert not WarmSpark._orphaned("make spark-server")
+    assert not WarmSpark._orphaned(None)
