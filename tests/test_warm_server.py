@@ -19,7 +19,6 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 import requests
-import yaml
 
 from cdc_assets import connect_server
 from tests.processes import free_port, stop_process_tree, tail
