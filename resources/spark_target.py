@@ -7,7 +7,8 @@ Chosen when a run first needs Spark (never when the code location loads), from t
   starts cold. The opt-out everywhere.
 - ``CDC_SPARK=server``: the project's Connect server, started if it is not running (``make ui`` sets this
   for every run it launches, so the next run after a crash starts a fresh server).
-- ``CDC_SPARK=auto`` (the default): the project's server if one is running, else a session of its own.
+- ``CDC_SPARK=auto`` (the default): the project's server if one is running, else a session of its own;
+  with ``CDC_SPARK_MASTER`` set (a cluster), a session of its own on that master.
 
 The project's server is the one recorded in ``CDC_SPARK_SERVER_DIR`` (default ``./.spark-server``, where
 ``make spark-server`` and ``make ui`` keep its pid and port), so no ``SPARK_REMOTE`` is needed to find it.
@@ -89,6 +90,10 @@ def resolve_spark_target(start_server: bool | None = None) -> SparkTarget:
     mode = spark_mode()
     if mode == "local":
         return SparkTarget(mode, None, f"a Spark session of the run's own ({MODE_ENV}=local; the JVM starts cold)")
+
+    master = os.environ.get("CDC_SPARK_MASTER", "").strip()
+    if mode == "auto" and master:
+        return SparkTarget(mode, None, f"a Spark session of the run's own on CDC_SPARK_MASTER={master}")
 
     from cdc_assets import connect_server
 

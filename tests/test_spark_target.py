@@ -26,8 +26,8 @@ from resources.spark_target import (
 
 @pytest.fixture()
 def no_remote(monkeypatch):
-    monkeypatch.delenv("SPARK_REMOTE", raising=False)
-    monkeypatch.delenv("CDC_SPARK", raising=False)
+    for name in ("SPARK_REMOTE", "CDC_SPARK", "CDC_SPARK_MASTER"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_a_running_project_server_is_found_without_spark_remote(connect_server, monkeypatch, no_remote):
@@ -35,6 +35,10 @@ def test_a_running_project_server_is_found_without_spark_remote(connect_server, 
     target = resolve_spark_target()
     assert (target.url, target.server_pid) == (connect_server.url, connect_server.pid)
     assert "warm" in target.description
+
+    monkeypatch.setenv("CDC_SPARK_MASTER", "spark://cluster:7077")  # a master named: the run's own session there
+    assert resolve_spark_target().url is None
+    monkeypatch.delenv("CDC_SPARK_MASTER")
 
     monkeypatch.setenv("CDC_SPARK", "local")  # the opt-out wins over a running server
     assert resolve_spark_target().url is None
