@@ -113,6 +113,7 @@ def test_the_server_heap_is_sized_from_the_machine_and_the_run_queue(tmp_path, m
 
 
 def test_the_end_of_a_run_releases_what_it_cached(spark):
+    caching.release_persisted()  # what earlier tests cached outside a run (no run's end released it)
     frames = [caching.persist(spark.range(100).withColumnRenamed("id", f"c{i}")) for i in range(3)]
     for frame in frames:
         frame.count()
