@@ -70,14 +70,22 @@ def log(message: str) -> None:
     print(f"[big-small {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def write_config(folder: Path, data_root: Path) -> Path:
+# Day 2 is measured in each of these: how current_table is stored (storage: in the table config).
+MODES = {
+    "snapshot": "{current: snapshot}",
+    "incremental": "{current: incremental}",  # day 2 stores its changes only
+    "compaction": "{current: incremental, compact_after_dates: 1}",  # day 2 stores a full copy: a compaction
+}
+
+
+def write_config(folder: Path, data_root: Path, storage: str = MODES["snapshot"]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     keys = "\n".join(f"  - {{name: {k}, type: string}}" for k in KEYS)
     non_keys = "\n".join(f"  - {{name: {c}, type: double}}" for c in NON_KEYS)
     (folder / f"{TABLE}.yaml").write_text(
         f"name: {TABLE}\nstart_date: '{DAY1}'\nload_type: delta\n"
         f"source:\n  path: {data_root}/{{date}}/\n  format: csv\n"
-        f"keys:\n{keys}\nnon_keys:\n{non_keys}\n"
+        f"keys:\n{keys}\nnon_keys:\n{non_keys}\nstorage: {storage}\n"
     )
     return folder
 
@@ -113,12 +121,15 @@ def make_data(rows: int, changed: int, update_share: float, data: Path, seed: in
             "day1_bytes": ev.folder_bytes(data / DAY1), "day2_bytes": ev.folder_bytes(data / DAY2)}
 
 
-def check_day2(data: dict, table_root: Path) -> dict:
+def check_day2(data: dict, table_root: Path, mode: str) -> dict:
     rows, updates, inserts = data["rows"], data["updates"], data["inserts"]
+    # X is counted, not stored: deletes and the classification hold the touched keys only.
     expected = {
-        "current_table": {"I": inserts, "U": updates, "X": rows - updates},
         "history_partition": {"I": inserts, "U": updates},
-        "deletes": {"X": rows - updates},
+        "hash_join_classification": {"I": inserts, "U": updates},
+        "deletes": {},
+        **({"current_table_changes": {"I": inserts, "U": updates}} if mode == "incremental" else
+           {"current_table": {"I": inserts, "U": updates, "X": rows - updates}}),
     }
     expected = {name: {op: n for op, n in ops.items() if n} for name, ops in expected.items()}
     found = {name: operation_counts(table_root / name / f"business_date={DAY2}") for name in expected}
@@ -137,26 +148,40 @@ def measure_size(rows: int, args: argparse.Namespace, workdir: Path, result: dic
     result["data"] = data = make_data(rows, args.changed, args.update_share, data_root, args.seed)
     log(f"{rows:,} rows: data in {data['seconds']}s: day 1 {rows:,} rows ({ev.mib(data['day1_bytes'])} MiB CSV), "
         f"day-2 delta {data['updates']:,} updates + {data['inserts']:,} inserts ({ev.mib(data['day2_bytes'])} MiB CSV)")
-    configs = write_config(base / "configs", data_root)
-    home = base / "dagster_home"
+    # Day 1 (no earlier state) stores a full copy in every mode: one day 1, copied for each mode's day 2.
+    day1 = base / "day1"
+    configs = write_config(day1 / "configs", data_root)
+    home = day1 / "dagster_home"
     home.mkdir(parents=True)
     shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
-    warehouse = base / "warehouse"
-    env = {**base_env(), "DAGSTER_HOME": str(home), "CDC_WAREHOUSE": str(warehouse), "CDC_TABLE_CONFIGS": str(configs)}
+    env = {**base_env(), "DAGSTER_HOME": str(home), "CDC_WAREHOUSE": str(day1 / "warehouse"), "CDC_TABLE_CONFIGS": str(configs)}
     result["day1"] = measure_run(f"r{rows}_day1", workdir, env, DAY1, table=TABLE)
     log(f"{rows:,} rows: day 1 (full load of the table), cold CLI: {describe(result['day1'])}")
-    result["day1_partition_bytes"] = ev.partition_bytes(warehouse, TABLE, DAY1)
-    result["day2"] = day2 = measure_run(f"r{rows}_day2", workdir, env, DAY2, table=TABLE)
-    log(f"{rows:,} rows: day 2 (delta of {args.changed:,} rows), cold CLI: {describe(day2)}")
-    if day2["steps"]:
-        log(f"{rows:,} rows: day-2 steps: " + ", ".join(f"{k} {v}s" for k, v in day2["steps"].items()))
-    result["day2_partition_bytes"] = sizes = ev.partition_bytes(warehouse, TABLE, DAY2)
-    written = sum(sizes.values())
-    result["day2_written_bytes"] = written
-    log(f"{rows:,} rows: day-2 partitions (MiB): " + ", ".join(f"{k} {ev.mib(v)}" for k, v in sizes.items())
-        + f"; all {ev.mib(written)} MiB for a {ev.mib(data['day2_bytes'])} MiB delta")
-    result["day2_counts"] = check_day2(data, warehouse / TABLE)
-    log(f"{rows:,} rows: day-2 counts as expected: {result['day2_counts']}")
+    result["day1_partition_bytes"] = ev.partition_bytes(day1 / "warehouse", TABLE, DAY1)
+    for mode in args.modes:
+        folder = base / mode
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(day1, folder, symlinks=True)
+        warehouse = folder / "warehouse"
+        write_config(folder / "configs", data_root, MODES[mode])
+        env = {**base_env(), "DAGSTER_HOME": str(folder / "dagster_home"), "CDC_WAREHOUSE": str(warehouse),
+               "CDC_TABLE_CONFIGS": str(folder / "configs")}
+        measured = result.setdefault("day2_by_mode", {})[mode] = {}
+        measured["run"] = day2 = measure_run(f"r{rows}_day2_{mode}", workdir, env, DAY2, table=TABLE)
+        log(f"{rows:,} rows, {mode}: day 2 (delta of {args.changed:,} rows), cold CLI: {describe(day2)}")
+        if day2["steps"]:
+            log(f"{rows:,} rows, {mode}: day-2 steps: " + ", ".join(f"{k} {v}s" for k, v in day2["steps"].items()))
+        measured["partition_bytes"] = sizes = ev.partition_bytes(warehouse, TABLE, DAY2)
+        measured["written_bytes"] = written = sum(sizes.values())
+        log(f"{rows:,} rows, {mode}: day-2 partitions (MiB): " + ", ".join(f"{k} {ev.mib(v)}" for k, v in sizes.items())
+            + f"; all {ev.mib(written)} MiB for a {ev.mib(data['day2_bytes'])} MiB delta")
+        measured["counts"] = check_day2(data, warehouse / TABLE, "incremental" if mode == "incremental" else "full copy")
+        log(f"{rows:,} rows, {mode}: day-2 counts as expected: {measured['counts']}")
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    first = args.modes[0]
+    result["day2"], result["day2_partition_bytes"] = result["day2_by_mode"][first]["run"], result["day2_by_mode"][first]["partition_bytes"]
+    result["day2_written_bytes"] = result["day2_by_mode"][first]["written_bytes"]
 
 
 def print_table(results: dict) -> None:
@@ -191,10 +216,18 @@ def print_table(results: dict) -> None:
             print(f"Same delta on {done[-1]:,} rows: day 2 {small['day2']['seconds']:.1f} s; {done[0]:,} / {done[-1]:,} = "
                   f"{big['day2']['seconds'] / small['day2']['seconds']:.2f} x the time for {done[0] / done[-1]:.0f} x the rows, "
                   f"the same change.")
-    print("Why: current_table is a full snapshot per business date, so every date rewrites the whole table (the")
-    print("not-supplied X rows are carried over); a delta's `deletes` output lists every X key with its payload and")
-    print("hash_join_classification has a row per key as well. Only history_partition (and inserts/updates, the intake)")
-    print("are proportional to the change. A date's cost is O(table), not O(change).")
+    print("snapshot: current_table stores the whole state per date (the not-supplied X rows carried over). incremental:")
+    print("a date stores its changes (current_table_changes); compaction: the date stores a full copy of the state.")
+    print("In every mode X is counted, not written: deletes and hash_join_classification hold the touched keys only.")
+    for rows, size in sorted(results["sizes"].items(), key=lambda kv: -int(kv[0])):
+        day1 = size.get("day1", {}).get("seconds")
+        for mode, measured in size.get("day2_by_mode", {}).items():
+            if "run" not in measured or "written_bytes" not in measured:
+                continue
+            part = measured["partition_bytes"]
+            print(f"{int(rows):>12,} {mode:<12} day 2 {measured['run']['seconds']:>8.1f} s = "
+                  f"{measured['run']['seconds'] / day1 if day1 else 0:.3f} x day 1; wrote {ev.mib(measured['written_bytes'])} MiB: "
+                  + ", ".join(f"{name} {ev.mib(n)}" for name, n in part.items() if n))
     for rows, error in results["errors"].items():
         print(f"{rows} rows: {'WRONG COUNTS' if error['kind'] == 'outputs' else 'FAILED'}: {error['message'].strip().splitlines()[0][:160]}")
     if results.get("interrupted"):
@@ -210,6 +243,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--changed", type=int, default=1000, help="rows in the day-2 delta, default 1,000")
     parser.add_argument("--update-share", type=float, default=0.5, help="share of the delta's rows that update day-1 keys (default 0.5; the rest are new keys)")
     parser.add_argument("--compare-rows", help="comma-separated other table sizes to apply the same delta to, e.g. 1000000")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated storage modes to run day 2 in, of {', '.join(MODES)} (default: all)")
     parser.add_argument("--seed", type=int, default=7, help="cdc-generate --seed (default 7)")
     parser.add_argument("--workdir", help="default: a fresh temp dir, deleted at the end unless --keep")
     parser.add_argument("--keep", action="store_true", help="keep data, warehouses, event logs and run logs")
@@ -220,6 +254,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         parser.error(f"--compare-rows: not a comma-separated list of integers: {args.compare_rows!r}")
     args.rows_list = sorted({args.rows, *others}, reverse=True)  # the big table first
+    args.modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
+    if not args.modes or any(mode not in MODES for mode in args.modes):
+        parser.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
     if min(args.rows_list) < 10 or args.changed < 1 or not 0.0 <= args.update_share <= 1.0:
         parser.error("need table rows >= 10, --changed >= 1 and 0 <= --update-share <= 1")
     if round(args.changed * args.update_share) > min(args.rows_list):

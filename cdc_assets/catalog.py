@@ -177,6 +177,9 @@ def _create_table(name: str, location: str, comment: str, if_not_exists: bool = 
 
 
 def _asset_comment(config: TableConfig, asset: str) -> str:
+    if asset == CURRENT and config.storage.incremental:
+        # The view that applies the changes is not there yet (docs/incremental-state.md): say what this is.
+        return f"{config.name}: current_table's full copies only (storage: incremental); read a date's state with cdc-current"
     return f"{config.name}: {asset}, one partition per business_date"
 
 
@@ -206,12 +209,12 @@ def table_views(config: TableConfig, database: str) -> list[View]:
     """``<table>_latest`` over current_table and ``<table>_scd2`` over history_partition."""
     current, history = _quoted(database, table_name(config, CURRENT)), _quoted(database, table_name(config, HISTORY))
     scd2 = scd2_sql([column.name for column in config.columns], history, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark)
-    return [
-        View(f"{config.name}_latest", CURRENT, f"{config.name}: current_table as of its newest business_date",
-             f"SELECT * FROM {current} WHERE business_date = (SELECT max(business_date) FROM {current})"),
-        View(f"{config.name}_scd2", HISTORY, f"{config.name}: SCD type 2 versions from history_partition",
-             " ".join(line for line in scd2.splitlines() if not line.lstrip().startswith("--"))),
-    ]  # fmt: skip
+    latest = View(f"{config.name}_latest", CURRENT, f"{config.name}: current_table as of its newest business_date",
+                  f"SELECT * FROM {current} WHERE business_date = (SELECT max(business_date) FROM {current})")
+    scd2_view = View(f"{config.name}_scd2", HISTORY, f"{config.name}: SCD type 2 versions from history_partition",
+                     " ".join(line for line in scd2.splitlines() if not line.lstrip().startswith("--")))
+    # An incremental table's newest full copy is not its newest state: no _latest for it (yet).
+    return [scd2_view] if config.storage.incremental else [latest, scd2_view]  # fmt: skip
 
 
 def _stored(config: TableConfig, storage: WarehouseStorage) -> dict[str, bool]:
@@ -229,6 +232,8 @@ def table_statements(config: TableConfig, storage: WarehouseStorage, database: s
     stored = _stored(config, storage)
     views = table_views(config, database)
     statements = [view.drop(database) for view in views if not stored[view.asset]]
+    if config.storage.incremental:
+        statements.append(f"DROP VIEW IF EXISTS {_quoted(database, f'{config.name}_latest')}")
     for asset in (CURRENT, HISTORY):
         name = _quoted(database, table_name(config, asset))
         statements.append(f"DROP TABLE IF EXISTS {name}")
@@ -314,6 +319,8 @@ def _sync_table_in_place(spark: SparkSession, report: SyncReport, config: TableC
         if stored[asset]:
             location = storage.asset_path(config.name, asset)
             _define_table(spark, report, database, table_name(config, asset), location, _asset_comment(config, asset), [BUSINESS_DATE])
+    if config.storage.incremental:
+        report.run(spark, f"DROP VIEW IF EXISTS {_quoted(database, f'{config.name}_latest')}")
     for view in table_views(config, database):
         if not stored[view.asset]:
             report.run(spark, view.drop(database))

@@ -33,7 +33,12 @@ from cdc_assets.core.reconcile import (
     reconcile_change_set_intake,
     reconcile_changes,
     reconcile_incoming,
+    reconcile_stored_state,
 )
+from cdc_assets.core.changes import NOT_SUPPLIED
+from cdc_assets.core.state import untouched_operation
+from resources.state import state_rows
+from resources.storage import state_changes_asset
 from cdc_assets.names import (
     CLASSIFICATION,
     CURRENT,
@@ -61,9 +66,15 @@ CHECK_DESCRIPTIONS = {
     (CURRENT, "key_hash_unique"): "No key twice in current_table: rows = distinct key_hash.",
     (CURRENT, "keys_not_null"): "No NULL key column in current_table.",
     (HISTORY, "row_count_reconciles"): "history_partition rows = I + U + D.",
+    (CURRENT, "stored_state_reconciles"): (
+        "An incremental state stores what the date's classification says: a full copy (the first date, a "
+        "compaction) of I + U + N + X rows, or the date's changes, I + U + D rows (and N for delta and change-set "
+        "loads)."
+    ),
 }
+STATE_CHECKS = [(CURRENT, "stored_state_reconciles")]
 INCOMING_CHECKS = [(HASHED_INCOMING, "rows_read_reconcile"), (HASHED_INCOMING, "keys_unique")]
-CDC_CHECKS = [key for key in CHECK_DESCRIPTIONS if key not in INCOMING_CHECKS]
+CDC_CHECKS = [key for key in CHECK_DESCRIPTIONS if key not in INCOMING_CHECKS and key != (CURRENT, "stored_state_reconciles")]
 # A change set holds several records per key, and its incoming records are not one per classified key.
 CHANGESET_DESCRIPTIONS = {
     (HASHED_INCOMING, "rows_read_reconcile"): (
@@ -82,6 +93,8 @@ CHANGESET_CDC_CHECKS = [(CLASSIFICATION, "records_reconcile"), (CURRENT, "previo
 
 
 def _specs(config: TableConfig, partitions_def: DailyPartitionsDefinition, checks) -> list[AssetCheckSpec]:
+    if config.storage.incremental and checks in (CDC_CHECKS, CHANGESET_CDC_CHECKS):
+        checks = checks + STATE_CHECKS
     return [
         AssetCheckSpec(
             name,
@@ -159,26 +172,67 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         current_days = ([first_previous] if date.fromisoformat(first_previous) >= config.start_date else []) + days
         incoming = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
         history = parquet_io_manager.row_counts(table, HISTORY, days)
-        operations, current = side_by_side(
+        operations, (current, parts) = side_by_side(
             lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), BUSINESS_DATE),
-            lambda: keyed_figures_by_date(
-                parquet_io_manager.read_partitions(table, CURRENT, current_days), BUSINESS_DATE, config.key_names
-            ),
+            lambda: _state_figures(parquet_io_manager, config, current_days),
         )
         for day in days:
             on, before = date.fromisoformat(day), date.fromisoformat(day_before(day))
+            by_operation = _with_not_supplied(context, config, day, operations.get(on, no_operations()))
             outcomes = reconcile_changes(
-                operations=operations.get(on, no_operations()),
+                operations=by_operation,
                 incoming_rows=incoming[day],
                 previous_rows=current.get(before, KeyedFigures()).rows,
                 current=current.get(on, KeyedFigures()),
                 history_rows=history[day],
             )
+            outcomes += _stored_part_outcomes(config, day, by_operation, parts)
             for outcome in outcomes:
                 yield _evaluation(config, day, outcome)
             context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
 
     return [intake_checks, cdc_checks]
+
+
+def _with_not_supplied(context: AssetCheckExecutionContext, config: TableConfig, day: str, operations: dict[str, int]) -> dict[str, int]:
+    """The date's operations as hash_join_classification stores them, and X as its materialization
+    recorded it: a key a delta or change set did not supply is counted, not stored."""
+    recorded = _recorded(context, asset_key(config, CLASSIFICATION), day, ("not_supplied",))["not_supplied"]
+    return {**operations, NOT_SUPPLIED: operations.get(NOT_SUPPLIED, 0) + recorded}
+
+
+def _state_figures(io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]):
+    """current_table's figures per date as a state, and what each date stored (full copy or changes, rows).
+
+    A date stored as a full copy is measured as it is; an incremental state's other dates count their
+    rows from what is stored (``resources/state.py``) and their keys from the changes the date stored.
+    """
+    storage, table = io_manager.storage, config.name
+    fulls = [day for day in days if storage.has_partition(table, CURRENT, day)]
+    changes = [day for day in days if day not in fulls]
+    figures = {}
+    if fulls:
+        figures.update(keyed_figures_by_date(io_manager.read_partitions(table, CURRENT, fulls), BUSINESS_DATE, config.key_names))
+    parts = {date.fromisoformat(day): (True, figures.get(date.fromisoformat(day), KeyedFigures()).rows) for day in fulls}
+    if changes:
+        stored = keyed_figures_by_date(
+            io_manager.read_partitions(table, state_changes_asset(CURRENT), changes), BUSINESS_DATE, config.key_names
+        )
+        for day in changes:
+            on = date.fromisoformat(day)
+            part = stored.get(on, KeyedFigures())
+            rows = state_rows(storage, table, CURRENT, day)
+            # Keys the date's changes hold twice are keys the state holds twice.
+            figures[on] = KeyedFigures(rows, rows - (part.rows - part.distinct_keys), part.null_key_rows)
+            parts[on] = (False, part.rows)
+    return figures, parts
+
+
+def _stored_part_outcomes(config: TableConfig, day: str, operations: dict[str, int], parts) -> list:
+    if not config.storage.incremental:
+        return []
+    full_copy, rows = parts.get(date.fromisoformat(day), (False, 0))
+    return [reconcile_stored_state(operations, full_copy, rows, untouched_operation(config.load_type))]
 
 
 def _changeset_checks(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> list:
@@ -211,17 +265,16 @@ def _changeset_checks(config: TableConfig, partitions_def: DailyPartitionsDefini
         incoming = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
         history = parquet_io_manager.row_counts(table, HISTORY, days)
         late = parquet_io_manager.row_counts(table, LATE_CHANGES, days)
-        operations, current = side_by_side(
+        operations, (current, parts) = side_by_side(
             lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), BUSINESS_DATE),
-            lambda: keyed_figures_by_date(
-                parquet_io_manager.read_partitions(table, CURRENT, current_days), BUSINESS_DATE, config.key_names
-            ),
+            lambda: _state_figures(parquet_io_manager, config, current_days),
         )
         for day in days:
             on, before = date.fromisoformat(day), date.fromisoformat(day_before(day))
             figures = _recorded(context, asset_key(config, CLASSIFICATION), day, ("winners", "superseded", "duplicate_events"))
+            by_operation = _with_not_supplied(context, config, day, operations.get(on, no_operations()))
             outcomes = reconcile_change_set(
-                operations=operations.get(on, no_operations()),
+                operations=by_operation,
                 incoming_rows=incoming[day],
                 winners=figures["winners"],
                 superseded=figures["superseded"],
@@ -231,6 +284,7 @@ def _changeset_checks(config: TableConfig, partitions_def: DailyPartitionsDefini
                 current=current.get(on, KeyedFigures()),
                 history_rows=history[day],
             )
+            outcomes += _stored_part_outcomes(config, day, by_operation, parts)
             for outcome in outcomes:
                 yield _evaluation(config, day, outcome)
             context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))

@@ -1,4 +1,4 @@
-"""``cdc-scd2`` and ``cdc-changes``: the consumer views of :mod:`cdc_assets.consumers` from the command line.
+"""``cdc-current``, ``cdc-scd2`` and ``cdc-changes``: the consumer views of :mod:`cdc_assets.consumers` from the command line.
 
 Tables are found by name in the table config folder (``CDC_TABLE_CONFIGS``), the warehouse in
 ``CDC_WAREHOUSE``, and Spark as for a run (``SPARK_REMOTE``, ``CDC_SPARK_MASTER``, ``CDC_SPARK_CONF``).
@@ -17,7 +17,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType
 
 from cdc_assets.config import TableConfig
-from cdc_assets.consumers import changes_between, changes_dates, scd2_as_of, scd2_view, table_config
+from cdc_assets.consumers import (
+    changes_between,
+    changes_dates,
+    current_as_of,
+    current_state,
+    scd2_as_of,
+    scd2_view,
+    table_config,
+)
 from cdc_assets.core.between import CHANGE_TYPE, UPDATE_POSTIMAGE
 from resources.spark import build_spark_session
 
@@ -26,23 +34,46 @@ PRINTED_ROWS = 1000
 FORMATS = ("parquet", "csv")
 
 
+def current_main(argv: Sequence[str] | None = None) -> int:
+    """``cdc-current TABLE [--as-of D] --out PATH [--format parquet|csv]``; returns the exit code."""
+    parser = _as_of_parser(
+        "cdc-current",
+        "Write a table's state as of a business date (the columns of a current_table snapshot), whether the "
+        "table stores a snapshot per date or a full copy and each date's changes.",
+        "the newest stored date",
+    )
+    return _run(
+        parser,
+        argv,
+        check=lambda config, args: current_as_of(config, args.as_of),
+        build=lambda spark, config, args: current_state(spark, config, args.as_of),
+    )
+
+
 def scd2_main(argv: Sequence[str] | None = None) -> int:
     """``cdc-scd2 TABLE [--as-of D] --out PATH [--format parquet|csv]``; returns the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="cdc-scd2",
-        description="Write a table's SCD type 2 view (one row per version of a key, valid_from / valid_to) "
-        "computed from its stored history_partition.",
+    parser = _as_of_parser(
+        "cdc-scd2",
+        "Write a table's SCD type 2 view (one row per version of a key, valid_from / valid_to) computed from "
+        "its stored history_partition.",
+        "the newest stored history date",
     )
-    parser.add_argument("table", help="table name, as in its config's name field")
-    parser.add_argument("--as-of", help="business date YYYY-MM-DD (default: the newest stored history date)")
-    parser.add_argument("--out", required=True, help="output folder (replaced if it exists)")
-    parser.add_argument("--format", choices=FORMATS, default="parquet")
     return _run(
         parser,
         argv,
         check=lambda config, args: scd2_as_of(config, args.as_of),
         build=lambda spark, config, args: scd2_view(spark, config, args.as_of),
     )
+
+
+def _as_of_parser(prog: str, description: str, default_date: str) -> argparse.ArgumentParser:
+    """``PROG TABLE [--as-of D] --out PATH [--format parquet|csv]``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("table", help="table name, as in its config's name field")
+    parser.add_argument("--as-of", help=f"business date YYYY-MM-DD (default: {default_date})")
+    parser.add_argument("--out", required=True, help="output folder (replaced if it exists)")
+    parser.add_argument("--format", choices=FORMATS, default="parquet")
+    return parser
 
 
 def changes_main(argv: Sequence[str] | None = None) -> int:

@@ -201,6 +201,38 @@ class Retention(BaseModel):
     )
 
 
+class StateForm(str, Enum):
+    """How current_table stores each date's state."""
+
+    snapshot = "snapshot"  # every date a full copy of the state
+    incremental = "incremental"  # every date its changes; a full copy (a base) now and then
+
+
+class StateStorage(BaseModel):
+    """``storage:`` in a table config: how the table's state (current_table) is stored.
+
+    ``incremental`` writes a date's changes only (its I, U, N and D rows) and, when the changes since the
+    last full copy pass ``compact_after_share`` of its rows or ``compact_after_dates`` dates, a full copy
+    (compaction). Readers see the same state either way (README, "Incremental state").
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    current: StateForm = StateForm.snapshot
+    compact_after_share: float = Field(
+        default=0.25,
+        gt=0.0,
+        description="Write a full copy once the change rows stored since the last one reach this share of its rows.",
+    )
+    compact_after_dates: int = Field(
+        default=30, ge=1, strict=True, description="Write a full copy at the latest after this many dates of changes."
+    )
+
+    @property
+    def incremental(self) -> bool:
+        return self.current is StateForm.incremental
+
+
 class Source(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -249,6 +281,7 @@ class TableConfig(BaseModel):
     changes: Changes | None = None
     scd2: Scd2 = Scd2()
     retention: Retention | None = None
+    storage: StateStorage = StateStorage()
     owners: list[str] = Field(default_factory=list)
     description: str | None = None
 

@@ -1,8 +1,10 @@
-"""Reading the warehouse as a consumer: the SCD type 2 view and the changes between two dates.
+"""Reading the warehouse as a consumer: the state as of a date, the SCD type 2 view and the changes
+between two dates.
 
-Both are computed when read, from the stored ``history_partition``; neither is an asset. They only read:
-no lock is taken and nothing is written or repaired. ``cdc-scd2`` and ``cdc-changes``
-(``cdc_assets/cli.py``) run them from the command line.
+The state is read from current_table, whichever way the table stores it (a snapshot per date, or a
+full copy and each date's changes); the other two are computed from the stored ``history_partition``.
+None is an asset. They only read: no lock is taken and nothing is written or repaired. ``cdc-current``,
+``cdc-scd2`` and ``cdc-changes`` (``cdc_assets/cli.py``) run them from the command line.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from cdc_assets.core.between import changes_from_history
 from cdc_assets.core.changes import OPERATION
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 from cdc_assets.core.scd2 import Dialect, as_date, quote_identifier, scd2_sql
-from cdc_assets.names import HISTORY
-from resources.storage import WarehouseStorage, warehouse_root
+from cdc_assets.core.state import untouched_operation
+from cdc_assets.names import CURRENT, HISTORY
+from resources.state import read_state
+from resources.storage import VERSION_KEY, WarehouseStorage, state_changes_asset, warehouse_root
 
 # What the views need of history besides the configured columns (business_date comes from the folders).
 _HISTORY_COLUMNS = ((KEY_HASH, "string"), (NON_KEY_HASH, "string"), (OPERATION, "string"))
@@ -34,6 +38,95 @@ def table_config(table: TableConfig | str) -> TableConfig:
             return config
     known = ", ".join(config.name for config in configs) or "none"
     raise ValueError(f"unknown table {table!r}: the table configs in {table_configs_dir()} define {known}")
+
+
+def current_state(
+    spark: SparkSession, table: TableConfig | str, as_of: str | date | None = None, warehouse: str | None = None
+) -> DataFrame:
+    """The table's state as of ``as_of`` (default: the newest stored date), with the columns of a
+    current_table snapshot, row for row what a snapshot of that date holds, whichever way the table
+    stores its state (``storage.current``). Raises ValueError when the date's state is not stored."""
+    config = table_config(table)
+    storage = WarehouseStorage(warehouse_root(warehouse))
+    day = current_as_of(config, as_of, warehouse)
+    try:
+        return read_state(storage, spark, config.name, CURRENT, day, config.load_type)
+    except RuntimeError as error:  # MissingPartitionError, DroppedPartitionError
+        raise ValueError(str(error)) from error
+
+
+def current_as_of(config: TableConfig, as_of: str | date | None = None, warehouse: str | None = None) -> str:
+    """The date of :func:`current_state` as ``YYYY-MM-DD``: ``as_of``, or the newest date with a stored state.
+
+    Raises ValueError when the table has no stored state on that date (no Spark needed).
+    """
+    storage = WarehouseStorage(warehouse_root(warehouse))
+    stored = sorted(set(storage.stored_dates(config.name, CURRENT)) | set(storage.stored_dates(config.name, state_changes_asset(CURRENT))))
+    if not stored:
+        raise ValueError(
+            f"{config.name} has no stored current_table (looked in {storage.asset_path(config.name, CURRENT)}): "
+            "materialize the table first"
+        )
+    day = stored[-1] if as_of is None else as_date(as_of).isoformat()
+    try:
+        storage.state_layout(config.name, CURRENT, day)
+    except RuntimeError as error:
+        raise ValueError(f"{error} (stored dates run from {stored[0]} to {stored[-1]})") from error
+    return day
+
+
+def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, as_of: str | date | None = None) -> str:
+    """A DuckDB query of :func:`current_state`: the state as of ``as_of`` (default: the newest stored date).
+
+    The query names the stored files of that state as they are now (the full copy's version folder and
+    those of the changes after it), so it reads the same state however long it runs and whatever is
+    committed meanwhile; generate it again for a later state. Run it with e.g.
+    ``duckdb.sql(current_duckdb_sql("orders"))``.
+    """
+    config = table_config(config)
+    storage = WarehouseStorage(warehouse_root(warehouse))
+    day = current_as_of(config, as_of, warehouse)
+    layout = storage.state_layout(config.name, CURRENT, day)
+    full_folder = storage.stored_path(config.name, CURRENT, layout.full_date)
+    columns = _stored_columns(storage, full_folder)
+    untouched = untouched_operation(config.load_type)
+
+    def listed(folder: str) -> str:
+        return "'" + f"{folder}/*.parquet".replace("'", "''") + "'"
+
+    def select(operation: str) -> str:
+        return ", ".join(operation if name == OPERATION else quote_identifier(name, Dialect.duckdb) for name in columns)
+
+    full = f"read_parquet({listed(full_folder)}, hive_partitioning = false, union_by_name = true)"
+    if not layout.change_dates:
+        if layout.full_date == day:
+            return f"SELECT {select(OPERATION)} FROM {full}"
+        return f"SELECT {select(f'{_sql_string(untouched)} AS {OPERATION}')} FROM {full}"
+    folders = [storage.stored_path(config.name, state_changes_asset(CURRENT), change) for change in layout.change_dates]
+    changes = (
+        f"read_parquet([{', '.join(listed(folder) for folder in folders)}], hive_partitioning = true, union_by_name = true)"
+    )
+    on_day = f"DATE '{day}'"
+    full_operation = OPERATION if layout.full_date == day else f"{_sql_string(untouched)} AS {OPERATION}"
+    return (
+        f"WITH changes AS (SELECT * EXCLUDE ({VERSION_KEY}) FROM {changes}),\n"
+        "newest AS (SELECT * FROM changes QUALIFY row_number() OVER (PARTITION BY key_hash ORDER BY business_date DESC) = 1)\n"
+        f"SELECT {select(full_operation)} FROM {full} WHERE key_hash NOT IN (SELECT key_hash FROM changes)\n"
+        "UNION ALL\n"
+        f"SELECT {select(f'CASE WHEN business_date = {on_day} THEN {OPERATION} ELSE {_sql_string(untouched)} END AS {OPERATION}')} "
+        f"FROM newest WHERE {OPERATION} <> 'D'"
+    )
+
+
+def _stored_columns(storage: WarehouseStorage, folder: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    first = sorted(name for name in storage.list_names(folder) if name.endswith(".parquet"))[0]
+    return pq.read_schema(f"{folder}/{first}").names
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 def scd2_view(

@@ -67,7 +67,16 @@ from cdc_assets.names import (
     pool_name,
 )
 from cdc_assets.runs_log import cdc_left_out, run_started_at, runs_logged
-from resources.parquet_io_manager import DatedRows, LazyPartitions, PartitionedParquetIOManager, server_loss_explained
+from cdc_assets.core.state import StateSince, compaction_due, untouched_operation
+from resources.parquet_io_manager import (
+    STATE_LOAD_TYPE,
+    DatedRows,
+    LazyPartitions,
+    PartitionedParquetIOManager,
+    StateRows,
+    server_loss_explained,
+)
+from resources.state import state_rows, state_since_full
 from resources.spark import SCHEDULER_POOL, map_dates
 
 IO_MANAGER_KEY = "parquet_io_manager"
@@ -86,16 +95,17 @@ DESCRIPTIONS = {
         "Rows read = rows in hashed_incoming + rows here."
     ),
     CLASSIFICATION: (
-        "One row per key: the day's incoming hashes FULL OUTER JOIN the previous day's current_table "
-        "hashes ON key_hash, classified I (insert), U (update), N (no change), and D (deleted, full "
-        "loads) or X (not supplied, delta and change-set loads). Only hash columns take part in the join. "
-        "For a change set the incoming side is each key's winning record (greatest sequence), and a "
-        "delete record makes D."
+        "One row per key the day touched: the day's incoming hashes FULL OUTER JOIN the previous day's "
+        "current_table hashes ON key_hash, classified I (insert), U (update), N (no change) and, for full "
+        "loads, D (deleted). Only hash columns take part in the join. For a change set the incoming side is "
+        "each key's winning record (greatest sequence), and a delete record makes D. A key a delta or change "
+        "set did not supply (X) is counted in the metadata (`not_supplied`), not stored."
     ),
     INSERTS: "Rows whose key is new today (I), with their full payload from the day's input.",
     DELETES: (
-        "Keys missing from today's input, with their last payload from the previous current_table: "
-        "D (deleted) for full loads, X (not supplied) for delta loads."
+        "Keys deleted today (D), with their last payload from the previous current_table: keys missing from "
+        "a full load, and keys a change set deleted. A delta deletes nothing; the keys it did not supply (X) "
+        "are counted in hash_join_classification's metadata, not stored."
     ),
     UPDATES: (
         "Rows whose non-key values changed today (U), with their full payload from the day's input and "
@@ -104,8 +114,10 @@ DESCRIPTIONS = {
     CURRENT: (
         "The table's state as of the business date: I + U + N (payload from the day's input) + X "
         "(payload kept from the previous state). Deleted keys leave. `eff_start_date` is the date the "
-        "row's current version started, and `process_id`/`processed_at` the run that started it. Each "
-        "partition is the full state as of its date."
+        "row's current version started, and `process_id`/`processed_at` the run that started it. With "
+        "`storage: {current: snapshot}` (the default) each partition stores the full state; with "
+        "`incremental` a date stores its changes and now and then a full copy (`stored_as` in the metadata). "
+        "Read a date's state with `cdc-current` or `cdc_assets.consumers.current_state` in either mode."
     ),
     HISTORY: (
         "The date's net changes: I + U + D, each with eff_start_date = the business date (D rows carry "
@@ -244,7 +256,8 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         deps = [keys[CLASSIFICATION]]
         if name in (CURRENT, APPLIED_SEQUENCES):
             deps.append(AssetDep(keys[name], partition_mapping=previous_day))
-        specs.append(AssetSpec(keys[name], deps=deps, description=DESCRIPTIONS[name], **common))
+        metadata = {STATE_LOAD_TYPE: config.load_type.value, "cdc/state_storage": config.storage.current.value} if name == CURRENT else {}
+        specs.append(AssetSpec(keys[name], deps=deps, description=DESCRIPTIONS[name], metadata=metadata, **common))
     specs = [spec.with_io_manager_key(IO_MANAGER_KEY) for spec in specs]
     ins = {"incoming": AssetIn(hashed_key), "previous_current": AssetIn(keys[CURRENT])}
     decorator = multi_asset(
@@ -269,7 +282,9 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         ):
             days = list(context.partition_keys)
             with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged, server_loss_explained(pyspark):
-                yield from _apply_changes(context, table, config, pyspark, keys, incoming, previous_current, None, logged)
+                yield from _apply_changes(
+                    context, table, config, pyspark, parquet_io_manager.storage, keys, incoming, previous_current, None, logged
+                )
 
         return apply_changes
 
@@ -286,14 +301,16 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         days = list(context.partition_keys)
         with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged, server_loss_explained(pyspark):
             yield from _apply_changes(
-                context, table, config, pyspark, keys, incoming, previous_current, previous_sequences, logged
+                context, table, config, pyspark, parquet_io_manager.storage, keys, incoming, previous_current,
+                previous_sequences, logged,
             )
 
     return apply_change_sets
 
 
 def _apply_changes(
-    context, table: TableConfig, config: ApplyChangesConfig, pyspark, keys, incoming, previous_current, previous_sequences, logged
+    context, table: TableConfig, config: ApplyChangesConfig, pyspark, storage, keys, incoming, previous_current,
+    previous_sequences, logged,
 ):
     """The CDC step: plan the range (core/plan.py), guard it, then write every output."""
     days = list(context.partition_keys)  # oldest first
@@ -305,10 +322,14 @@ def _apply_changes(
 
     spark = pyspark.spark_session
     spark.conf.set(SCHEDULER_POOL, pool_name(table))
+    previous_state = as_of_day_before(previous_current)
+    incremental = table.storage.incremental
+    # An incremental state's rows are counted from what is stored, not by reading the state.
+    previous_rows = state_rows(storage, table.name, CURRENT, first_previous) if incremental and previous_state is not None else 0
     with _timed(context, table.name, "classification", _span(days)):
         plan = plan_changes(
             incoming.read_all(),
-            as_of_day_before(previous_current),
+            previous_state,
             dates,
             table.load_type,
             [column.name for column in table.columns],
@@ -317,6 +338,8 @@ def _apply_changes(
             change_set_rules=_change_set_rules(table),
             audit=cdc.RunAudit(context.run_id, run_started_at(context)),
             non_key_columns=[column.name for column in table.non_keys],
+            touched_keys_only=incremental,
+            previous_rows=previous_rows,
         )
     try:
         counts = {day.isoformat(): by_op for day, by_op in plan.counts.items()}
@@ -348,10 +371,48 @@ def _apply_changes(
         for name in keys:
             dropped = current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
             rows = DatedRows(outputs[name], retention_current_days=dropped)
+            if name == CURRENT and incremental:
+                rows = _incremental_state(context, table, storage, plan, days, previous_state is not None, previous_rows, dropped)
             with _timed(context, table.name, f"write {name}", _span(days)):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
         plan.release()
+
+
+def _incremental_state(
+    context, table: TableConfig, storage, plan, days: list[str], has_previous: bool, previous_rows: int, current_days
+) -> StateRows:
+    """What an incremental current_table stores for each date: its changes, or a full copy when
+    ``storage.compact_after_share`` / ``compact_after_dates`` say so (compaction), when there is no
+    earlier state, or when the date was stored as a full copy before (a re-run keeps the form)."""
+    since = state_since_full(storage, table.name, CURRENT, day_before(days[0])) if has_previous else None
+    rows, full_dates, metadata, notes = previous_rows, [], {}, []
+    for day in days:
+        counts = plan.counts[date.fromisoformat(day)]
+        change_rows = sum(n for op, n in counts.items() if op != untouched_operation(table.load_type))
+        rows += counts[cdc.INSERT] - counts[cdc.DELETE]
+        grown = None if since is None else StateSince(since.full_rows, since.change_dates + 1, since.change_rows + change_rows)
+        if compaction_due(grown, table.storage) or storage.has_partition(table.name, CURRENT, day):
+            full_dates.append(day)
+            reason = "no earlier state" if grown is None else (
+                f"{grown.change_rows} change rows over {grown.change_dates} date(s) since the last full copy "
+                f"({grown.full_rows} rows)"
+            )
+            notes.append(f"{table.name} {day}: compaction, storing a full copy of the state ({rows} rows): {reason}")
+            since = StateSince(rows, 0, 0)
+        else:
+            since = grown
+        metadata[day] = {
+            "state_rows": MetadataValue.int(rows),
+            "change_rows_since_full_copy": MetadataValue.int(since.change_rows),
+            "change_dates_since_full_copy": MetadataValue.int(since.change_dates),
+        }
+    if notes:
+        context.log.info("\n".join(notes))
+    full = plan.full_states([date.fromisoformat(day) for day in full_dates]) if full_dates else None
+    return StateRows(
+        changes=plan.state_changes, full=full, full_dates=tuple(full_dates), retention_current_days=current_days, metadata=metadata
+    )
 
 
 def _change_set_rules(table: TableConfig) -> ChangeSetRules | None:

@@ -9,7 +9,7 @@ a preview, the path).
 import uuid
 from contextlib import nullcontext
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dagster import (
     ConfigurableIOManager,
@@ -27,9 +27,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from cdc_assets.config import LoadType
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.spark import map_dates
-from resources.storage import WarehouseStorage, as_stored, warehouse_root
+from resources.state import read_state
+from resources.storage import WarehouseStorage, as_stored, state_changes_asset, warehouse_root
 
 PREVIEW_ROWS = 5
 # Up to this many rows in a range, its previews come from one scan that keeps each file's first rows;
@@ -51,15 +53,38 @@ class DatedRows:
     retention_current_days: int | None = None
 
 
+@dataclass(frozen=True)
+class StateRows:
+    """A state's rows for every partition of the run, as an incremental state stores them: dates in
+    ``full_dates`` as a full copy (rows of ``full``), the others as their changes (rows of ``changes``);
+    both DataFrames dated by ``business_date``. ``metadata`` adds figures per date."""
+
+    changes: DataFrame
+    full: DataFrame | None
+    full_dates: tuple[str, ...]
+    retention_current_days: int | None = None
+    metadata: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+
+
+# The asset definition metadata that makes an asset a state, read through resources/state.py: the
+# table's load type, which says what a date did to a key it did not touch.
+STATE_LOAD_TYPE = "cdc/state_load_type"
+
+
 class LazyPartitions(Mapping[str, DataFrame]):
     """``{business_date: DataFrame}`` over stored partitions; a partition is read only when looked up."""
 
-    def __init__(self, manager: "PartitionedParquetIOManager", table: str, asset: str, dates: list[str]):
+    def __init__(
+        self, manager: "PartitionedParquetIOManager", table: str, asset: str, dates: list[str], load_type: LoadType | None = None
+    ):
         self._manager, self._table, self._asset, self._dates = manager, table, asset, list(dates)
+        self._load_type = load_type  # a state: each date read as the state as of it (resources/state.py)
 
     def __getitem__(self, business_date: str) -> DataFrame:
         if business_date not in self._dates:
             raise KeyError(business_date)
+        if self._load_type is not None:
+            return self._manager.read_state(self._table, self._asset, business_date, self._load_type)
         return self._manager.read_partition(self._table, self._asset, business_date)
 
     def __contains__(self, business_date: object) -> bool:
@@ -118,6 +143,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         """Several stored partitions as one DataFrame with a ``business_date`` column, in one scan."""
         return self.storage.read(self.pyspark.spark_session, table, asset, business_dates)
 
+    def read_state(self, table: str, asset: str, business_date: str, load_type: LoadType) -> DataFrame:
+        """The state as of the date, whether stored as a snapshot or as a full copy and changes."""
+        return read_state(self.storage, self.pyspark.spark_session, table, asset, business_date, load_type)
+
     def row_counts(self, table: str, asset: str, business_dates: list[str]) -> dict[str, int]:
         """Rows per stored partition, from the Parquet footers."""
         return self.storage.row_counts(table, asset, business_dates)
@@ -132,16 +161,21 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         dates = list(context.asset_partition_keys)
         if not dates:
             return None  # the date before start_date: there is no previous state
-        return LazyPartitions(self, table, asset, dates)
+        upstream = context.upstream_output.definition_metadata if context.upstream_output is not None else {}
+        load_type = upstream.get(STATE_LOAD_TYPE) if upstream else None
+        return LazyPartitions(self, table, asset, dates, LoadType(_plain(load_type)) if load_type else None)
 
     # -- writing -------------------------------------------------------------------------------
     def handle_output(self, context: OutputContext, obj: DataFrame | DatedRows) -> None:
         with server_loss_explained(self.pyspark):
             self._store_output(context, obj)
 
-    def _store_output(self, context: OutputContext, obj: DataFrame | DatedRows) -> None:
+    def _store_output(self, context: OutputContext, obj: DataFrame | DatedRows | StateRows) -> None:
         table, asset = _table_and_asset(context.asset_key.path)
         dates = sorted(context.asset_partition_keys)
+        if isinstance(obj, StateRows):
+            self._store_state(context, table, asset, dates, obj)
+            return
         frame = obj.frame if isinstance(obj, DatedRows) else obj
         if not isinstance(frame, DataFrame) or (not isinstance(obj, DatedRows) and len(dates) != 1):
             raise ValueError(
@@ -161,6 +195,42 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             else:
                 # One materialization per date, each with its own figures.
                 context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=business_date)
+
+    def _store_state(self, context: OutputContext, table: str, asset: str, dates: list[str], obj: StateRows) -> None:
+        """Write each date of an incremental state as a full copy or as its changes, then describe it."""
+        full_dates = [day for day in dates if day in obj.full_dates]
+        change_dates = [day for day in dates if day not in obj.full_dates]
+        parts = []
+        if full_dates:
+            parts.append((asset, obj.full.filter(F.col(BUSINESS_DATE).isin(*full_dates)), full_dates))
+        if change_dates:
+            parts.append((state_changes_asset(asset), obj.changes.filter(F.col(BUSINESS_DATE).isin(*change_dates)), change_dates))
+        described = {}
+        for stored_as, frame, days in parts:
+            rows_written = self.storage.write(frame, table, stored_as, days)
+            schema = as_stored(frame.drop(BUSINESS_DATE).schema)
+            previews = self._previews(table, stored_as, rows_written)
+            for day in days:
+                path = self.partition_path(table, stored_as, day)
+                described[day] = describe_partition(schema, path, rows_written[day], previews[day])
+        retention = {}
+        if obj.retention_current_days is not None:
+            dropped = self.storage.drop_state_outside_retention(table, asset, obj.retention_current_days)
+            context.log.info(
+                f"{table}/{asset}: retention.current_days={obj.retention_current_days} dropped "
+                + (f"the stored parts of {len(dropped)} date(s): {', '.join(dropped)}" if dropped else "nothing")
+            )
+            retention = {
+                "retention_current_days": MetadataValue.int(obj.retention_current_days),
+                "dropped_current_partitions": MetadataValue.json(dropped),
+            }
+        for day in dates:
+            metadata = {**described[day], **retention, **obj.metadata.get(day, {})}
+            metadata["stored_as"] = MetadataValue.text("full copy" if day in full_dates else "changes")
+            if len(dates) == 1:
+                context.add_output_metadata(metadata)
+            else:
+                context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=day)
 
     def _apply_retention(self, context: OutputContext, table: str, asset: str, obj: DataFrame | DatedRows) -> dict:
         """Drop what ``retention.current_days`` no longer keeps; metadata for each date this run wrote."""
@@ -219,6 +289,11 @@ def server_loss_explained(pyspark: LazyPySparkResource):
     """The Spark resource's explanation of a dead Connect server, when it has one (the project's resource)."""
     explain = getattr(pyspark, "server_loss_explained", None)
     return explain() if explain is not None else nullcontext()
+
+
+def _plain(value) -> str:
+    """A definition metadata value as a string (Dagster may wrap it in a MetadataValue)."""
+    return str(getattr(value, "value", value))
 
 
 def _table_and_asset(path: list[str]) -> tuple[str, str]:

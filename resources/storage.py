@@ -77,6 +77,8 @@ RETENTION_FOLDER = "_retention"
 # The SQL catalog's own state (Derby metastore, server state), beside the tables.
 CATALOG_FOLDER = "_catalog"
 _ROWS = "rows"
+# An incremental state's changes go to "{asset}_changes" (no asset name ends so).
+CHANGES_SUFFIX = "_changes"
 _log = logging.getLogger(__name__)
 
 
@@ -128,6 +130,19 @@ class DroppedPartitionError(MissingPartitionError):
 
 class WriterLockTimeout(RuntimeError):
     """Another run held the table's writer lock for longer than this run was willing to wait."""
+
+
+def state_changes_asset(asset: str) -> str:
+    """Where an incremental state's per-date changes are stored, beside the asset's full copies."""
+    return f"{asset}{CHANGES_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """The parts a date's state is read from: a full copy, and the changes of later dates up to it."""
+
+    full_date: str
+    change_dates: list[str]
 
 
 @dataclass
@@ -466,6 +481,33 @@ class WarehouseStorage:
             return []
         oldest_kept = (date.fromisoformat(stored[-1]) - timedelta(days=current_days - 1)).isoformat()
         expired = [day for day in stored if day < oldest_kept and (table, asset, day) not in self._in_use]
+        return self._drop(table, asset, expired, current_days, stored[-1])
+
+    def drop_state_outside_retention(self, table: str, asset: str, current_days: int) -> list[str]:
+        """``retention.current_days`` for a state stored as full copies and changes (:meth:`state_layout`):
+        keep what the states of the newest ``current_days`` dates need, the full copy the oldest of them
+        is read from included; drop the rest of both. Returns the dates whose full copy or changes were
+        dropped, oldest first."""
+        if current_days < 1:
+            raise ValueError(f"{table}/{asset}: retention.current_days must be at least 1, got {current_days}")
+        self.hold_writer_lock(table)
+        changes_asset = state_changes_asset(asset)
+        fulls, changes = self.stored_dates(table, asset), self.stored_dates(table, changes_asset)
+        if not fulls and not changes:
+            return []
+        newest = max(fulls[-1:] + changes[-1:])
+        oldest_kept = (date.fromisoformat(newest) - timedelta(days=current_days - 1)).isoformat()
+        needed = [day for day in fulls if day <= oldest_kept]
+        if not needed:
+            return []  # no full copy the kept states could do without
+        keep_from = needed[-1]  # the full copy the oldest kept state is read from
+        expired_fulls = [d for d in fulls if d < keep_from and (table, asset, d) not in self._in_use]
+        expired_changes = [d for d in changes if d <= keep_from and (table, changes_asset, d) not in self._in_use]
+        self._drop(table, asset, expired_fulls, current_days, newest)
+        self._drop(table, changes_asset, expired_changes, current_days, newest)
+        return sorted(set(expired_fulls) | set(expired_changes))
+
+    def _drop(self, table: str, asset: str, expired: list[str], current_days: int, newest: str) -> list[str]:
         for day in expired:
             self._record_dropped(
                 table,
@@ -473,7 +515,7 @@ class WarehouseStorage:
                 day,
                 {
                     "current_days": current_days,
-                    "newest": stored[-1],
+                    "newest": newest,
                     "run_id": self.run_id,
                     "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 },
@@ -606,6 +648,30 @@ class WarehouseStorage:
     def has_partition(self, table: str, asset: str, business_date: str) -> bool:
         """Whether the partition is stored (no Spark read, nothing restored)."""
         return self._resolve(table, asset, business_date) is not None
+
+    def state_layout(self, table: str, asset: str, as_of: str) -> StateLayout:
+        """Where the state of ``as_of`` is stored: the newest full copy on or before it and the dates of
+        changes after it (see ``cdc_assets/core/state.py``). A state stored as a snapshot per date is
+        its own full copy. Raises :class:`MissingPartitionError` (or :class:`DroppedPartitionError`)
+        naming the first date that is needed and not stored. Reads folder names only."""
+        changes_asset = state_changes_asset(asset)
+        if self.has_partition(table, asset, as_of):
+            return StateLayout(as_of, [])
+        if not self.has_partition(table, changes_asset, as_of):
+            # Raises, naming the date, and retention if it dropped the date's changes or its full copy.
+            self.stored_path(table, changes_asset if self.dropped_partition(table, changes_asset, as_of) else asset, as_of)
+        fulls = [day for day in self.stored_dates(table, asset) if day < as_of]
+        if not fulls:
+            raise MissingPartitionError(
+                f"{table}/{asset}: the state as of {as_of} is stored as changes, and no full copy of it on an "
+                f"earlier date is stored (looked in {self.asset_path(table, asset)}). Materialize the dates in order."
+            )
+        full = date.fromisoformat(fulls[-1])
+        days = [(full + timedelta(days=n)).isoformat() for n in range(1, (date.fromisoformat(as_of) - full).days + 1)]
+        for day in days:
+            if not self.has_partition(table, changes_asset, day):
+                self.stored_path(table, changes_asset, day)  # raises
+        return StateLayout(fulls[-1], days)
 
     def read(
         self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType | str | None = None

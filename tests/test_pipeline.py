@@ -135,7 +135,10 @@ def test_seed_scenario_delta_load(spark, warehouse, tmp_path, seed_data):
         "I": 2000,
         "U": 4000,
     }
-    assert operation_counts(spark, partition_dir(warehouse, "synthetic_delta", "deletes", DAY2)) == {"X": 2000}
+    # The 2,000 X keys are in current_table; deletes and the classification hold the touched keys only.
+    assert operation_counts(spark, partition_dir(warehouse, "synthetic_delta", "deletes", DAY2)) == {}
+    classified = partition_dir(warehouse, "synthetic_delta", "hash_join_classification", DAY2)
+    assert operation_counts(spark, classified) == {"U": 4000, "N": 4000, "I": 2000}
 
 
 def _snapshot(spark, warehouse: Path, table: str, with_audit: bool = False) -> dict[tuple[str, str], list[tuple]]:

@@ -14,9 +14,9 @@ written). The caller writes the outputs and then calls :meth:`ChangePlan.release
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from functools import reduce
 
 from pyspark.sql import DataFrame
@@ -27,6 +27,8 @@ from cdc_assets.core.caching import persist
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.changeset import ChangeSetRules, apply_change_set
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.hashing import KEY_HASH
+from cdc_assets.core.state import latest_rows, stored_changes
 
 # Rows per task when the outputs are written (at most the session's shuffle partitions). Each task
 # writes a file per date it holds, so fewer tasks for fewer rows keeps a range of small dates from
@@ -49,6 +51,10 @@ class ChangePlan:
     late: DataFrame | None = None
     sequences: DataFrame | None = None
     figures: dict[date, dict[str, int]] = field(default_factory=dict)
+    # What an incremental state stores for each date (core/state.py), dated; and, for the dates given,
+    # the whole state (dated), as current holds it when it is the whole state.
+    state_changes: DataFrame | None = None
+    full_states: Callable[[Sequence[date]], DataFrame] | None = None
     _cached: list[DataFrame] = field(default_factory=list)
 
     def release(self) -> None:
@@ -74,6 +80,8 @@ def plan_changes(
     change_set_rules: ChangeSetRules | None = None,
     audit: cdc.RunAudit | None = None,
     non_key_columns: Sequence[str] | None = None,
+    touched_keys_only: bool = False,
+    previous_rows: int = 0,
 ) -> ChangePlan:
     """Classify every date of the range against the state the date before left; the outputs to write.
 
@@ -83,6 +91,12 @@ def plan_changes(
     ``changed_columns`` (see :func:`changes.classify_changes`). Runs the Spark jobs that classify and
     count (the outputs then read from a cache); nothing is written. A change set (``load_type:
     changeset``) needs ``previous_sequences`` (applied_sequences as of the day before) and its rules.
+
+    A key a delta or change set does not supply (X) is counted, not written: ``classification`` holds
+    the keys a date touched and ``deletes`` its D rows. With ``touched_keys_only`` (an incremental state,
+    which stores a date's changes only) a delta reads of the previous state only the keys the date
+    supplies, and its X count is ``previous_rows`` (the previous state's rows) less the keys it touched;
+    ``current`` then holds the touched keys only, and ``full_states`` gives the whole state.
     """
     dates = sorted(business_dates)
     stamps = dict(audit=audit, non_key_columns=non_key_columns)
@@ -90,24 +104,44 @@ def plan_changes(
         return _change_sets_date_by_date(
             incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, change_set_rules, stamps
         )
+    full_states = None
     if load_type is LoadType.full and len(dates) > 1:
         classification, changed, counts, cached = _full_loads_in_one_query(incoming, previous, dates, payload_columns, stamps)
+    elif load_type is LoadType.delta and touched_keys_only:
+        classification, changed, counts, cached, full_states = _deltas_by_touched_keys(
+            incoming, previous, dates, payload_columns, max_write_tasks, stamps, previous_rows
+        )
     else:
         classification, changed, counts, cached = _date_by_date(
             incoming, previous, dates, load_type, payload_columns, max_write_tasks, stamps
         )
     tasks = write_tasks(sum(sum(by_op.values()) for by_op in counts.values()), max_write_tasks)
     changed = changed.coalesce(tasks)
+    current = cdc.build_current(changed)
     return ChangePlan(
-        classification=classification.coalesce(tasks),
+        classification=_without_untouched(classification).coalesce(tasks),
         inserts=cdc.with_operations(changed, [cdc.INSERT]),
-        deletes=cdc.with_operations(changed, cdc.REMOVED_OPERATIONS),
+        deletes=cdc.with_operations(changed, [cdc.DELETE]),
         updates=cdc.with_operations(changed, [cdc.UPDATE]),
-        current=cdc.build_current(changed),
+        current=current,
         history=cdc.build_history(changed),
         counts=counts,
+        state_changes=stored_changes(changed, load_type),
+        full_states=full_states or _dates_of(current),
         _cached=cached,
     )
+
+
+def _without_untouched(classification: DataFrame) -> DataFrame:
+    """The classified keys a date touched: X (not supplied) is counted, not written."""
+    return classification.filter(F.col(cdc.OPERATION) != F.lit(cdc.NOT_SUPPLIED))
+
+
+def _dates_of(current: DataFrame) -> Callable[[Sequence[date]], DataFrame]:
+    def full_states(days: Sequence[date]) -> DataFrame:
+        return current.filter(F.col(BUSINESS_DATE).isin(*days))
+
+    return full_states
 
 
 def _counts_by_date(classification: DataFrame, dates: Sequence[date]) -> dict[date, dict[str, int]]:
@@ -150,6 +184,49 @@ def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, pa
     return reduce(DataFrame.unionByName, classified), reduce(DataFrame.unionByName, changed), counts, cached
 
 
+def _deltas_by_touched_keys(incoming, previous, dates: list[date], payload_columns, max_partitions: int, stamps, previous_rows: int):
+    """Deltas date by date against the previous state's rows of the keys each date supplies only.
+
+    A key a delta does not supply is X: kept as it was, so nothing needs to be read of it. Each date's
+    previous rows are the newest of the stored state's and the range's earlier dates' for its keys (a
+    broadcast semi join: the state is scanned, not shuffled). X is counted: the previous state's rows
+    less the keys the date touched.
+    """
+    day_before_range = F.lit(dates[0] - timedelta(days=1)).cast("date")
+    before = None if previous is None else previous.withColumn(BUSINESS_DATE, day_before_range)
+    classified, changed, counts, cached, earlier = [], [], {}, [], []
+    rows_before = previous_rows
+    for day in dates:
+        rows = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
+        keys = F.broadcast(rows.select(KEY_HASH))
+        parts = [part.join(keys, on=KEY_HASH, how="left_semi") for part in ([before] if before is not None else []) + earlier]
+        previous_rows_of_keys = latest_rows(parts, BUSINESS_DATE).drop(BUSINESS_DATE) if parts else None
+        changes = cdc.classify_changes(rows, previous_rows_of_keys, day, LoadType.delta, payload_columns, **stamps)
+        changes = changes.coalesce(max_partitions).localCheckpoint() if len(dates) > 1 else persist(changes)
+        cached.append(changes)
+        by_op = cdc.count_operations(changes)
+        by_op[cdc.NOT_SUPPLIED] = rows_before - by_op[cdc.UPDATE] - by_op[cdc.UNCHANGED]
+        counts[day] = by_op
+        rows_before += by_op[cdc.INSERT]
+        dated = F.lit(day).alias(BUSINESS_DATE)
+        classified.append(changes.select(*cdc.CLASSIFICATION_COLUMNS, dated))
+        changed.append(changes.select("*", dated))
+        earlier.append(cdc.build_current(changes).select("*", dated))
+
+    def full_states(days: Sequence[date]) -> DataFrame:
+        states = []
+        for day in days:
+            parts = ([before] if before is not None else []) + [part for part, on in zip(earlier, dates) if on <= day]
+            on_day = F.lit(day).cast("date")
+            latest = latest_rows(parts, BUSINESS_DATE)
+            # A key the date did not touch is X as of the date, whatever operation its row was stored with.
+            operation = F.when(F.col(BUSINESS_DATE) == on_day, F.col(cdc.OPERATION)).otherwise(F.lit(cdc.NOT_SUPPLIED))
+            states.append(latest.withColumns({cdc.OPERATION: operation, BUSINESS_DATE: on_day}))
+        return reduce(DataFrame.unionByName, states)
+
+    return reduce(DataFrame.unionByName, classified), reduce(DataFrame.unionByName, changed), counts, cached, full_states
+
+
 def _change_sets_date_by_date(
     incoming, previous, previous_sequences, dates: list[date], payload_columns, max_partitions: int, rules, stamps
 ) -> ChangePlan:
@@ -179,13 +256,16 @@ def _change_sets_date_by_date(
         previous, previous_sequences = cdc.build_current(changes), state
     tasks = write_tasks(sum(sum(by_op.values()) for by_op in counts.values()), max_partitions)
     changed_all = reduce(DataFrame.unionByName, changed).coalesce(tasks)
+    current = cdc.build_current(changed_all)
     return ChangePlan(
-        classification=reduce(DataFrame.unionByName, classified).coalesce(tasks),
+        classification=_without_untouched(reduce(DataFrame.unionByName, classified)).coalesce(tasks),
         inserts=cdc.with_operations(changed_all, [cdc.INSERT]),
-        deletes=cdc.with_operations(changed_all, cdc.REMOVED_OPERATIONS),
+        deletes=cdc.with_operations(changed_all, [cdc.DELETE]),
         updates=cdc.with_operations(changed_all, [cdc.UPDATE]),
-        current=cdc.build_current(changed_all),
+        current=current,
         history=cdc.build_history(changed_all),
+        state_changes=stored_changes(changed_all, LoadType.changeset),
+        full_states=_dates_of(current),
         counts=counts,
         late=reduce(DataFrame.unionByName, late).coalesce(1),
         sequences=reduce(DataFrame.unionByName, sequences).coalesce(tasks),

@@ -109,6 +109,20 @@ def reconcile_changes(
     ]
 
 
+def reconcile_stored_state(operations: Mapping[str, int], full_copy: bool, stored_rows: int, untouched: str) -> Reconciliation:
+    """What an incremental state stored for the date: a full copy holds I + U + N + X rows; the date's
+    changes every operation's rows but ``untouched``'s (N after a full load, X otherwise)."""
+    counts = {op: operations[op] for op in (INSERT, UPDATE, DELETE, UNCHANGED, NOT_SUPPLIED)}
+    if full_copy:
+        expected, label = sum(counts[op] for op in (INSERT, UPDATE, UNCHANGED, NOT_SUPPLIED)), "I + U + N + X"
+    else:
+        kept = [op for op in (INSERT, UPDATE, DELETE, UNCHANGED) if op != untouched]
+        expected, label = sum(counts[op] for op in kept), " + ".join(kept)
+    stored_as = "full copy" if full_copy else "changes"
+    return _rule("current_table", "stored_state_reconciles", f"rows stored ({stored_as})", stored_rows, label, expected,
+                 stored_as=stored_as)
+
+
 def reconcile_change_set_intake(rows_read: int, accepted_rows: int, rejected_rows: int, tombstone_lines: int) -> Reconciliation:
     """Nothing lost at a change set's intake: records read = accepted + rejected + tombstone lines."""
     return _rule("hashed_incoming", "rows_read_reconcile", "records read", rows_read,

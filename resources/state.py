@@ -1,0 +1,68 @@
+"""Reading a table's state as of a date from what the warehouse stores, in either form.
+
+A snapshot table stores the whole state per date; an incremental one (``storage: {current:
+incremental}``) a full copy now and then and each date's changes (``cdc_assets/core/state.py``). Both
+read the same way here: the newest full copy on or before the date, and the changes after it. The IO
+manager hands the CDC step the previous state through :func:`read_state`, and ``cdc-current``, the
+consumers and the checks read through it too. Nothing here writes or takes a lock.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+
+from cdc_assets.config import LoadType
+from cdc_assets.core.changes import DELETE, INSERT, OPERATION
+from cdc_assets.core.state import StateSince, state_from_parts
+from resources.storage import WarehouseStorage, state_changes_asset
+
+# Up to this many change rows are broadcast against the full copy (as the CDC step's payload join does).
+BROADCAST_MAX_CHANGE_ROWS = 2_000_000
+
+
+def read_state(storage: WarehouseStorage, spark: SparkSession, table: str, asset: str, as_of: str, load_type: LoadType) -> DataFrame:
+    """The state as of ``as_of`` with the columns of a full copy, lazily (nothing is scanned yet)."""
+    layout = storage.state_layout(table, asset, as_of)
+    full = storage.read_one(spark, table, asset, layout.full_date)
+    if not layout.change_dates:
+        return full
+    changes_asset = state_changes_asset(asset)
+    changes = storage.read(spark, table, changes_asset, layout.change_dates, schema=full.schema)
+    rows = sum(storage.row_counts(table, changes_asset, layout.change_dates).values())
+    return state_from_parts(
+        full,
+        date.fromisoformat(layout.full_date),
+        changes,
+        date.fromisoformat(as_of),
+        load_type,
+        broadcast_changes=rows <= BROADCAST_MAX_CHANGE_ROWS,
+    )
+
+
+def state_rows(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> int:
+    """Rows of the state as of ``as_of`` without reading it: the full copy's rows (Parquet footers) plus,
+    for each date of changes after it, its I rows less its D rows (the ``operation`` column only)."""
+    layout = storage.state_layout(table, asset, as_of)
+    rows = storage.row_counts(table, asset, [layout.full_date])[layout.full_date]
+    changes_asset = state_changes_asset(asset)
+    for day in layout.change_dates:
+        folder = storage.stored_path(table, changes_asset, day)
+        for name in storage.list_names(folder):
+            if name.endswith(".parquet"):
+                operations = pq.read_table(f"{folder}/{name}", columns=[OPERATION]).column(OPERATION).to_pylist()
+                rows += operations.count(INSERT) - operations.count(DELETE)
+    return rows
+
+
+def state_since_full(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> StateSince:
+    """What the state as of ``as_of`` is stored as: its full copy's rows and the changes after it."""
+    layout = storage.state_layout(table, asset, as_of)
+    changes = storage.row_counts(table, state_changes_asset(asset), layout.change_dates) if layout.change_dates else {}
+    return StateSince(
+        full_rows=storage.row_counts(table, asset, [layout.full_date])[layout.full_date],
+        change_dates=len(layout.change_dates),
+        change_rows=sum(changes.values()),
+    )

@@ -1,0 +1,323 @@
+"""``storage: {current: incremental}`` against ``snapshot``: the same five dates, the same states.
+
+For each load type (full, delta, change set, Debezium) one table is run in both modes, each in a
+warehouse of its own, and every date's state read through ``cdc-current`` / :func:`current_state` and
+DuckDB from the incremental warehouse must equal, row for row, the snapshot warehouse's current_table
+folder (audit columns aside: two runs are two writers). History must be equal too, and every check
+pass. ``compact_after_dates: 2`` (and a share too large to matter) makes the incremental table store dates 1, 3 and 5 as full copies
+and dates 2 and 4 as changes, so the chain is compacted in its middle; its last three dates run as one
+single-run backfill, which plans a range of incremental dates in one step.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from datetime import date, timedelta
+from pathlib import Path
+
+import duckdb
+import pytest
+from dagster import DagsterInstance
+
+from cdc_assets.cli import current_main
+from cdc_assets.consumers import current_duckdb_sql, current_state
+from cdc_assets.names import CLASSIFICATION, CURRENT, DELETES, HISTORY
+from resources.storage import WarehouseStorage, state_changes_asset
+from tests.pipeline import AUDIT_COLUMNS, definitions_for, partition_dir, run_dates, run_range, sorted_rows, write_table_config
+
+pytestmark = pytest.mark.slow
+
+FIRST = date(2021, 3, 1)
+DAYS = [(FIRST + timedelta(days=n)).isoformat() for n in range(5)]
+COLUMNS = {"keys": [{"name": "id", "type": "int"}], "non_keys": [{"name": "value", "type": "int"}, {"name": "name", "type": "string"}]}
+LOAD_TYPES = ("full", "delta", "changeset", "debezium")
+
+
+def _evolve(rng: random.Random, table: dict[int, tuple[int, str]], next_key: list[int]) -> list[tuple[str, int, tuple | None]]:
+    """One day of changes to ``table`` (applied in place): (flag, key, row or None for a delete)."""
+    changes = []
+    keys = sorted(table)
+    for key in rng.sample(keys, k=min(len(keys), 6)):
+        if rng.random() < 0.3:
+            changes.append(("D", key, None))
+            del table[key]
+        else:
+            table[key] = (table[key][0] + rng.randint(1, 9), table[key][1])
+            changes.append(("U", key, table[key]))
+    for _ in range(4):
+        key = next_key[0]
+        next_key[0] += 1
+        table[key] = (rng.randint(0, 99), f"n{key}")
+        changes.append(("I", key, table[key]))
+    return changes
+
+
+def _land(source: Path, load_type: str) -> dict:
+    """Five dates of extracts of one evolving table, in the form of ``load_type``; the config fields."""
+    rng = random.Random(23)
+    table = {key: (rng.randint(0, 99), f"n{key}") for key in range(1, 21)}
+    next_key = [21]
+    source.mkdir(parents=True)
+    sequence = 0
+    for index, day in enumerate(DAYS):
+        changes = [("I", key, row) for key, row in sorted(table.items())] if index == 0 else _evolve(rng, table, next_key)
+        if load_type == "full":
+            rows = [(key, *row) for key, row in sorted(table.items())]
+        elif load_type == "delta":  # a delta carries the changed and new rows; a deleted key is left out (X)
+            rows = [(key, *row) for flag, key, row in changes if row is not None]
+            rows += [(3, *table[3])] if 3 in table and index % 2 == 0 else []  # supplied again unchanged: N
+        if load_type in ("full", "delta"):
+            with open(source / f"{day}.csv", "w", newline="") as handle:
+                writer = csv.writer(handle)
+                writer.writerow(["id", "value", "name"])
+                writer.writerows(sorted(set(rows)))
+        elif load_type == "changeset":
+            with open(source / f"{day}.csv", "w", newline="") as handle:
+                writer = csv.writer(handle)
+                writer.writerow(["flag", "id", "value", "name", "seq"])
+                for flag, key, row in changes:
+                    sequence += 1
+                    if flag == "U" and rng.random() < 0.5:  # an earlier record of the key the same day, superseded
+                        writer.writerow(["U", key, -1, "superseded", sequence])
+                        sequence += 1
+                    value, name = row if row is not None else ("", "")
+                    writer.writerow([flag, key, value, name, sequence])
+        else:
+            with open(source / f"{day}.jsonl", "w") as handle:
+                for flag, key, row in changes:
+                    sequence += 1
+                    after = None if row is None else {"id": key, "value": row[0], "name": row[1]}
+                    op = {"I": "c" if index else "r", "U": "u", "D": "d"}[flag]
+                    event = {"before": {"id": key} if flag == "D" else None, "after": after, "op": op, "source": {"lsn": sequence}}
+                    handle.write(json.dumps(event) + "\n")
+    if load_type == "full":
+        return {"load_type": "full", "source": {"path": f"{source}/{{date}}.csv", "format": "csv", "options": {"header": True}}}
+    if load_type == "delta":
+        return {"load_type": "delta", "source": {"path": f"{source}/{{date}}.csv", "format": "csv", "options": {"header": True}}}
+    if load_type == "changeset":
+        return {
+            "load_type": "changeset",
+            "source": {"path": f"{source}/{{date}}.csv", "format": "csv", "options": {"header": True}},
+            "untracked_columns": [{"name": "seq", "type": "bigint"}],
+            "changes": {"operation_column": "flag", "sequence_columns": ["seq"]},
+        }
+    return {
+        "load_type": "changeset",
+        "source": {"path": f"{source}/{{date}}.jsonl", "format": "debezium"},
+        "changes": {"sequence_columns": ["source.lsn"]},
+    }
+
+
+def _checks_passed(results) -> list[bool]:
+    return [e.event_specific_data.passed for r in results for e in r.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+
+
+def _rows(frame) -> list[tuple]:
+    return sorted((tuple(row) for row in frame.drop(*AUDIT_COLUMNS).collect()), key=repr)
+
+
+@pytest.mark.parametrize("load_type", LOAD_TYPES)
+def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path, monkeypatch, load_type):
+    fields = _land(tmp_path / "source", load_type)
+    warehouses = {mode: tmp_path / mode for mode in ("snapshot", "incremental")}
+    configs = {}
+    for mode, root in warehouses.items():
+        root.mkdir()
+        monkeypatch.setenv("CDC_WAREHOUSE", str(root))
+        storage = {"current": mode, "compact_after_dates": 2, "compact_after_share": 10.0}
+        configs[mode] = write_table_config(
+            tmp_path / f"configs-{mode}", "t", fields["source"]["path"], start_date=DAYS[0], storage=storage, **COLUMNS, **fields
+        )
+        defs = definitions_for(configs[mode])
+        instance = DagsterInstance.ephemeral()
+        if mode == "snapshot":
+            results = run_dates(defs, DAYS, instance)
+        else:
+            results = run_dates(defs, DAYS[:2], instance) + [run_range(defs, DAYS[2], DAYS[-1], instance)]
+        passed = _checks_passed(results)
+        assert passed and all(passed), f"{mode}: a check failed"
+
+    incremental, snapshot = warehouses["incremental"], warehouses["snapshot"]
+    monkeypatch.setenv("CDC_WAREHOUSE", str(incremental))
+    storage = WarehouseStorage(str(incremental))
+    # Compacted in the middle: full copies on dates 1, 3, 5, changes on 2 and 4.
+    assert storage.stored_dates("t", CURRENT) == [DAYS[0], DAYS[2], DAYS[4]]
+    assert storage.stored_dates("t", state_changes_asset(CURRENT)) == [DAYS[1], DAYS[3]]
+    for day in DAYS:
+        expected = sorted_rows(spark, partition_dir(snapshot, "t", CURRENT, day))
+        state = current_state(spark, configs["incremental"], day)
+        assert _rows(state) == expected, f"current_table as of {day}"
+        assert state.columns == spark.read.parquet(str(partition_dir(snapshot, "t", CURRENT, day))).columns
+        # DuckDB reads the same state from the same files.
+        columns = [name for name in state.columns if name not in AUDIT_COLUMNS]
+        found = duckdb.sql(f"SELECT {', '.join(columns)} FROM ({current_duckdb_sql(configs['incremental'], as_of=day)})")
+        assert sorted(found.fetchall(), key=repr) == expected, f"DuckDB, as of {day}"
+        assert sorted_rows(spark, partition_dir(incremental, "t", HISTORY, day)) == sorted_rows(
+            spark, partition_dir(snapshot, "t", HISTORY, day)
+        ), f"history_partition of {day}"
+        for root in (incremental, snapshot):  # X is counted, not written
+            assert spark.read.parquet(str(partition_dir(root, "t", DELETES, day))).filter("operation <> 'D'").count() == 0
+            assert spark.read.parquet(str(partition_dir(root, "t", CLASSIFICATION, day))).filter("operation = 'X'").count() == 0
+    # The changes stored for date 2 are the touched keys only.
+    stored = spark.read.parquet(str(storage.stored_path("t", state_changes_asset(CURRENT), DAYS[1])))
+    untouched = "N" if load_type == "full" else "X"
+    assert stored.count() and stored.filter(f"operation = '{untouched}'").count() == 0
+
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(tmp_path / "configs-incremental"))
+    out = tmp_path / "cdc-current"
+    assert current_main(["t", "--as-of", DAYS[3], "--out", str(out)]) == 0
+    assert _rows(spark.read.parquet(str(out))) == sorted_rows(spark, partition_dir(snapshot, "t", CURRENT, DAYS[3]))
+
+
+def _incremental_delta(tmp_path: Path):
+    """The delta table of the tests above, incremental, full copies on dates 1, 3 and 5."""
+    fields = _land(tmp_path / "source", "delta")
+    return write_table_config(
+        tmp_path / "configs", "t", fields["source"]["path"], start_date=DAYS[0],
+        storage={"current": "incremental", "compact_after_dates": 2, "compact_after_share": 10.0}, **COLUMNS, **fields,
+    )
+
+
+RUN_ONE_DATE = """
+import sys
+from dagster import DagsterInstance
+from cdc_assets.config import load_table_config
+from tests.pipeline import definitions_for, run_dates
+run_dates(definitions_for(load_table_config(sys.argv[1])), [sys.argv[2]], DagsterInstance.ephemeral())
+"""
+
+
+def test_a_kill_during_compaction_then_a_rerun_leaves_every_date_state_as_without_the_kill(spark, tmp_path, monkeypatch):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    killed.mkdir()
+    reference.mkdir()
+    config = _incremental_delta(tmp_path)
+    monkeypatch.setenv("CDC_WAREHOUSE", str(reference))
+    run_dates(definitions_for(config), DAYS[:4], DagsterInstance.ephemeral())
+    expected = {day: _rows(current_state(spark, config, day)) for day in DAYS[:4]}
+
+    monkeypatch.setenv("CDC_WAREHOUSE", str(killed))
+    instance = DagsterInstance.ephemeral()
+    run_dates(definitions_for(config), DAYS[:2], instance)
+    before = {day: _rows(current_state(spark, config, day)) for day in DAYS[:2]}
+    marker = tmp_path / "paused"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "CDC_WAREHOUSE": str(killed),
+        # Date 3 is a compaction: its full copy is in place under _versions, its pointer not yet switched.
+        "CDC_PAUSE_IN_COMMIT": "t/current_table",
+        "CDC_PAUSE_MARKER": str(marker),
+        "CDC_SPARK_CONF": json.dumps({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}),
+    }
+    run = subprocess.Popen(
+        [sys.executable, "-c", RUN_ONE_DATE, str(tmp_path / "configs" / "t.yaml"), DAYS[2]],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert marker.exists(), f"the run never paused (exit code {run.poll()})"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=60)
+    assert run.returncode == -signal.SIGKILL
+    # Nothing of date 3's state was committed; dates 1 and 2 read as before.
+    assert {day: _rows(current_state(spark, config, day)) for day in DAYS[:2]} == before
+    with pytest.raises(ValueError, match=DAYS[2]):
+        current_state(spark, config, DAYS[2])
+
+    run_dates(definitions_for(config), DAYS[2:4], instance)
+    storage = WarehouseStorage(str(killed))
+    assert DAYS[2] in storage.stored_dates("t", CURRENT)  # the re-run compacted
+    assert {day: _rows(current_state(spark, config, day)) for day in DAYS[:4]} == expected
+    # A re-run of a middle date with its input unchanged leaves every date's state as it was.
+    run_dates(definitions_for(config), [DAYS[1]], instance)
+    assert {day: _rows(current_state(spark, config, day)) for day in DAYS[:4]} == expected
+
+
+def test_a_reader_of_the_state_never_sees_a_missing_or_mixed_state_while_compaction_commits(spark, tmp_path, monkeypatch):
+    import threading
+
+    from pyspark.sql import functions as F
+
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    config = _incremental_delta(tmp_path)
+    run_dates(definitions_for(config), DAYS[:4], DagsterInstance.ephemeral())  # full copy on date 3, changes on 4
+    storage = WarehouseStorage(str(warehouse))
+    full = spark.read.parquet(str(storage.stored_path("t", CURRENT, DAYS[2])))
+    frame = full.localCheckpoint()
+    changed_keys = {row.id for row in spark.read.parquet(str(storage.stored_path("t", state_changes_asset(CURRENT), DAYS[3]))).collect()}
+    versions, failures, seen, done = 12, [], set(), threading.Event()
+    expected_rows = {day: current_state(spark, config, day).count() for day in (DAYS[2], DAYS[3])}
+    first = WarehouseStorage(str(warehouse))
+    first.write(frame.withColumn("name", F.lit("v0")).repartition(2), "t", CURRENT, [DAYS[2]])
+    first.release()
+
+    def compact() -> None:
+        writer = WarehouseStorage(str(warehouse))
+        try:
+            for version in range(1, versions):
+                # Each compaction writes the same state with its number in `name` (over two files, so a torn
+                # read would show two numbers).
+                writer.write(frame.withColumn("name", F.lit(f"v{version}")).repartition(2), "t", CURRENT, [DAYS[2]])
+        finally:
+            writer.release()
+            done.set()
+
+    thread = threading.Thread(target=compact)
+    thread.start()
+    try:
+        while not done.is_set():
+            for day in (DAYS[2], DAYS[3]):
+                try:
+                    rows = current_state(spark, config, day).select("id", "name").collect()
+                except Exception as error:  # noqa: BLE001 - any failed read is what the test looks for
+                    failures.append(f"{day}: {error}")
+                    continue
+                names = {row.name for row in rows if day == DAYS[2] or row.id not in changed_keys}
+                if len(names) != 1 or len(rows) != expected_rows[day]:
+                    failures.append(f"{day}: {len(rows)} rows, versions {sorted(map(str, names))}")
+                seen |= names
+    finally:
+        thread.join()
+    assert failures == []
+    assert len(seen) >= 3, seen  # the reader did see compactions commit
+
+
+def test_retention_keeps_what_the_newest_states_need_full_copy_included(spark, tmp_path, monkeypatch):
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    fields = _land(tmp_path / "source", "delta")
+    config = write_table_config(
+        tmp_path / "configs", "t", fields["source"]["path"], start_date=DAYS[0],
+        storage={"current": "incremental", "compact_after_dates": 2, "compact_after_share": 10.0},
+        retention={"current_days": 2}, **COLUMNS, **fields,
+    )
+    instance = DagsterInstance.ephemeral()
+    run_dates(definitions_for(config), DAYS[:4], instance)
+    kept = {day: _rows(current_state(spark, config, day)) for day in DAYS[2:4]}
+    results = run_dates(definitions_for(config), [DAYS[4]], instance)
+    storage = WarehouseStorage(str(warehouse))
+    # The newest two states are dates 4 and 5: date 4 is read from the full copy of date 3, which stays
+    # although it is older than two dates; date 1's full copy and date 2's changes are gone.
+    assert storage.stored_dates("t", CURRENT) == [DAYS[2], DAYS[4]]
+    assert storage.stored_dates("t", state_changes_asset(CURRENT)) == [DAYS[3]]
+    assert {day: _rows(current_state(spark, config, day)) for day in DAYS[2:4]} == kept
+    assert current_state(spark, config, DAYS[4]).count() > 0
+    with pytest.raises(ValueError, match="retention.current_days"):
+        current_state(spark, config, DAYS[1])
+    assert all(_checks_passed(results))
