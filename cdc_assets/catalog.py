@@ -7,7 +7,9 @@
 For each configured table with stored data, database ``cdc`` (``CDC_CATALOG_DATABASE``) holds:
 
 - ``<table>_current`` and ``<table>_history``: external Parquet tables over the warehouse folders,
-  partitioned by ``business_date`` (a DATE);
+  partitioned by ``business_date`` (a DATE); for a table with ``storage: {current: incremental}``,
+  ``<table>_current`` is a view of each date's state over ``<table>_current_full`` and
+  ``<table>_current_changes`` (docs/incremental-state.md);
 - ``<table>_latest``: a view of current_table as of its newest committed date;
 - ``<table>_scd2``: the SCD type 2 view over all stored history (``cdc_assets/sql/scd2.sql``);
 - and ``runs_log``: the runs log (``_runs/``), one row per run, table and business date.
@@ -72,8 +74,11 @@ from cdc_assets.connect_server import (
 )
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.scd2 import Dialect, quote_identifier, scd2_sql
+from cdc_assets.core.changes import AUDIT_COLUMNS, EFF_START_DATE, OPERATION
+from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
+from cdc_assets.core.state import state_sql, untouched_operation
 from cdc_assets.names import CURRENT, HISTORY
-from resources.storage import WAREHOUSE_ENV, WarehouseStorage, warehouse_root
+from resources.storage import WAREHOUSE_ENV, WarehouseStorage, state_changes_asset, warehouse_root
 
 DATABASE_ENV = "CDC_CATALOG_DATABASE"
 DEFAULT_DATABASE = "cdc"
@@ -177,9 +182,6 @@ def _create_table(name: str, location: str, comment: str, if_not_exists: bool = 
 
 
 def _asset_comment(config: TableConfig, asset: str) -> str:
-    if asset == CURRENT and config.storage.incremental:
-        # The view that applies the changes is not there yet (docs/incremental-state.md): say what this is.
-        return f"{config.name}: current_table's full copies only (storage: incremental); read a date's state with cdc-current"
     return f"{config.name}: {asset}, one partition per business_date"
 
 
@@ -205,16 +207,61 @@ class View:
         return f"DROP VIEW IF EXISTS {_quoted(database, self.name)}"
 
 
-def table_views(config: TableConfig, database: str) -> list[View]:
-    """``<table>_latest`` over current_table and ``<table>_scd2`` over history_partition."""
+@dataclass(frozen=True)
+class StoredTable:
+    """An external table over one of a table's asset folders: its name, folder, and whether anything is stored."""
+
+    name: str
+    location: str
+    comment: str
+    stored: bool
+
+
+def stored_tables(config: TableConfig, storage: WarehouseStorage) -> list[StoredTable]:
+    """The external tables of one table: ``<table>_current`` and ``<table>_history``; for an incremental
+    state ``<table>_current_full`` (its full copies) and ``<table>_current_changes`` instead of ``_current``,
+    which is then a view (:func:`table_views`)."""
+    folders = [(table_name(config, CURRENT), CURRENT, _asset_comment(config, CURRENT))]
+    if config.storage.incremental:
+        folders = [
+            (f"{config.name}_current_full", CURRENT, f"{config.name}: full copies of the state (storage: incremental)"),
+            (f"{config.name}_current_changes", state_changes_asset(CURRENT),
+             f"{config.name}: each date's changes to the state (storage: incremental)"),
+        ]
+    folders.append((table_name(config, HISTORY), HISTORY, _asset_comment(config, HISTORY)))
+    return [
+        StoredTable(name, storage.asset_path(config.name, asset), comment, bool(storage.stored_dates(config.name, asset)))
+        for name, asset, comment in folders
+    ]
+
+
+def table_views(config: TableConfig, database: str, changes_stored: bool = False) -> list[View]:
+    """``<table>_latest`` over current_table and ``<table>_scd2`` over history_partition; for an
+    incremental state also ``<table>_current``, every stored date's state (``changes_stored``: whether
+    ``<table>_current_changes`` exists)."""
     current, history = _quoted(database, table_name(config, CURRENT)), _quoted(database, table_name(config, HISTORY))
     scd2 = scd2_sql([column.name for column in config.columns], history, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark)
-    latest = View(f"{config.name}_latest", CURRENT, f"{config.name}: current_table as of its newest business_date",
-                  f"SELECT * FROM {current} WHERE business_date = (SELECT max(business_date) FROM {current})")
-    scd2_view = View(f"{config.name}_scd2", HISTORY, f"{config.name}: SCD type 2 versions from history_partition",
-                     " ".join(line for line in scd2.splitlines() if not line.lstrip().startswith("--")))
-    # An incremental table's newest full copy is not its newest state: no _latest for it (yet).
-    return [scd2_view] if config.storage.incremental else [latest, scd2_view]  # fmt: skip
+    views = []
+    if config.storage.incremental:
+        # The newest date is read from the stored folders' partitions, not from the view (which would
+        # build every date's state to find it).
+        full, changes = _quoted(database, f"{config.name}_current_full"), _quoted(database, f"{config.name}_current_changes")
+        state = state_sql(state_columns(config), full, changes if changes_stored else None, untouched_operation(config.load_type))
+        views.append(View(table_name(config, CURRENT), CURRENT, f"{config.name}: the state as of each business_date", state))
+        newest = f"(SELECT max(business_date) FROM {full})" if not changes_stored else (
+            f"(SELECT greatest(max(business_date), (SELECT max(business_date) FROM {changes})) FROM {full})")
+    else:
+        newest = f"(SELECT max(business_date) FROM {current})"
+    views.append(View(f"{config.name}_latest", CURRENT, f"{config.name}: current_table as of its newest business_date",
+                      f"SELECT * FROM {current} WHERE business_date = {newest}"))
+    views.append(View(f"{config.name}_scd2", HISTORY, f"{config.name}: SCD type 2 versions from history_partition",
+                      " ".join(line for line in scd2.splitlines() if not line.lstrip().startswith("--"))))
+    return views  # fmt: skip
+
+
+def state_columns(config: TableConfig) -> list[str]:
+    """current_table's columns, in their stored order."""
+    return [column.name for column in config.columns] + [KEY_HASH, NON_KEY_HASH, OPERATION, EFF_START_DATE, *AUDIT_COLUMNS]
 
 
 def _stored(config: TableConfig, storage: WarehouseStorage) -> dict[str, bool]:
@@ -229,16 +276,14 @@ def table_statements(config: TableConfig, storage: WarehouseStorage, database: s
     it is now. An asset with nothing stored loses its objects. The SQL server syncs in place instead
     (:func:`sync_in_place`).
     """
-    stored = _stored(config, storage)
-    views = table_views(config, database)
-    statements = [view.drop(database) for view in views if not stored[view.asset]]
-    if config.storage.incremental:
-        statements.append(f"DROP VIEW IF EXISTS {_quoted(database, f'{config.name}_latest')}")
-    for asset in (CURRENT, HISTORY):
-        name = _quoted(database, table_name(config, asset))
+    stored, tables = _stored(config, storage), stored_tables(config, storage)
+    views = table_views(config, database, changes_stored=config.storage.incremental and tables[1].stored)
+    statements = [view.drop(database) for view in reversed(views)]
+    for table in tables:
+        name = _quoted(database, table.name)
         statements.append(f"DROP TABLE IF EXISTS {name}")
-        if stored[asset]:
-            statements.append(_create_table(name, storage.asset_path(config.name, asset), _asset_comment(config, asset)))
+        if table.stored:
+            statements.append(_create_table(name, table.location, table.comment))
     return statements + [view.create(database) for view in views if stored[view.asset]]
 
 
@@ -314,23 +359,28 @@ def sync_in_place(spark: SparkSession, configs: Sequence[TableConfig], storage: 
 
 
 def _sync_table_in_place(spark: SparkSession, report: SyncReport, config: TableConfig, storage: WarehouseStorage, database: str) -> None:
-    stored = _stored(config, storage)
-    for asset in (CURRENT, HISTORY):
-        if stored[asset]:
-            location = storage.asset_path(config.name, asset)
-            _define_table(spark, report, database, table_name(config, asset), location, _asset_comment(config, asset), [BUSINESS_DATE])
-    if config.storage.incremental:
-        report.run(spark, f"DROP VIEW IF EXISTS {_quoted(database, f'{config.name}_latest')}")
-    for view in table_views(config, database):
+    stored, tables = _stored(config, storage), stored_tables(config, storage)
+    for table in tables:
+        if table.stored:
+            if _is_view(spark, database, table.name):  # the table's storage mode changed since the last sync
+                report.run(spark, f"DROP VIEW IF EXISTS {_quoted(database, table.name)}")
+            _define_table(spark, report, database, table.name, table.location, table.comment, [BUSINESS_DATE])
+    for view in table_views(config, database, changes_stored=config.storage.incremental and tables[1].stored):
         if not stored[view.asset]:
             report.run(spark, view.drop(database))
-        elif spark.catalog.tableExists(f"{database}.{view.name}"):
+        elif _is_view(spark, database, view.name):
             report.run(spark, view.alter(database))
         else:
+            if spark.catalog.tableExists(f"{database}.{view.name}"):  # a table of the other storage mode
+                report.run(spark, f"DROP TABLE IF EXISTS {_quoted(database, view.name)}")
             report.run(spark, view.create(database, replace=False))
-    for asset in (CURRENT, HISTORY):
-        if not stored[asset]:
-            report.run(spark, f"DROP TABLE IF EXISTS {_quoted(database, table_name(config, asset))}")
+    for table in tables:
+        if not table.stored and not _is_view(spark, database, table.name):
+            report.run(spark, f"DROP TABLE IF EXISTS {_quoted(database, table.name)}")
+
+
+def _is_view(spark: SparkSession, database: str, name: str) -> bool:
+    return spark.catalog.tableExists(f"{database}.{name}") and spark.catalog.getTable(f"{database}.{name}").tableType == "VIEW"
 
 
 def _sync_runs_log_in_place(spark: SparkSession, report: SyncReport, storage: WarehouseStorage, database: str) -> None:

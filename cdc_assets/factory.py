@@ -40,6 +40,7 @@ from dagster import (
     multi_asset,
 )
 from dagster_pyspark import LazyPySparkResource
+from pyspark.sql import functions as F
 
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.checks import build_table_checks
@@ -47,6 +48,7 @@ from cdc_assets.config import DuplicateKeyPolicy, SourceFormat, TableConfig
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.changeset import ChangeSetRules
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
+from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.incoming import prepare_incoming_dates
 from cdc_assets.core.plan import plan_changes
 from cdc_assets.core.source import read_source
@@ -256,7 +258,8 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         deps = [keys[CLASSIFICATION]]
         if name in (CURRENT, APPLIED_SEQUENCES):
             deps.append(AssetDep(keys[name], partition_mapping=previous_day))
-        metadata = {STATE_LOAD_TYPE: config.load_type.value, "cdc/state_storage": config.storage.current.value} if name == CURRENT else {}
+        is_state = name in (CURRENT, APPLIED_SEQUENCES)
+        metadata = {STATE_LOAD_TYPE: config.load_type.value, "cdc/state_storage": config.storage.current.value} if is_state else {}
         specs.append(AssetSpec(keys[name], deps=deps, description=DESCRIPTIONS[name], metadata=metadata, **common))
     specs = [spec.with_io_manager_key(IO_MANAGER_KEY) for spec in specs]
     ins = {"incoming": AssetIn(hashed_key), "previous_current": AssetIn(keys[CURRENT])}
@@ -372,7 +375,11 @@ def _apply_changes(
             dropped = current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
             rows = DatedRows(outputs[name], retention_current_days=dropped)
             if name == CURRENT and incremental:
-                rows = _incremental_state(context, table, storage, plan, days, previous_state is not None, previous_rows, dropped)
+                rows = state = _incremental_state(context, table, storage, plan, days, previous_state is not None, previous_rows, dropped)
+            elif name == APPLIED_SEQUENCES and incremental:
+                # Compacted together with current_table: full copies on the same dates.
+                full = plan.sequences.filter(F.col(BUSINESS_DATE).isin(*state.full_dates)) if state.full_dates else None
+                rows = StateRows(plan.sequence_changes, full, state.full_dates, retention_current_days=dropped)
             with _timed(context, table.name, f"write {name}", _span(days)):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
@@ -392,9 +399,11 @@ def _incremental_state(
         change_rows = sum(n for op, n in counts.items() if op != untouched_operation(table.load_type))
         rows += counts[cdc.INSERT] - counts[cdc.DELETE]
         grown = None if since is None else StateSince(since.full_rows, since.change_dates + 1, since.change_rows + change_rows)
-        if compaction_due(grown, table.storage) or storage.has_partition(table.name, CURRENT, day):
+        # A truncate changes the whole state (and a change set's floor): stored as a full copy.
+        truncated = plan.figures.get(date.fromisoformat(day), {}).get("truncates", 0) > 0
+        if compaction_due(grown, table.storage) or truncated or storage.has_partition(table.name, CURRENT, day):
             full_dates.append(day)
-            reason = "no earlier state" if grown is None else (
+            reason = "no earlier state" if grown is None else "a truncate" if truncated else (
                 f"{grown.change_rows} change rows over {grown.change_dates} date(s) since the last full copy "
                 f"({grown.full_rows} rows)"
             )

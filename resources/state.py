@@ -13,6 +13,7 @@ from datetime import date
 
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc_assets.config import LoadType
 from cdc_assets.core.changes import DELETE, INSERT, OPERATION
@@ -30,7 +31,10 @@ def read_state(storage: WarehouseStorage, spark: SparkSession, table: str, asset
     if not layout.change_dates:
         return full
     changes_asset = state_changes_asset(asset)
-    changes = storage.read(spark, table, changes_asset, layout.change_dates, schema=full.schema)
+    schema = full.schema
+    if OPERATION not in full.columns:  # a state without an operation of its own (applied_sequences)
+        schema = StructType([*schema.fields, StructField(OPERATION, StringType())])
+    changes = storage.read(spark, table, changes_asset, layout.change_dates, schema=schema)
     rows = sum(storage.row_counts(table, changes_asset, layout.change_dates).values())
     return state_from_parts(
         full,

@@ -116,3 +116,55 @@ def test_a_fresh_sync_reads_a_gained_column_as_null_on_older_dates(spark, databa
     with_extra = sum(value is not None for value in DAY_2_ROWS["extra"])
     assert _extra_by_date(spark, f"{database}.{TABLE}_history") == {DAY_1: (len(DAY_1_ROWS["id"]), 0), DAY_2: (len(DAY_2_ROWS["id"]), with_extra)}
     assert spark.sql(f"SELECT count(extra) FROM {database}.{TABLE}_scd2").first()[0] == with_extra
+
+
+def _store_state(warehouse: Path, asset: str, day: str, rows: list[tuple]) -> None:
+    """Rows (id, name, operation, eff_start_date) as a stored part of an incremental state."""
+    from datetime import date as day_of
+
+    folder = warehouse / TABLE / asset / f"business_date={day}"
+    folder.mkdir(parents=True)
+    ids = [row[0] for row in rows]
+    pq.write_table(
+        pa.table({
+            "id": pa.array(ids, pa.int32()), "name": [row[1] for row in rows], "key_hash": [f"h{i}" for i in ids],
+            "non_key_hash": [f"n{row[1]}" for row in rows], "operation": [row[2] for row in rows],
+            "eff_start_date": pa.array([day_of.fromisoformat(row[3]) for row in rows], pa.date32()),
+            "process_id": ["run"] * len(rows), "processed_at": pa.array([None] * len(rows), pa.timestamp("us")),
+        }),
+        folder / "part-0.parquet",
+    )
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_an_incremental_tables_current_and_latest_apply_its_changes(spark, database, tmp_path, fresh):
+    warehouse = tmp_path / "warehouse"
+    day_3 = "2024-01-03"
+    _store_state(warehouse, "current_table", DAY_1, [(1, "a", "I", DAY_1), (2, "b", "I", DAY_1)])
+    _store_state(warehouse, "current_table_changes", DAY_2, [(1, "a2", "U", DAY_2), (2, "b", "D", DAY_2), (3, "c", "I", DAY_2)])
+    _store_state(warehouse, "current_table_changes", day_3, [(3, "c3", "U", day_3)])
+    path = tmp_path / f"{TABLE}.yaml"
+    path.write_text(yaml.safe_dump({**CONFIG, "storage": {"current": "incremental"}}, sort_keys=False))
+    config = load_table_config(path)
+    storage = WarehouseStorage(str(warehouse))
+    if fresh:
+        for statement in sync_statements([config], storage, database):
+            spark.sql(statement)
+    else:
+        assert sync_in_place(spark, [config], storage, database).errors == []
+
+    def state(relation: str) -> dict[str, list[tuple]]:
+        found: dict[str, list[tuple]] = {}
+        query = f"SELECT CAST(business_date AS STRING) AS day, id, name, operation FROM {database}.{relation}"
+        for row in spark.sql(query).collect():
+            found.setdefault(row["day"], []).append((row["id"], row["name"], row["operation"]))
+        return {day: sorted(rows) for day, rows in found.items()}
+
+    # A full load's untouched keys are N; the D key leaves; each date applies the changes up to it.
+    expected = {
+        DAY_1: [(1, "a", "I"), (2, "b", "I")],
+        DAY_2: [(1, "a2", "U"), (3, "c", "I")],
+        day_3: [(1, "a2", "N"), (3, "c3", "U")],
+    }
+    assert state(f"{TABLE}_current") == expected
+    assert state(f"{TABLE}_latest") == {day_3: expected[day_3]}

@@ -21,9 +21,13 @@ import duckdb
 import pytest
 from dagster import DagsterInstance
 
+from cdc_assets.catalog import state_columns
 from cdc_assets.cli import current_main
+from cdc_assets.core.state import state_sql
 from cdc_assets.consumers import current_duckdb_sql, current_state
-from cdc_assets.names import CLASSIFICATION, CURRENT, DELETES, HISTORY
+from cdc_assets.config import LoadType
+from cdc_assets.names import APPLIED_SEQUENCES, CLASSIFICATION, CURRENT, DELETES, HISTORY
+from resources.state import read_state
 from resources.storage import WarehouseStorage, state_changes_asset
 from tests.pipeline import AUDIT_COLUMNS, definitions_for, partition_dir, run_dates, run_range, sorted_rows, write_table_config
 
@@ -164,6 +168,23 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
     stored = spark.read.parquet(str(storage.stored_path("t", state_changes_asset(CURRENT), DAYS[1])))
     untouched = "N" if load_type == "full" else "X"
     assert stored.count() and stored.filter(f"operation = '{untouched}'").count() == 0
+
+    if load_type in ("changeset", "debezium"):  # a change set's own state, applied_sequences, likewise
+        for day in DAYS:
+            state = read_state(storage, spark, "t", APPLIED_SEQUENCES, day, LoadType.changeset)
+            expected = sorted_rows(spark, partition_dir(snapshot, "t", APPLIED_SEQUENCES, day))
+            assert _rows(state) == expected, f"applied_sequences as of {day}"
+        assert storage.stored_dates("t", state_changes_asset(APPLIED_SEQUENCES)) == [DAYS[1], DAYS[3]]
+
+    # The SQL catalog's view of every date's state, over the two stored folders.
+    full_view, changes_view = f"state_full_{load_type}", f"state_changes_{load_type}"
+    spark.read.parquet(str(incremental / "t" / CURRENT)).createOrReplaceTempView(full_view)
+    spark.read.parquet(str(incremental / "t" / state_changes_asset(CURRENT))).createOrReplaceTempView(changes_view)
+    untouched_op = "N" if load_type == "full" else "X"
+    every_state = spark.sql(state_sql(state_columns(configs["incremental"]), full_view, changes_view, untouched_op))
+    for day in DAYS:
+        expected = sorted_rows(spark, partition_dir(snapshot, "t", CURRENT, day))
+        assert _rows(every_state.filter(f"business_date = DATE'{day}'").drop("business_date")) == expected, f"SQL, {day}"
 
     monkeypatch.setenv("CDC_TABLE_CONFIGS", str(tmp_path / "configs-incremental"))
     out = tmp_path / "cdc-current"

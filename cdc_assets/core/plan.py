@@ -28,7 +28,7 @@ from cdc_assets.core import changes as cdc
 from cdc_assets.core.changeset import ChangeSetRules, apply_change_set
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH
-from cdc_assets.core.state import latest_rows, stored_changes
+from cdc_assets.core.state import latest_rows, state_difference, stored_changes
 
 # Rows per task when the outputs are written (at most the session's shuffle partitions). Each task
 # writes a file per date it holds, so fewer tasks for fewer rows keeps a range of small dates from
@@ -55,6 +55,8 @@ class ChangePlan:
     # the whole state (dated), as current holds it when it is the whole state.
     state_changes: DataFrame | None = None
     full_states: Callable[[Sequence[date]], DataFrame] | None = None
+    # A change set's applied_sequences as an incremental state stores it: each date's changes, dated.
+    sequence_changes: DataFrame | None = None
     _cached: list[DataFrame] = field(default_factory=list)
 
     def release(self) -> None:
@@ -232,6 +234,7 @@ def _change_sets_date_by_date(
 ) -> ChangePlan:
     """Change sets go date by date, oldest first: a date's late records depend on every earlier date."""
     classified, changed, late, sequences, counts, figures, cached = [], [], [], [], {}, {}, []
+    sequence_changes = []
     for day in dates:
         records = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
         try:
@@ -253,6 +256,7 @@ def _change_sets_date_by_date(
         changed.append(changes.select("*", dated))
         late.append(result.late.select("*", dated))
         sequences.append(state.select("*", dated))
+        sequence_changes.append(state_difference(previous_sequences, state).select("*", dated))
         previous, previous_sequences = cdc.build_current(changes), state
     tasks = write_tasks(sum(sum(by_op.values()) for by_op in counts.values()), max_partitions)
     changed_all = reduce(DataFrame.unionByName, changed).coalesce(tasks)
@@ -269,6 +273,7 @@ def _change_sets_date_by_date(
         counts=counts,
         late=reduce(DataFrame.unionByName, late).coalesce(1),
         sequences=reduce(DataFrame.unionByName, sequences).coalesce(tasks),
+        sequence_changes=reduce(DataFrame.unionByName, sequence_changes).coalesce(tasks),
         figures=figures,
         _cached=cached,
     )

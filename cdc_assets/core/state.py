@@ -107,3 +107,62 @@ def compaction_due(since: StateSince | None, policy: StateStorage) -> bool:
     if since.change_dates >= policy.compact_after_dates:
         return True
     return since.change_rows >= policy.compact_after_share * max(since.full_rows, 1)
+
+
+def state_sql(columns: Sequence[str], full: str, changes: str | None, untouched: str) -> str:
+    """A Spark SQL query of every stored date's state, with a ``business_date`` column: what a snapshot
+    table's partitions hold, for a state stored as full copies (relation ``full``) and changes (relation
+    ``changes``, None when none are stored); ``columns`` are the state's columns in order.
+
+    Each date's state is its newest full copy's rows, each key replaced by its newest change up to the
+    date, D keys removed (:func:`state_from_parts`). Filter on ``business_date`` to read one date.
+    """
+    quoted = {name: f"`{name.replace('`', '``')}`" for name in columns}
+    listed = ", ".join(quoted.values())
+    operation = f"CASE WHEN __cdc_part = __cdc_as_of THEN {quoted[OPERATION]} ELSE '{untouched}' END AS {quoted[OPERATION]}"
+    output = ", ".join(operation if name == OPERATION else quoted[name] for name in columns)
+    changed = f"SELECT {listed}, business_date AS __cdc_part FROM {changes}" if changes else "SELECT * FROM fulls WHERE false"
+    return (
+        f"WITH fulls AS (SELECT {listed}, business_date AS __cdc_part FROM {full}), "
+        f"changes AS ({changed}), "
+        "full_dates AS (SELECT DISTINCT __cdc_part FROM fulls), "
+        "dates AS (SELECT __cdc_part AS __cdc_as_of FROM full_dates UNION SELECT __cdc_part FROM changes), "
+        "anchors AS (SELECT d.__cdc_as_of, max(f.__cdc_part) AS __cdc_full FROM dates d "
+        "JOIN full_dates f ON f.__cdc_part <= d.__cdc_as_of GROUP BY d.__cdc_as_of), "
+        "parts AS (SELECT a.__cdc_as_of, p.* FROM anchors a JOIN fulls p ON p.__cdc_part = a.__cdc_full "
+        "UNION ALL SELECT a.__cdc_as_of, p.* FROM anchors a JOIN changes p "
+        "ON p.__cdc_part > a.__cdc_full AND p.__cdc_part <= a.__cdc_as_of), "
+        f"newest AS (SELECT *, row_number() OVER (PARTITION BY __cdc_as_of, {quoted[KEY_HASH]} "
+        "ORDER BY __cdc_part DESC) AS __cdc_rank FROM parts) "
+        f"SELECT {output}, __cdc_as_of AS business_date FROM newest "
+        f"WHERE __cdc_rank = 1 AND {quoted[OPERATION]} <> '{DELETE}'"
+    )
+
+
+def state_difference(before: DataFrame | None, after: DataFrame) -> DataFrame:
+    """What changed from state ``before`` to state ``after`` (same columns, one row per ``key_hash``), as
+    an incremental state stores it: each row of ``after`` that is new or differs from ``before`` with
+    ``operation`` U, and each key of ``before`` that ``after`` lacks as its last row with ``operation`` D.
+
+    For a state without an ``operation`` of its own (a change set's ``applied_sequences``), whose
+    changes are not the classification's. Compares every column, so it reads both states whole.
+    """
+    columns = after.columns
+    if before is None:
+        return after.withColumn(OPERATION, F.lit("U"))
+    old = before.select(*(F.col(name).alias(f"__cdc_old_{name}") for name in columns))
+    joined = after.join(old, F.col(KEY_HASH).eqNullSafe(F.col(f"__cdc_old_{KEY_HASH}")), how="full_outer")
+    present = F.lit(False)
+    for name in columns:
+        present = present | F.col(name).isNotNull()
+    existed = F.lit(False)
+    for name in columns:
+        existed = existed | F.col(f"__cdc_old_{name}").isNotNull()
+    same = F.lit(True)
+    for name in columns:
+        same = same & F.col(name).eqNullSafe(F.col(f"__cdc_old_{name}"))
+    changed = joined.filter(present & ~(existed & same)).select(*columns, F.lit("U").alias(OPERATION))
+    removed = joined.filter(~present & existed).select(
+        *(F.col(f"__cdc_old_{name}").alias(name) for name in columns), F.lit(DELETE).alias(OPERATION)
+    )
+    return changed.unionByName(removed)
