@@ -1,7 +1,8 @@
 """A big table and a small change (issue 13): a 10M-row current table, then a delta of 1,000 changed rows.
 
     .venv/bin/python benchmarks/bench_big_small.py [--rows 10000000] [--changed 1000] [--update-share 0.5]
-        [--compare-rows 1000000] [--seed 7] [--workdir DIR] [--keep] [--results-dir DIR]
+        [--compare-rows 1000000] [--modes snapshot,incremental,compaction] [--seed 7] [--workdir DIR] [--keep]
+        [--results-dir DIR]
 
 A table with ``load_type: delta`` (a key missing from the day's extract was not supplied: X, kept with
 its previous payload; a delta has no deletes), written to a temp CDC_TABLE_CONFIGS folder:
@@ -10,27 +11,23 @@ its previous payload; a delta has no deletes), written to a temp CDC_TABLE_CONFI
    generator's day-1 file; its empty day 2 is discarded), loaded by a cold CLI run: the current table;
 2. day 2: a delta file of ``--changed`` rows: ``--update-share`` of them are day-1 keys whose ten
    non-key values all change (U), the rest new keys (I); built with DuckDB from the day-1 file;
-3. day 2 loaded by a cold ``dagster asset materialize`` run, with Spark's event log on (as in
-   bench_scale.py). Measured: wall seconds, the JVM's peak RSS (VmHWM; one local-mode JVM holds driver
-   and executors), shuffle bytes written and read, spill, and the bytes each asset wrote for the date,
-   above all current_table's partition against history_partition's;
-4. checked: day-2 current_table I/U/X = inserts / updates / rows - updates, history_partition I/U =
-   inserts / updates, deletes X = rows - updates.
-
-What it shows: current_table is stored as a full snapshot per business date, so a date's cost is
-O(table), not O(change): day 2 rewrites every row of the table (the X rows carried over) to record
-``--changed`` changes; the ``deletes`` output of a delta holds every not-supplied key (X) too. Only
-history_partition is O(change). With ``--compare-rows`` (e.g. 1000000) the same delta is also applied
-to a table of that size, so the day-2 figures can be set side by side (x10 rows -> about x10 cost if
-O(table)).
+3. the day-1 warehouse copied once per storage mode (``--modes``, default all three), and day 2 loaded in
+   each by a cold ``dagster asset materialize`` run, with Spark's event log on (as in bench_scale.py):
+   ``snapshot`` (current_table stores the whole state), ``incremental`` (day 2 stores its changes) and
+   ``compaction`` (incremental, ``compact_after_dates: 1``: day 2 stores a full copy). Measured per
+   mode: wall seconds (and the ratio to day 1), the JVM's peak RSS (VmHWM), shuffle bytes, spill, and
+   the bytes each asset wrote for the date;
+4. checked: history_partition and hash_join_classification I/U = inserts / updates, deletes empty (X is
+   counted, not stored), and current_table I/U/X (snapshot, compaction) or current_table_changes I/U
+   (incremental).
 
 Prints each figure as it finishes, then a table and the explanation; writes JSON to
 ``benchmarks/results/bench_big_small_<rows>_<UTC>.json`` (git-ignored). Every run is killed with its
 process group (JVM included) on failure, Ctrl-C or SIGTERM. Exit status: 0 ok, 1 a run failed,
 2 wrong counts, 130 interrupted.
 
-Cost at the defaults on the idle 2-core machine: about 19 minutes (measured 1,135 s; day 1 is a 10M-row full load,
-day 2 reads and rewrites the 10M-row state), and about 25-30 GB of disk in the workdir. Small check (about 5 minutes):
+Cost at the defaults on the idle 2-core machine: day 1 took 718 s at 10M rows, and a snapshot day 2 about six
+minutes before X stopped being written; allow 30-40 minutes for all three modes, and about 40 GB of disk. Small check (about 5 minutes):
     .venv/bin/python benchmarks/bench_big_small.py --rows 200000 --changed 1000
 """
 
