@@ -646,8 +646,11 @@ class WarehouseStorage:
         return sorted(name[len(prefix) :] for name in self.list_names(self.asset_path(table, asset)) if name.startswith(prefix))
 
     def has_partition(self, table: str, asset: str, business_date: str) -> bool:
-        """Whether the partition is stored (no Spark read, nothing restored)."""
-        return self._resolve(table, asset, business_date) is not None
+        """Whether the partition is stored, so :meth:`stored_path` finds it: committed, or left aside by a
+        killed commit of an earlier release (no Spark read, nothing restored)."""
+        if self._resolve(table, asset, business_date) is not None:
+            return True
+        return self._retired_by_earlier_release(table, asset, business_date) is not None
 
     def state_layout(self, table: str, asset: str, as_of: str) -> StateLayout:
         """Where the state of ``as_of`` is stored: the newest full copy on or before it and the dates of
