@@ -30,7 +30,7 @@ else
 export SPARK_REMOTE
 endif
 
-.PHONY: install demo test test-fast browser ui validate benchmark benchmark-many spark-server spark-server-stop cluster-up cluster-down sql sql-server sql-server-stop clean
+.PHONY: install demo test test-fast browser ui validate benchmark benchmark-many benchmark-state spark-server spark-server-stop cluster-up cluster-down sql sql-server sql-server-stop clean
 
 $(BIN)/dagster: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,13 @@ benchmark: install
 # seed 003's 65 tables: make benchmark-many BENCH_ARGS='--tables 65 --rows 20000 --skip-cold'
 benchmark-many: install
 	$(BIN)/python benchmarks/bench_many_tables.py $(BENCH_ARGS)
+
+# Issue 23's incremental-state targets: a 10M-row delta table's day 2 in snapshot, incremental and
+# compaction modes (bench_big_small.py, about 45 min and 40 GB of disk idle), then 1M-row full loads and
+# change sets in both modes (bench_targets.py, about 15 min). Small: BIG_ARGS='--rows 200000' STATE_ARGS='--rows 20000'
+benchmark-state: install
+	$(BIN)/python benchmarks/bench_big_small.py $(BIG_ARGS)
+	$(BIN)/python benchmarks/bench_targets.py --only b,b-incremental,changeset,changeset-incremental $(STATE_ARGS)
 
 # Prints the server's sc:// URL; the server keeps running (its pid and log are in .spark-server/).
 spark-server: install

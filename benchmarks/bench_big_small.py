@@ -225,6 +225,8 @@ def print_table(results: dict) -> None:
             print(f"{int(rows):>12,} {mode:<12} day 2 {measured['run']['seconds']:>8.1f} s = "
                   f"{measured['run']['seconds'] / day1 if day1 else 0:.3f} x day 1; wrote {ev.mib(measured['written_bytes'])} MiB: "
                   + ", ".join(f"{name} {ev.mib(n)}" for name, n in part.items() if n))
+    for line in target_lines(results):
+        print(line)
     for rows, error in results["errors"].items():
         print(f"{rows} rows: {'WRONG COUNTS' if error['kind'] == 'outputs' else 'FAILED'}: {error['message'].strip().splitlines()[0][:160]}")
     if results.get("interrupted"):
@@ -232,6 +234,42 @@ def print_table(results: dict) -> None:
     print("wall s: one fresh `dagster asset materialize` process; other: cores other processes kept busy; JVM RSS: VmHWM;")
     print("shuf W/R: shuffle bytes written / read from Spark's event log; MiB columns: the date's partition of each asset")
     print("=" * len(head), flush=True)
+
+
+# Issue 23's targets for the big table: incremental day 2 against day 1 (wall), its bytes written, and a
+# compaction (a day 2 that stores a full copy) against a snapshot day 2.
+TARGETS = {"incremental_day2/day1": 0.05, "incremental_written_mib": 64, "compaction/snapshot": 1.0}
+
+
+def target_lines(results: dict) -> list[str]:
+    """Issue 23's targets for the biggest table measured, each as a ratio with its verdict."""
+    done = sorted((int(r) for r, s in results["sizes"].items() if s.get("day2_by_mode")), reverse=True)
+    if not done:
+        return []
+    size = results["sizes"][str(done[0])]
+    by_mode = {mode: m for mode, m in size["day2_by_mode"].items() if "run" in m and "written_bytes" in m}
+    day1 = size.get("day1", {}).get("seconds")
+    verdict = lambda value, target: "MET" if value <= target else "NOT MET"  # noqa: E731
+    lines = [f"TARGETS (issue 23) at {done[0]:,} rows, delta of {results['changed']:,}:"]
+    incremental, snapshot, compaction = by_mode.get("incremental"), by_mode.get("snapshot"), by_mode.get("compaction")
+    if incremental and day1:
+        ratio = incremental["run"]["seconds"] / day1
+        lines.append(f"  incremental day 2 / day 1 (full load) = {ratio:.3f}  target <= {TARGETS['incremental_day2/day1']}: "
+                     f"{verdict(ratio, TARGETS['incremental_day2/day1'])}")
+        written = ev.mib(incremental["written_bytes"])
+        lines.append(f"  incremental day 2 wrote {written} MiB  target <= {TARGETS['incremental_written_mib']} MiB: "
+                     f"{verdict(written, TARGETS['incremental_written_mib'])}")
+    if snapshot:
+        part = snapshot["partition_bytes"]
+        copies = (part.get("current_table", 0) + part.get("deletes", 0) + part.get("hash_join_classification", 0)) / max(
+            part.get("current_table", 1), 1)
+        lines.append(f"  snapshot day 2 wrote {ev.mib(snapshot['written_bytes'])} MiB: current_table, deletes and the "
+                     f"classification = {copies:.2f} x current_table (one table copy, X not written)")
+    if compaction and snapshot:
+        ratio = compaction["run"]["seconds"] / snapshot["run"]["seconds"]
+        lines.append(f"  compaction day 2 / snapshot day 2 = {ratio:.2f}  target <= {TARGETS['compaction/snapshot']}: "
+                     f"{verdict(ratio, TARGETS['compaction/snapshot'])}")
+    return lines
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -283,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                     "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
         "sizes": {},
         "errors": {},
+        "targets": TARGETS,
     }
     log(f"workdir {workdir}; tables of {', '.join(f'{r:,}' for r in args.rows_list)} rows, delta of {args.changed:,} rows; "
         f"load average {os.getloadavg()[0]:.2f}")

@@ -25,6 +25,10 @@ server started for the purpose. Measurements (names for `--only`):
               day-1 rows as insert records, day 2 = `--changeset-records` records (40% updates, 20%
               upserts that change nothing, 20% inserts, 20% deletes), each a cold CLI run. Printed
               against (b)'s day 2, the full load of the same table; no target.
+  b-incremental          (b) again with `storage: {current: incremental}` (issue 23): day 2 stores
+              its changes. b-incremental / b target <= 1.0 (no slower than a snapshot).
+  changeset-incremental  changeset with `storage: {current: incremental}`: day 2 / (b)'s day 2
+              target <= 0.15 (issue 23).
 
 "single" is the mean of the one-date runs of dates 2..N (date 1 has no previous state to join), as in
 bench_backfill.py; the mean over all dates is in the JSON too.
@@ -78,17 +82,21 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_backfill  # noqa: E402 - its range data, table config and output comparison are reused
+from spark_eventlog import partition_bytes as asset_partition_bytes  # noqa: E402
 
 TABLE = "synthetic"
 DAY1, DAY2 = "2019-06-18", "2019-06-19"
 DEFAULT_YARDSTICK = REPO.parent / "shared" / "bench" / "plain_cdc.py"
-MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm", "changeset")
+MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm", "changeset", "b-incremental", "changeset-incremental")
 CHANGESET_TABLE = "synthetic_changes"
 # The day-2 change set's mix: updates, upserts that change nothing, inserts and deletes.
 CHANGESET_MIX = {"U": 0.4, "N": 0.2, "I": 0.2, "D": 0.2}
 WARM = {"c", "range-warm"}
 RANGE = {"range-cold", "range-warm"}
-TARGETS = {"b/a": 1.0, "c/a": 0.7, "server_rss_gib": 3.0, "range_cold": 2.0, "range_cold_acceptable": 2.5, "range_warm": 1.5}
+TARGETS = {"b/a": 1.0, "c/a": 0.7, "server_rss_gib": 3.0, "range_cold": 2.0, "range_cold_acceptable": 2.5, "range_warm": 1.5,
+           "b_incremental/b": 1.0, "changeset_incremental/b": 0.15}
+# storage: in a table config; the *-incremental measurements store each date's changes (issue 23).
+INCREMENTAL = "storage: {current: incremental}\n"
 MARKER = ".cdc_bench_targets"
 GIB = 2**30
 
@@ -407,10 +415,14 @@ class Bench:
         rows = duckdb.sql(f"select operation, count(*) from read_parquet('{folder}/*.parquet') group by all").fetchall()
         return {op: n for op, n in sorted(rows)}
 
-    def check_day2(self, label: str, root: Path) -> dict:
-        """Day-2 current_table I/U/N and history_partition I/U/D under ``root`` against the generator's counts."""
+    def check_day2(self, label: str, root: Path, current: Path | None = None) -> dict:
+        """Day-2 current_table I/U/N and history_partition I/U/D under ``root`` against the generator's counts;
+        ``current``: a folder holding the day-2 state instead (an incremental table's, from cdc-current)."""
         expected = {name: {op: n for op, n in ops.items() if n} for name, ops in self.expected_day2().items()}
-        found = {name: self.operation_counts(root / name / f"business_date={DAY2}") for name in expected}
+        folders = {name: root / name / f"business_date={DAY2}" for name in expected}
+        if current is not None:
+            folders["current_table"] = current
+        found = {name: self.operation_counts(folder) for name, folder in folders.items()}
         if found != expected:
             raise OutputsWrong(f"{label}: day-2 counts {found}, expected {expected}")
         return found
@@ -427,15 +439,38 @@ class Bench:
         log(f"(a) yardstick day 2, cold: {describe(day2)}")
         result["day2_counts"] = self.check_day2("(a) yardstick", out)
 
-    def measure_b(self, result: dict) -> None:
+    def measure_b(self, result: dict, incremental: bool = False) -> None:
         self.generate()
-        env = self.run_env("b_cold", self.workdir / "configs" / TABLE)
-        result["day1"] = self.materialize("b_cold_day1", env, TABLE, "--partition", DAY1)
-        log(f"(b) pipeline day 1, cold CLI: {describe(result['day1'])}")
-        result["day2"] = day2 = self.materialize("b_cold_day2", env, TABLE, "--partition", DAY2)
+        label, name = ("(b, incremental)", "b_incremental") if incremental else ("(b)", "b_cold")
+        configs = self.workdir / "configs" / TABLE
+        if incremental:
+            configs = self.workdir / "configs" / f"{TABLE}_incremental"
+            configs.mkdir(parents=True, exist_ok=True)
+            (configs / f"{TABLE}.yaml").write_text((self.workdir / "configs" / TABLE / f"{TABLE}.yaml").read_text() + INCREMENTAL)
+        env = self.run_env(name, configs)
+        result["day1"] = self.materialize(f"{name}_day1", env, TABLE, "--partition", DAY1)
+        log(f"{label} pipeline day 1, cold CLI: {describe(result['day1'])}")
+        result["day2"] = day2 = self.materialize(f"{name}_day2", env, TABLE, "--partition", DAY2)
         result.update(seconds=day2["seconds"], jvm_peak_rss_mib=day2["jvm_peak_rss_mib"])
-        log(f"(b) pipeline day 2, cold CLI: {describe(day2)}")
-        result["day2_counts"] = self.check_day2("(b) pipeline", Path(env["CDC_WAREHOUSE"]) / TABLE)
+        log(f"{label} pipeline day 2, cold CLI: {describe(day2)}")
+        stored = Path(env["CDC_WAREHOUSE"]) / TABLE
+        result["day2_bytes"] = asset_partition_bytes(stored.parent, stored.name, DAY2)
+        log(f"{label} day-2 partitions (MiB): " + ", ".join(f"{k} {mib(v)}" for k, v in result["day2_bytes"].items()))
+        if incremental:
+            # Day 2 stores its changes: the state as of day 2 is read back through cdc-current.
+            result["day2_counts"] = self.check_day2(label, stored, current=self.current_as_of(env, TABLE, DAY2))
+        else:
+            result["day2_counts"] = self.check_day2(label, stored)
+
+    def current_as_of(self, env: dict, table: str, day: str) -> Path:
+        """``cdc-current TABLE --as-of DAY`` into a folder of the run's own: the state as a snapshot holds it."""
+        out = Path(env["CDC_WAREHOUSE"]).parent / f"cdc_current_{table}_{day}"
+        shutil.rmtree(out, ignore_errors=True)
+        done = subprocess.run([str(self.dagster.parent / "cdc-current"), table, "--as-of", day, "--out", str(out)],
+                              env=env, capture_output=True, text=True, cwd=REPO)
+        if done.returncode != 0:
+            raise StepFailed(f"cdc-current {table} --as-of {day} failed:\n{done.stderr[-3000:]}")
+        return out
 
     def measure_c(self, result: dict) -> None:
         self.generate()
@@ -467,6 +502,11 @@ class Bench:
 
     def changeset_data(self) -> dict:
         """Day 1: the synthetic day-1 rows as insert records; day 2: ``--changeset-records`` records."""
+        if getattr(self, "_changeset_data", None) is None:
+            self._changeset_data = self._make_changeset_data()
+        return self._changeset_data
+
+    def _make_changeset_data(self) -> dict:
         self.generate()
         root = self.workdir / "data" / CHANGESET_TABLE
         shutil.rmtree(root, ignore_errors=True)
@@ -510,16 +550,27 @@ class Bench:
         return {"configs": configs, "day1_records": rows, "day2_records": sum(counts.values()), "expected_current": expected,
                 "expected_history": {"I": counts["I"], "U": counts["U"], "D": counts["D"]}}
 
-    def measure_changeset(self, result: dict) -> None:
+    def measure_changeset(self, result: dict, incremental: bool = False) -> None:
         data = self.changeset_data()
-        env = self.run_env("changeset_cold", data["configs"])
-        result["day1"] = self.materialize("changeset_day1", env, CHANGESET_TABLE, "--partition", DAY1)
-        log(f"changeset day 1 ({data['day1_records']:,} insert records), cold CLI: {describe(result['day1'])}")
-        result["day2"] = day2 = self.materialize("changeset_day2", env, CHANGESET_TABLE, "--partition", DAY2)
+        configs, name = data["configs"], "changeset_incremental" if incremental else "changeset"
+        if incremental:
+            configs = configs.parent / f"{CHANGESET_TABLE}_incremental"
+            configs.mkdir(parents=True, exist_ok=True)
+            (configs / f"{CHANGESET_TABLE}.yaml").write_text((data["configs"] / f"{CHANGESET_TABLE}.yaml").read_text() + INCREMENTAL)
+        env = self.run_env(f"{name}_cold", configs)
+        result["day1"] = self.materialize(f"{name}_day1", env, CHANGESET_TABLE, "--partition", DAY1)
+        log(f"{name} day 1 ({data['day1_records']:,} insert records), cold CLI: {describe(result['day1'])}")
+        result["day2"] = day2 = self.materialize(f"{name}_day2", env, CHANGESET_TABLE, "--partition", DAY2)
         result.update(seconds=day2["seconds"], day2_records=data["day2_records"], current_rows=data["day1_records"])
-        log(f"changeset day 2 ({data['day2_records']:,} change records on {data['day1_records']:,} rows), cold CLI: {describe(day2)}")
+        log(f"{name} day 2 ({data['day2_records']:,} change records on {data['day1_records']:,} rows), cold CLI: {describe(day2)}")
         stored = Path(env["CDC_WAREHOUSE"]) / CHANGESET_TABLE
-        found = {name: self.operation_counts(stored / name / f"business_date={DAY2}") for name in ("current_table", "history_partition")}
+        result["day2_bytes"] = asset_partition_bytes(stored.parent, stored.name, DAY2)
+        log(f"{name} day-2 partitions (MiB): " + ", ".join(f"{k} {mib(v)}" for k, v in result["day2_bytes"].items()))
+        folders = {"current_table": stored / "current_table" / f"business_date={DAY2}",
+                   "history_partition": stored / "history_partition" / f"business_date={DAY2}"}
+        if incremental:
+            folders["current_table"] = self.current_as_of(env, CHANGESET_TABLE, DAY2)
+        found = {name: self.operation_counts(folder) for name, folder in folders.items()}
         expected = {"current_table": data["expected_current"], "history_partition": data["expected_history"]}
         result["day2_counts"] = found
         if found != expected:
@@ -576,6 +627,8 @@ class Bench:
             "range-cold": lambda result: self.measure_range(result, warm=False),
             "range-warm": lambda result: self.measure_range(result, warm=True),
             "changeset": self.measure_changeset,
+            "b-incremental": lambda result: self.measure_b(result, incremental=True),
+            "changeset-incremental": lambda result: self.measure_changeset(result, incremental=True),
         }
         for name in selected:
             log(f"--- {name} ---")
@@ -593,6 +646,10 @@ class Bench:
                 self.results["errors"][name] = {"kind": "failed", "message": message, "partial": result}
                 log(f"{name} FAILED: {message}")
             log(f"--- {name} done in {time.perf_counter() - started:.0f}s ---")
+
+
+def stored_mib(measured: dict | None) -> float | None:
+    return mib(sum(measured["day2_bytes"].values())) if measured and "day2_bytes" in measured else None
 
 
 def describe(figures: dict) -> str:
@@ -676,6 +733,23 @@ def summarise(results: dict) -> list[dict]:
             row("    changeset day 2 / full load day 2 (b)", value=round(cs["seconds"] / b["seconds"], 2), note="no target")
         else:
             row("    changeset day 2 / full load day 2 (b)", note="needs b (--only b,changeset)")
+    bi, csi = m.get("b-incremental"), m.get("changeset-incremental")
+    if bi and "day2" in bi:
+        row("(b, incremental) pipeline day 2, cold CLI", bi["day2"], note=f"wrote {stored_mib(bi)} MiB; (b) wrote {stored_mib(b)} MiB")
+        if b:
+            value = bi["seconds"] / b["seconds"]
+            row("    b-incremental / b", value=round(value, 2), target="<= 1.0", met=verdict(value, TARGETS["b_incremental/b"]))
+        else:
+            row("    b-incremental / b", note="needs b (--only b,b-incremental)")
+    if csi and "day2" in csi:
+        row(f"changeset day 2, incremental: {csi['day2_records']:,} records on {csi['current_rows']:,} rows, cold CLI", csi["day2"],
+            note=f"wrote {stored_mib(csi)} MiB" + (f"; snapshot changeset wrote {stored_mib(cs)} MiB" if cs else ""))
+        if b:
+            value = csi["seconds"] / b["seconds"]
+            row("    changeset-incremental day 2 / full load day 2 (b)", value=round(value, 2), target="<= 0.15",
+                met=verdict(value, TARGETS["changeset_incremental/b"]))
+        else:
+            row("    changeset-incremental day 2 / (b)", note="needs b (--only b,changeset-incremental)")
     for name, error in results["errors"].items():
         row(f"{name}: {'WRONG OUTPUTS' if error['kind'] == 'outputs' else 'FAILED'}", note=error["message"].strip().splitlines()[0][:120])
     if results.get("interrupted"):
