@@ -25,9 +25,11 @@ from pyspark.sql import functions as F
 from cdc_assets.config import LoadType
 from cdc_assets.core.caching import persist
 from cdc_assets.core import changes as cdc
-from cdc_assets.core.changeset import ChangeSetRules, apply_change_set
+from cdc_assets.core.changeset import APPLIED_ON, DELETED, ChangeSetRules, apply_change_set
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.compare import CHANGED_COLUMNS
 from cdc_assets.core.hashing import KEY_HASH
+from cdc_assets.core.source import CHANGE_FLAG, TRUNCATE
 from cdc_assets.core.state import latest_rows, state_difference, stored_changes
 
 # Rows per task when the outputs are written (at most the session's shuffle partitions). Each task
@@ -96,13 +98,20 @@ def plan_changes(
 
     A key a delta or change set does not supply (X) is counted, not written: ``classification`` holds
     the keys a date touched and ``deletes`` its D rows. With ``touched_keys_only`` (an incremental state,
-    which stores a date's changes only) a delta reads of the previous state only the keys the date
-    supplies, and its X count is ``previous_rows`` (the previous state's rows) less the keys it touched;
-    ``current`` then holds the touched keys only, and ``full_states`` gives the whole state.
+    which stores a date's changes only) a delta, and a one-date change set without a truncate, read of
+    the previous state only the keys the date supplies, and the X count is ``previous_rows`` (the
+    previous state's rows) less the keys the date touched; ``current`` then holds the touched keys
+    only, and ``full_states`` gives the whole state.
     """
     dates = sorted(business_dates)
     stamps = dict(audit=audit, non_key_columns=non_key_columns)
     if load_type is LoadType.changeset:
+        one_date = previous is not None and previous_sequences is not None and len(dates) == 1
+        if touched_keys_only and one_date and not _has_truncate(incoming):
+            return _change_set_by_touched_keys(
+                incoming, previous, previous_sequences, dates[0], payload_columns, max_write_tasks, change_set_rules,
+                stamps, previous_rows,
+            )
         return _change_sets_date_by_date(
             incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, change_set_rules, stamps
         )
@@ -227,6 +236,73 @@ def _deltas_by_touched_keys(incoming, previous, dates: list[date], payload_colum
         return reduce(DataFrame.unionByName, states)
 
     return reduce(DataFrame.unionByName, classified), reduce(DataFrame.unionByName, changed), counts, cached, full_states
+
+
+def _has_truncate(incoming: DataFrame) -> bool:
+    """Whether a change set's records hold a truncate, which changes every key of the state."""
+    return incoming.filter(F.col(CHANGE_FLAG) == F.lit(TRUNCATE)).limit(1).count() > 0
+
+
+def _change_set_by_touched_keys(
+    incoming, previous, previous_sequences, day: date, payload_columns, max_partitions: int, rules, stamps, previous_rows: int
+) -> ChangePlan:
+    """One date of a change set without a truncate against the previous state's rows of the keys its
+    records name only (an incremental state): a key the day does not touch is X, kept as it was.
+
+    Both states, current's and applied_sequences', are semi joined with the day's keys (broadcast: the
+    states are scanned, not shuffled); applied_sequences keeps its floor. The day's applied_sequences
+    changes are its touched keys' entries that are new or differ, and the tombstones of untouched
+    keys that expire on the day (D). X is counted: the previous state's rows less the held keys the
+    day touched (U, N and D).
+    """
+    records = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
+    keys = F.broadcast(records.filter(F.col(KEY_HASH).isNotNull()).select(KEY_HASH).distinct())
+    held = previous.join(keys, on=KEY_HASH, how="left_semi")
+    floor = previous_sequences.filter(F.col(KEY_HASH).isNull())
+    entries = previous_sequences.join(keys, on=KEY_HASH, how="left_semi").unionByName(floor)
+    result = apply_change_set(records, held, entries, day, payload_columns, rules, **stamps)
+    changes = result.changes
+    counts = dict(result.counts)
+    counts[cdc.NOT_SUPPLIED] = previous_rows - counts[cdc.UPDATE] - counts[cdc.UNCHANGED] - counts[cdc.DELETE]
+    dated = F.lit(day).alias(BUSINESS_DATE)
+    on_day = F.lit(day).cast("date")
+    expired = previous_sequences.filter(
+        F.col(KEY_HASH).isNotNull() & F.col(DELETED) & (F.date_diff(on_day, F.col(APPLIED_ON)) >= F.lit(rules.tombstone_retention_days))
+    ).join(keys, on=KEY_HASH, how="left_anti")
+    sequence_changes = state_difference(entries, result.state).unionByName(expired.withColumn(cdc.OPERATION, F.lit(cdc.DELETE)))
+    tasks = write_tasks(sum(counts.values()) - counts[cdc.NOT_SUPPLIED], max_partitions)
+    changed = changes.select("*", dated).coalesce(tasks)
+    sequence_changes = sequence_changes.select("*", dated).coalesce(tasks)
+    day_before = F.lit(day - timedelta(days=1)).cast("date")
+
+    def full_states(days: Sequence[date]) -> DataFrame:
+        if list(days) != [day]:
+            raise ValueError(f"the plan holds the state of {day} only, not of {list(days)}")
+        # The day's rows over the previous state's; a key whose newest row is a D leaves.
+        todays = changes.drop(CHANGED_COLUMNS).select(*previous.columns, dated)
+        latest = latest_rows([previous.withColumn(BUSINESS_DATE, day_before), todays], BUSINESS_DATE)
+        operation = F.when(F.col(BUSINESS_DATE) == on_day, F.col(cdc.OPERATION)).otherwise(F.lit(cdc.NOT_SUPPLIED))
+        return latest.withColumns({cdc.OPERATION: operation, BUSINESS_DATE: on_day})
+
+    # applied_sequences as of the day (read only when the day stores a full copy): the changes over the previous.
+    marked = previous_sequences.withColumns({cdc.OPERATION: F.lit(cdc.UPDATE), BUSINESS_DATE: day_before})
+    sequences = latest_rows([marked, sequence_changes], BUSINESS_DATE).drop(cdc.OPERATION).withColumn(BUSINESS_DATE, on_day)
+    return ChangePlan(
+        classification=_without_untouched(changes.select(*cdc.CLASSIFICATION_COLUMNS, dated)).coalesce(tasks),
+        inserts=cdc.with_operations(changed, [cdc.INSERT]),
+        deletes=cdc.with_operations(changed, [cdc.DELETE]),
+        updates=cdc.with_operations(changed, [cdc.UPDATE]),
+        current=cdc.build_current(changed),
+        history=cdc.build_history(changed),
+        counts={day: counts},
+        late=result.late.select("*", dated).coalesce(1),
+        sequences=sequences,
+        figures={day: result.figures},
+        state_changes=stored_changes(changed, LoadType.changeset),
+        full_states=full_states,
+        sequence_changes=sequence_changes,
+        _cached=list(result.cached),
+    )
 
 
 def _change_sets_date_by_date(
