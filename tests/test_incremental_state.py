@@ -300,15 +300,22 @@ def test_a_reader_of_the_state_never_sees_a_missing_or_mixed_state_while_compact
             writer.release()
             done.set()
 
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(tmp_path / "configs"))
     thread = threading.Thread(target=compact)
     thread.start()
     try:
+        reads = 0
         while not done.is_set():
             for day in (DAYS[2], DAYS[3]):
+                # The reader is cdc-current itself (in this process, so on the test's session): it writes the
+                # state to a folder of its own, which is then read back.
+                reads += 1
+                out = tmp_path / f"read-{reads}"
                 try:
-                    rows = current_state(spark, config, day).select("id", "name").collect()
+                    assert current_main(["t", "--as-of", day, "--out", str(out)]) == 0
+                    rows = spark.read.parquet(str(out)).select("id", "name").collect()
                 except Exception as error:  # noqa: BLE001 - any failed read is what the test looks for
-                    failures.append(f"{day}: {error}")
+                    failures.append(f"{day}: {error!r}")
                     continue
                 names = {row.name for row in rows if day == DAYS[2] or row.id not in changed_keys}
                 if len(names) != 1 or len(rows) != expected_rows[day]:
