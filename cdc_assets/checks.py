@@ -131,36 +131,25 @@ def _recorded(context: AssetCheckExecutionContext, key: AssetKey, day: str, name
     return {name: int(metadata[name].value) if name in metadata else 0 for name in names}
 
 
-def _rows_read(context: AssetCheckExecutionContext, key: AssetKey, day: str) -> int:
-    """Rows read at intake, as hashed_incoming's materialization for the date recorded them."""
-    return _recorded(context, key, day, ("rows_read",))["rows_read"]
-
-
 def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> list:
-    table = config.name
-    if config.changes is not None:
-        return _changeset_checks(config, partitions_def)
+    """The table's two check steps: the intake checks after ``hashed_incoming``, the CDC checks after the
+    CDC step. A change set reconciles its records (several per key, late ones, tombstones) by its own rules."""
+    table, change_set = config.name, config.changes is not None
 
     @multi_asset_check(
         name=f"{table}__intake_checks",
-        specs=_specs(config, partitions_def, INCOMING_CHECKS),
+        specs=_specs(config, partitions_def, CHANGESET_INCOMING_CHECKS if change_set else INCOMING_CHECKS),
         can_subset=True,
         pool=pool_name(config),
     )
     def intake_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
         days = list(context.partition_keys)
-        rows_read = {day: _rows_read(context, asset_key(config, HASHED_INCOMING), day) for day in days}
-        # Row counts from the committed files' footers; distinct keys from one aggregation over the range.
-        rejected = parquet_io_manager.row_counts(table, REJECTS, days)
-        accepted = keyed_figures_by_date(parquet_io_manager.read_partitions(table, HASHED_INCOMING, days), BUSINESS_DATE)
-        for day in days:
-            figures = accepted.get(date.fromisoformat(day), KeyedFigures())
-            for outcome in reconcile_incoming(rows_read[day], figures, rejected[day]):
-                yield _evaluation(config, day, outcome)
+        for day, outcome in _intake_outcomes(context, parquet_io_manager, config, days):
+            yield _evaluation(config, day, outcome)
 
     @multi_asset_check(
         name=f"{table}__cdc_checks",
-        specs=_specs(config, partitions_def, CDC_CHECKS),
+        specs=_specs(config, partitions_def, CHANGESET_CDC_CHECKS if change_set else CDC_CHECKS),
         can_subset=True,
         pool=pool_name(config),
     )
@@ -168,6 +157,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         days = list(context.partition_keys)
         incoming = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
         history = parquet_io_manager.row_counts(table, HISTORY, days)
+        late = parquet_io_manager.row_counts(table, LATE_CHANGES, days) if change_set else {}
         operations, (current, parts) = side_by_side(
             lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), BUSINESS_DATE),
             lambda: _state_figures(parquet_io_manager, config, days),
@@ -175,19 +165,42 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         for day in days:
             on, before = date.fromisoformat(day), date.fromisoformat(day_before(day))
             by_operation = _with_not_supplied(context, config, day, operations.get(on, no_operations()))
-            outcomes = reconcile_changes(
+            stored = dict(
                 operations=by_operation,
                 incoming_rows=incoming[day],
                 previous_rows=current[before].rows if before in current else _previous_rows(parquet_io_manager, config, day),
                 current=current.get(on, KeyedFigures()),
                 history_rows=history[day],
             )
+            if change_set:
+                recorded = _recorded(context, asset_key(config, CLASSIFICATION), day, ("winners", "superseded", "duplicate_events"))
+                outcomes = reconcile_change_set(**stored, **recorded, late_rows=late[day])
+            else:
+                outcomes = reconcile_changes(**stored)
             outcomes += _stored_part_outcomes(config, day, by_operation, parts)
             for outcome in outcomes:
                 yield _evaluation(config, day, outcome)
             context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
 
     return [intake_checks, cdc_checks]
+
+
+def _intake_outcomes(context: AssetCheckExecutionContext, io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]):
+    """(date, outcome) of the intake checks; row counts from the committed files' footers."""
+    table, key = config.name, asset_key(config, HASHED_INCOMING)
+    rejected = io_manager.row_counts(table, REJECTS, days)
+    if config.changes is not None:
+        accepted = io_manager.row_counts(table, HASHED_INCOMING, days)
+        for day in days:
+            read = _recorded(context, key, day, ("rows_read", "tombstone_lines"))
+            yield day, reconcile_change_set_intake(read["rows_read"], accepted[day], rejected[day], read["tombstone_lines"])
+        return
+    # Distinct keys from one aggregation over the range.
+    keyed = keyed_figures_by_date(io_manager.read_partitions(table, HASHED_INCOMING, days), BUSINESS_DATE)
+    for day in days:
+        rows_read = _recorded(context, key, day, ("rows_read",))["rows_read"]
+        for outcome in reconcile_incoming(rows_read, keyed.get(date.fromisoformat(day), KeyedFigures()), rejected[day]):
+            yield day, outcome
 
 
 def _with_not_supplied(context: AssetCheckExecutionContext, config: TableConfig, day: str, operations: dict[str, int]) -> dict[str, int]:
@@ -244,58 +257,3 @@ def _stored_part_outcomes(config: TableConfig, day: str, operations: dict[str, i
         return []
     full_copy, rows = parts.get(date.fromisoformat(day), (False, 0))
     return [reconcile_stored_state(operations, full_copy, rows, untouched_operation(config.load_type))]
-
-
-def _changeset_checks(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> list:
-    table = config.name
-
-    @multi_asset_check(
-        name=f"{table}__intake_checks",
-        specs=_specs(config, partitions_def, CHANGESET_INCOMING_CHECKS),
-        can_subset=True,
-        pool=pool_name(config),
-    )
-    def intake_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
-        days = list(context.partition_keys)
-        accepted = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
-        rejected = parquet_io_manager.row_counts(table, REJECTS, days)
-        for day in days:
-            read = _recorded(context, asset_key(config, HASHED_INCOMING), day, ("rows_read", "tombstone_lines"))
-            yield _evaluation(config, day, reconcile_change_set_intake(read["rows_read"], accepted[day], rejected[day], read["tombstone_lines"]))
-
-    @multi_asset_check(
-        name=f"{table}__cdc_checks",
-        specs=_specs(config, partitions_def, CHANGESET_CDC_CHECKS),
-        can_subset=True,
-        pool=pool_name(config),
-    )
-    def cdc_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
-        days = list(context.partition_keys)
-        incoming = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
-        history = parquet_io_manager.row_counts(table, HISTORY, days)
-        late = parquet_io_manager.row_counts(table, LATE_CHANGES, days)
-        operations, (current, parts) = side_by_side(
-            lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), BUSINESS_DATE),
-            lambda: _state_figures(parquet_io_manager, config, days),
-        )
-        for day in days:
-            on, before = date.fromisoformat(day), date.fromisoformat(day_before(day))
-            figures = _recorded(context, asset_key(config, CLASSIFICATION), day, ("winners", "superseded", "duplicate_events"))
-            by_operation = _with_not_supplied(context, config, day, operations.get(on, no_operations()))
-            outcomes = reconcile_change_set(
-                operations=by_operation,
-                incoming_rows=incoming[day],
-                winners=figures["winners"],
-                superseded=figures["superseded"],
-                late_rows=late[day],
-                duplicate_events=figures["duplicate_events"],
-                previous_rows=current[before].rows if before in current else _previous_rows(parquet_io_manager, config, day),
-                current=current.get(on, KeyedFigures()),
-                history_rows=history[day],
-            )
-            outcomes += _stored_part_outcomes(config, day, by_operation, parts)
-            for outcome in outcomes:
-                yield _evaluation(config, day, outcome)
-            context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
-
-    return [intake_checks, cdc_checks]

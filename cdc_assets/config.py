@@ -157,12 +157,6 @@ class Changes(BaseModel):
             raise ValueError(f"sequence_columns lists a column twice: {self.sequence_columns}")
         return self
 
-    def flag_for(self, value: str) -> str | None:
-        """I, U or D for a flag value of the source; None for a value the config does not list."""
-        for normalized, values in (("I", self.insert_values), ("U", self.update_values), ("D", self.delete_values)):
-            if value in values:
-                return normalized
-        return None
 
 
 class HardDeletes(str, Enum):

@@ -43,6 +43,7 @@ from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import functions as F
 
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
+from cdc_assets.asset_descriptions import ASSET_DESCRIPTIONS
 from cdc_assets.checks import build_table_checks
 from cdc_assets.config import DuplicateKeyPolicy, SourceFormat, TableConfig
 from cdc_assets.core import changes as cdc
@@ -84,63 +85,6 @@ from resources.spark import SCHEDULER_POOL, map_dates
 IO_MANAGER_KEY = "parquet_io_manager"
 KINDS = {"spark", "parquet"}
 
-DESCRIPTIONS = {
-    HASHED_INCOMING: (
-        "The day's extract as read from the source, cast to the configured types, with `key_hash` and "
-        "`non_key_hash` (MD5 of the canonical encoding, see README) computed once and stored. Rows that "
-        "fail validation are in `rejects`, never here. A change set keeps every accepted record of the day, "
-        "with its `change_flag` (I/U/D, T for a truncate) and `change_sequence`."
-    ),
-    REJECTS: (
-        "Quarantined input rows of the day: the raw record, why it was rejected (malformed, a value that "
-        "does not cast, a NULL or empty key, a duplicated key) and the source file. "
-        "Rows read = rows in hashed_incoming + rows here."
-    ),
-    CLASSIFICATION: (
-        "One row per key the day touched: the day's incoming hashes FULL OUTER JOIN the previous day's "
-        "current_table hashes ON key_hash, classified I (insert), U (update), N (no change) and, for full "
-        "loads, D (deleted). Only hash columns take part in the join. For a change set the incoming side is "
-        "each key's winning record (greatest sequence), and a delete record makes D. A key a delta or change "
-        "set did not supply (X) is counted in the metadata (`not_supplied`), not stored."
-    ),
-    INSERTS: "Rows whose key is new today (I), with their full payload from the day's input.",
-    DELETES: (
-        "Keys deleted today (D), with their last payload from the previous current_table: keys missing from "
-        "a full load, and keys a change set deleted. A delta deletes nothing; the keys it did not supply (X) "
-        "are counted in hash_join_classification's metadata, not stored."
-    ),
-    UPDATES: (
-        "Rows whose non-key values changed today (U), with their full payload from the day's input and "
-        "`changed_columns`: the sorted non-key columns whose values differ from the previous version."
-    ),
-    CURRENT: (
-        "The table's state as of the business date: I + U + N (payload from the day's input) + X "
-        "(payload kept from the previous state). Deleted keys leave. `eff_start_date` is the date the "
-        "row's current version started, and `process_id`/`processed_at` the run that started it. With "
-        "`storage: {current: snapshot}` (the default) each partition stores the full state; with "
-        "`incremental` a date stores its changes and now and then a full copy (`stored_as` in the metadata). "
-        "Read a date's state with `cdc-current` or `cdc_assets.consumers.current_state` in either mode."
-    ),
-    HISTORY: (
-        "The date's net changes: I + U + D, each with eff_start_date = the business date (D rows carry "
-        "their last payload), `changed_columns` on U rows, and `process_id`/`processed_at` of the run "
-        "that wrote the date. Read the asset folder as one dataset for the whole history; "
-        "`cdc_assets.consumers.scd2_view` and `cdc-scd2` turn it into SCD type 2 versions."
-    ),
-    LATE_CHANGES: (
-        "Change records of the date that were not applied: `reason` late (their sequence is not greater "
-        "than the one already applied to their key on an earlier date, a deleted key's included), or tied "
-        "(with duplicate_keys: quarantine, every record of a key whose greatest sequence of the day is shared "
-        "by two different records). Each row is the record as it came in, with `reason` and the "
-        "`applied_sequence` of its key."
-    ),
-    APPLIED_SEQUENCES: (
-        "The CDC step's own state: for every key in current_table, and every key deleted within "
-        "tombstone_retention_days, the last sequence applied to it (`deleted` for a tombstone), and the "
-        "table's floor (the greatest truncate's sequence, in the row whose `key_hash` is NULL; kept for good). "
-        "The next date tells late records by it."
-    ),
-}
 
 
 class ApplyChangesConfig(Config):
@@ -181,8 +125,8 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
     @multi_asset(
         name=f"{config.name}__{HASHED_INCOMING}",
         specs=[
-            AssetSpec(hashed_key, description=DESCRIPTIONS[HASHED_INCOMING], **common).with_io_manager_key(IO_MANAGER_KEY),
-            AssetSpec(rejects_key, description=DESCRIPTIONS[REJECTS], **common).with_io_manager_key(IO_MANAGER_KEY),
+            AssetSpec(hashed_key, description=ASSET_DESCRIPTIONS[HASHED_INCOMING], **common).with_io_manager_key(IO_MANAGER_KEY),
+            AssetSpec(rejects_key, description=ASSET_DESCRIPTIONS[REJECTS], **common).with_io_manager_key(IO_MANAGER_KEY),
         ],
         backfill_policy=BackfillPolicy.single_run(),
         can_subset=False,
@@ -253,14 +197,14 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
     # Each output has a single parent inside the graph; current_table (and a changeset's
     # applied_sequences) also depends on its own previous partition. README.md, "Graph shape", says
     # why this shape and no other backfills.
-    specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=DESCRIPTIONS[CLASSIFICATION], **common)]
+    specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=ASSET_DESCRIPTIONS[CLASSIFICATION], **common)]
     for name in outputs[1:]:
         deps = [keys[CLASSIFICATION]]
         if name in (CURRENT, APPLIED_SEQUENCES):
             deps.append(AssetDep(keys[name], partition_mapping=previous_day))
         is_state = name in (CURRENT, APPLIED_SEQUENCES)
         metadata = {STATE_LOAD_TYPE: config.load_type.value, "cdc/state_storage": config.storage.current.value} if is_state else {}
-        specs.append(AssetSpec(keys[name], deps=deps, description=DESCRIPTIONS[name], metadata=metadata, **common))
+        specs.append(AssetSpec(keys[name], deps=deps, description=ASSET_DESCRIPTIONS[name], metadata=metadata, **common))
     specs = [spec.with_io_manager_key(IO_MANAGER_KEY) for spec in specs]
     ins = {"incoming": AssetIn(hashed_key), "previous_current": AssetIn(keys[CURRENT])}
     decorator = multi_asset(
@@ -272,43 +216,25 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         pool=pool_name(config),
     )
     table = config  # inside the step, `config` is the run config (Dagster's naming)
-    if config.changes is None:
-
-        @decorator
-        def apply_changes(
-            context: AssetExecutionContext,
-            config: ApplyChangesConfig,
-            pyspark: LazyPySparkResource,
-            parquet_io_manager: ResourceParam[PartitionedParquetIOManager],
-            incoming: LazyPartitions,
-            previous_current: LazyPartitions | None,
-        ):
-            days = list(context.partition_keys)
-            with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged, server_loss_explained(pyspark):
-                yield from _apply_changes(
-                    context, table, config, pyspark, parquet_io_manager.storage, keys, incoming, previous_current, None, logged
-                )
-
-        return apply_changes
 
     @decorator
-    def apply_change_sets(
+    def apply_changes(
         context: AssetExecutionContext,
         config: ApplyChangesConfig,
         pyspark: LazyPySparkResource,
         parquet_io_manager: ResourceParam[PartitionedParquetIOManager],
         incoming: LazyPartitions,
         previous_current: LazyPartitions | None,
-        previous_sequences: LazyPartitions | None,
+        **change_set_state: LazyPartitions | None,  # a change set's previous_sequences (its `ins` above)
     ):
         days = list(context.partition_keys)
         with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged, server_loss_explained(pyspark):
             yield from _apply_changes(
                 context, table, config, pyspark, parquet_io_manager.storage, keys, incoming, previous_current,
-                previous_sequences, logged,
+                change_set_state.get("previous_sequences"), logged,
             )
 
-    return apply_change_sets
+    return apply_changes
 
 
 def _apply_changes(

@@ -70,10 +70,10 @@ REASON, APPLIED_SEQUENCE = "reason", "applied_sequence"
 LATE, TIED = "late", "tied"
 NO_PREVIOUS_VALUE = "no previous value"
 # The operation of a delete whose key current does not hold: it changes nothing but its tombstone.
-_UNKNOWN_DELETE = "-"
+_DELETE_OF_UNKNOWN_KEY = "-"
 # The operation of an upsert that left a column out as unchanged (Debezium's placeholder) when no
 # earlier record of the day and no row of current holds that column's value: it is set aside.
-_UNFILLABLE = "?"
+_UPSERT_UNFILLABLE = "?"
 _COPIES, _APPLIED, _TRUNCATED_AT, _RANK = "__cdc_copies", "__cdc_applied", "__cdc_truncated_at", "__cdc_rank"
 _TOP, _TIED, _FLOOR, _FILLED = "__cdc_top", "__cdc_tied", "__cdc_floor", "__cdc_filled"
 
@@ -214,16 +214,16 @@ def apply_change_set(
     by_operation = resolved.groupBy(OPERATION).agg(
         F.count(F.lit(1)).alias("count"), F.count(F.when(F.col(_FILLED), F.lit(1))).alias("filled")
     )
-    others = {_UNKNOWN_DELETE: 0, _UNFILLABLE: 0}
+    others = {_DELETE_OF_UNKNOWN_KEY: 0, _UPSERT_UNFILLABLE: 0}
     filled = 0
     for row in by_operation.collect():
         (counts if row[OPERATION] in counts else others)[row[OPERATION]] = row["count"]
         filled += row["filled"]
-    figures["deletes_of_unknown_keys"] = others[_UNKNOWN_DELETE]
-    figures["winners"] -= others[_UNFILLABLE]  # set aside, in late_changes
-    figures["unavailable_filled"], figures["unavailable_set_aside"] = filled, others[_UNFILLABLE]
+    figures["deletes_of_unknown_keys"] = others[_DELETE_OF_UNKNOWN_KEY]
+    figures["winners"] -= others[_UPSERT_UNFILLABLE]  # set aside, in late_changes
+    figures["unavailable_filled"], figures["unavailable_set_aside"] = filled, others[_UPSERT_UNFILLABLE]
 
-    changes = resolved.filter(~F.col(OPERATION).isin(_UNKNOWN_DELETE, _UNFILLABLE)).select(
+    changes = resolved.filter(~F.col(OPERATION).isin(_DELETE_OF_UNKNOWN_KEY, _UPSERT_UNFILLABLE)).select(
         *payload_columns, *CLASSIFICATION_COLUMNS, *extra_columns(audit, non_key_columns)
     )
     late_records = late.select(*record_columns, F.lit(LATE).alias(REASON), lost_to.alias(APPLIED_SEQUENCE)).unionByName(
@@ -231,7 +231,7 @@ def apply_change_set(
     )
     if fills:
         late_records = late_records.unionByName(
-            resolved.filter(F.col(OPERATION) == _UNFILLABLE).select(
+            resolved.filter(F.col(OPERATION) == _UPSERT_UNFILLABLE).select(
                 *(F.col(_as_came(name)).alias(name) for name in record_columns),
                 F.concat(
                     F.lit(f"{NO_PREVIOUS_VALUE}: "),
@@ -300,7 +300,7 @@ def _resolve(
     winners, previous_current, previous_state, last_truncate, day, payload_columns, audit, non_key_columns,
     fillable: Sequence[str] = (), hashed_non_keys: Sequence[tuple[str, str]] = (),
 ) -> DataFrame:
-    """Each touched or held key's operation (``_UNKNOWN_DELETE`` and ``_UNFILLABLE`` included), payload
+    """Each touched or held key's operation (``_DELETE_OF_UNKNOWN_KEY`` and ``_UPSERT_UNFILLABLE`` included), payload
     and applied sequence.
 
     One full outer join of the winners (none below the day's truncate) with the previous current,
@@ -309,7 +309,7 @@ def _resolve(
 
     A column a winning upsert left out as unchanged (``fillable``, named in ``unavailable_columns``)
     takes its value from the key's latest earlier record of the day that has it, else from current;
-    the record is then hashed again. With neither, the record is ``_UNFILLABLE`` (set aside as it
+    the record is then hashed again. With neither, the record is ``_UPSERT_UNFILLABLE`` (set aside as it
     came in, in the ``_as_came`` columns).
     """
     index_of = {name: index for index, name in enumerate(payload_columns)}
@@ -383,14 +383,14 @@ def _resolve(
     unfillable = F.col("_unfillable")
 
     operation = (
-        F.when(unfillable, F.lit(_UNFILLABLE))
-        .when(touched & ~is_held, F.when(F.col("_in_deletes"), F.lit(_UNKNOWN_DELETE)).otherwise(F.lit(INSERT)))
+        F.when(unfillable, F.lit(_UPSERT_UNFILLABLE))
+        .when(touched & ~is_held, F.when(F.col("_in_deletes"), F.lit(_DELETE_OF_UNKNOWN_KEY)).otherwise(F.lit(INSERT)))
         .when(~touched, F.when(held_truncated, F.lit(DELETE)).otherwise(F.lit(NOT_SUPPLIED)))
         .when(F.col("_in_deletes"), F.lit(DELETE))
         .when(in_hash == held_hash, F.lit(UNCHANGED))
         .otherwise(F.lit(UPDATE))
     )
-    takes_incoming = operation.isin(INSERT, UPDATE, UNCHANGED, _UNKNOWN_DELETE, _UNFILLABLE)
+    takes_incoming = operation.isin(INSERT, UPDATE, UNCHANGED, _DELETE_OF_UNKNOWN_KEY, _UPSERT_UNFILLABLE)
     kept = operation.isin(UNCHANGED, NOT_SUPPLIED)
     if held is None:
         extras = [*(audit.own_columns() if audit else ())]
@@ -408,7 +408,7 @@ def _resolve(
                 )
             )
     as_came = []
-    if fillable:  # an _UNFILLABLE record as it came in, for late_changes
+    if fillable:  # an _UPSERT_UNFILLABLE record as it came in, for late_changes
         raw = {
             **{name: F.col(f"_in_{index}") for index, name in enumerate(payload_columns)},
             KEY_HASH: F.col(KEY_HASH),
@@ -453,7 +453,7 @@ def _next_state(
     today = resolved.filter(F.col(SEQUENCE).isNotNull()).select(
         KEY_HASH,
         F.col(SEQUENCE),
-        F.col(OPERATION).isin(DELETE, _UNKNOWN_DELETE).alias(DELETED),
+        F.col(OPERATION).isin(DELETE, _DELETE_OF_UNKNOWN_KEY).alias(DELETED),
         day.alias(APPLIED_ON),
     )
     state = today

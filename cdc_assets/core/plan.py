@@ -104,27 +104,29 @@ def plan_changes(
     only, and ``full_states`` gives the whole state.
     """
     dates = sorted(business_dates)
-    stamps = dict(audit=audit, non_key_columns=non_key_columns)
+    # What every output row is annotated with: the run's audit stamp, and the non-key columns U rows name
+    # in changed_columns.
+    annotations = dict(audit=audit, non_key_columns=non_key_columns)
     if load_type is LoadType.changeset:
         one_date = previous is not None and previous_sequences is not None and len(dates) == 1
         if touched_keys_only and one_date and not _has_truncate(incoming):
             return _change_set_by_touched_keys(
                 incoming, previous, previous_sequences, dates[0], payload_columns, max_write_tasks, change_set_rules,
-                stamps, previous_rows,
+                annotations, previous_rows,
             )
         return _change_sets_date_by_date(
-            incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, change_set_rules, stamps
+            incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, change_set_rules, annotations
         )
     full_states = None
     if load_type is LoadType.full and len(dates) > 1:
-        classification, changed, counts, cached = _full_loads_in_one_query(incoming, previous, dates, payload_columns, stamps)
+        classification, changed, counts, cached = _full_loads_in_one_query(incoming, previous, dates, payload_columns, annotations)
     elif load_type is LoadType.delta and touched_keys_only:
         classification, changed, counts, cached, full_states = _deltas_by_touched_keys(
-            incoming, previous, dates, payload_columns, max_write_tasks, stamps, previous_rows
+            incoming, previous, dates, payload_columns, max_write_tasks, annotations, previous_rows
         )
     else:
         classification, changed, counts, cached = _date_by_date(
-            incoming, previous, dates, load_type, payload_columns, max_write_tasks, stamps
+            incoming, previous, dates, load_type, payload_columns, max_write_tasks, annotations
         )
     tasks = write_tasks(sum(sum(by_op.values()) for by_op in counts.values()), max_write_tasks)
     changed = changed.coalesce(tasks)
@@ -162,23 +164,23 @@ def _counts_by_date(classification: DataFrame, dates: Sequence[date]) -> dict[da
     return {day: found.get(day, cdc.no_operations()) for day in dates}  # a date may have no rows
 
 
-def _full_loads_in_one_query(incoming: DataFrame, previous: DataFrame | None, dates: list[date], payload_columns, stamps):
-    classification = persist(cdc.classify_full_loads(incoming, previous, dates, stamps["audit"]))
+def _full_loads_in_one_query(incoming: DataFrame, previous: DataFrame | None, dates: list[date], payload_columns, annotations):
+    classification = persist(cdc.classify_full_loads(incoming, previous, dates, annotations["audit"]))
     counts = _counts_by_date(classification, dates)
     totals = {op: sum(by_op[op] for by_op in counts.values()) for op in cdc.OPERATIONS}
     changed = cdc.join_payload_by_date(
-        classification, incoming, previous, dates, payload_columns, totals, non_key_columns=stamps["non_key_columns"]
+        classification, incoming, previous, dates, payload_columns, totals, non_key_columns=annotations["non_key_columns"]
     )
     changed = persist(changed)  # six outputs are filtered from it
     return classification.select(*cdc.CLASSIFICATION_COLUMNS, BUSINESS_DATE), changed, counts, [changed, classification]
 
 
-def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, payload_columns, max_partitions: int, stamps):
+def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, payload_columns, max_partitions: int, annotations):
     classified, changed, counts, cached = [], [], {}, []
     for day in dates:
         # Filtering on the partition column prunes the scan to the date's folder.
         rows = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
-        changes = cdc.classify_changes(rows, previous, day, load_type, payload_columns, **stamps)
+        changes = cdc.classify_changes(rows, previous, day, load_type, payload_columns, **annotations)
         if len(dates) > 1:
             # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from this
             # date's rows instead of nesting every earlier date's plan (a 10-day range failed). The
@@ -195,7 +197,7 @@ def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, pa
     return reduce(DataFrame.unionByName, classified), reduce(DataFrame.unionByName, changed), counts, cached
 
 
-def _deltas_by_touched_keys(incoming, previous, dates: list[date], payload_columns, max_partitions: int, stamps, previous_rows: int):
+def _deltas_by_touched_keys(incoming, previous, dates: list[date], payload_columns, max_partitions: int, annotations, previous_rows: int):
     """Deltas date by date against the previous state's rows of the keys each date supplies only.
 
     A key a delta does not supply is X: kept as it was, so nothing needs to be read of it. Each date's
@@ -212,7 +214,7 @@ def _deltas_by_touched_keys(incoming, previous, dates: list[date], payload_colum
         keys = F.broadcast(rows.select(KEY_HASH))
         parts = [part.join(keys, on=KEY_HASH, how="left_semi") for part in ([before] if before is not None else []) + earlier]
         previous_rows_of_keys = latest_rows(parts, BUSINESS_DATE).drop(BUSINESS_DATE) if parts else None
-        changes = cdc.classify_changes(rows, previous_rows_of_keys, day, LoadType.delta, payload_columns, **stamps)
+        changes = cdc.classify_changes(rows, previous_rows_of_keys, day, LoadType.delta, payload_columns, **annotations)
         changes = changes.coalesce(max_partitions).localCheckpoint() if len(dates) > 1 else persist(changes)
         cached.append(changes)
         by_op = cdc.count_operations(changes)
@@ -244,7 +246,7 @@ def _has_truncate(incoming: DataFrame) -> bool:
 
 
 def _change_set_by_touched_keys(
-    incoming, previous, previous_sequences, day: date, payload_columns, max_partitions: int, rules, stamps, previous_rows: int
+    incoming, previous, previous_sequences, day: date, payload_columns, max_partitions: int, rules, annotations, previous_rows: int
 ) -> ChangePlan:
     """One date of a change set without a truncate against the previous state's rows of the keys its
     records name only (an incremental state): a key the day does not touch is X, kept as it was.
@@ -260,7 +262,7 @@ def _change_set_by_touched_keys(
     held = previous.join(keys, on=KEY_HASH, how="left_semi")
     floor = previous_sequences.filter(F.col(KEY_HASH).isNull())
     entries = previous_sequences.join(keys, on=KEY_HASH, how="left_semi").unionByName(floor)
-    result = apply_change_set(records, held, entries, day, payload_columns, rules, **stamps)
+    result = apply_change_set(records, held, entries, day, payload_columns, rules, **annotations)
     changes = result.changes
     counts = dict(result.counts)
     counts[cdc.NOT_SUPPLIED] = previous_rows - counts[cdc.UPDATE] - counts[cdc.UNCHANGED] - counts[cdc.DELETE]
@@ -306,7 +308,7 @@ def _change_set_by_touched_keys(
 
 
 def _change_sets_date_by_date(
-    incoming, previous, previous_sequences, dates: list[date], payload_columns, max_partitions: int, rules, stamps
+    incoming, previous, previous_sequences, dates: list[date], payload_columns, max_partitions: int, rules, annotations
 ) -> ChangePlan:
     """Change sets go date by date, oldest first: a date's late records depend on every earlier date."""
     classified, changed, late, sequences, counts, figures, cached = [], [], [], [], {}, {}, []
@@ -314,7 +316,7 @@ def _change_sets_date_by_date(
     for day in dates:
         records = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
         try:
-            result = apply_change_set(records, previous, previous_sequences, day, payload_columns, rules, **stamps)
+            result = apply_change_set(records, previous, previous_sequences, day, payload_columns, rules, **annotations)
         except Exception:
             for frame in cached:  # a tie fails the range: nothing of it is kept
                 frame.unpersist()
