@@ -78,9 +78,9 @@ validate: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster definitions validate -w workspace.yaml
 
 # Ctrl-C, or SIGTERM to make, stops the webserver, the daemon and the code servers, even when a script
-# started `make ui &` (cdc_assets/dev_ui.py says why that needs a step before dagster dev).
+# started `make ui &` (cdc_assets/services/dev_ui.py says why that needs a step before dagster dev).
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	exec $(BIN)/python -m cdc_assets.dev_ui -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
+	exec $(BIN)/python -m cdc_assets.services.dev_ui -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
 
 # Every target of issue 10 (about 20-30 min idle at the defaults); small: make benchmark BENCH_ARGS='--rows 20000 --range-days 3 --range-rows 2000'
 benchmark: install
@@ -101,18 +101,18 @@ benchmark-state: install
 
 # Prints the server's sc:// URL; the server keeps running (its pid and log are in .spark-server/).
 spark-server: install
-	$(BIN)/python -m cdc_assets.connect_server start --port $(SPARK_CONNECT_PORT) --state-dir $(SPARK_SERVER_DIR)
+	$(BIN)/python -m cdc_assets.services.connect_server start --port $(SPARK_CONNECT_PORT) --state-dir $(SPARK_SERVER_DIR)
 
 spark-server-stop: install
-	$(BIN)/python -m cdc_assets.connect_server stop --state-dir $(SPARK_SERVER_DIR)
+	$(BIN)/python -m cdc_assets.services.connect_server stop --state-dir $(SPARK_SERVER_DIR)
 
 # Prints the master's spark:// URL once both workers have registered; pids, logs and executors' work dirs in .spark-cluster/.
 cluster-up: install
-	$(BIN)/python -m cdc_assets.cluster start --state-dir $(SPARK_CLUSTER_DIR) $(CLUSTER_ARGS)
+	$(BIN)/python -m cdc_assets.services.cluster start --state-dir $(SPARK_CLUSTER_DIR) $(CLUSTER_ARGS)
 
 # Stops the master and the workers, and with them their executors.
 cluster-down: install
-	$(BIN)/python -m cdc_assets.cluster stop --state-dir $(SPARK_CLUSTER_DIR)
+	$(BIN)/python -m cdc_assets.services.cluster stop --state-dir $(SPARK_CLUSTER_DIR)
 
 # spark-sql on the SQL catalog (database cdc: <table>_current, _history, _latest, _scd2, runs_log), e.g.
 # make sql SQL_ARGS='-e "SELECT * FROM cdc.orders_latest"'. Goes through the SQL server when it runs.

@@ -337,7 +337,7 @@ class WarmServer:
 
     def start(self, home: Path) -> float:
         """Start it as a run in the instance at ``home`` would (its heap sized for that instance's run limit)."""
-        from cdc_assets import connect_server
+        from cdc_assets.services import connect_server
 
         saved = {key: os.environ.get(key) for key in ("DAGSTER_HOME", *self.env())}
         os.environ.update({"DAGSTER_HOME": str(home), **self.env()})
@@ -356,7 +356,7 @@ class WarmServer:
         return round(seconds, 1)
 
     def alive(self) -> bool:
-        from cdc_assets import connect_server
+        from cdc_assets.services import connect_server
 
         return self.handle is not None and connect_server.running_server(self.state_dir) is not None
 
@@ -389,7 +389,7 @@ class WarmServer:
         return self._samples
 
     def stop(self) -> bool:
-        from cdc_assets import connect_server
+        from cdc_assets.services import connect_server
 
         self.stop_sampling()
         if self.handle is None:
@@ -484,7 +484,7 @@ class Bench:
 
     # the warm server -------------------------------------------------------------------------------
     def start_server(self, label: str) -> None:
-        from cdc_assets.connect_server import free_port
+        from cdc_assets.services.process import free_port
 
         if self.server is None:
             self.server = WarmServer(self.workdir / "spark-server", free_port())
@@ -679,7 +679,7 @@ class Bench:
         if not self.args.no_pool_setup:
             # As make ui does (cdc_assets/dev_ui.py): every table's pool limit exists before the daemon's
             # first pass, so that pass cannot count a pool as unlimited.
-            from cdc_assets.dev_ui import create_table_pools
+            from cdc_assets.services.dev_ui import create_table_pools
 
             created = create_table_pools(instance)
             log(f"{phase}: {len(created)} pool limits created before the daemon starts" if created

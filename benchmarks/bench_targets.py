@@ -84,6 +84,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_backfill  # noqa: E402 - its range data, table config and output comparison are reused
 from spark_eventlog import partition_bytes as asset_partition_bytes  # noqa: E402
 
+from cdc_assets.services.process import free_port  # noqa: E402
+
 TABLE = "synthetic"
 DAY1, DAY2 = "2019-06-18", "2019-06-19"
 DEFAULT_YARDSTICK = REPO.parent / "shared" / "bench" / "plain_cdc.py"
@@ -357,7 +359,7 @@ class Bench:
         self.servers.append(state_dir)
         conf = json.loads(self.args.server_conf) if self.args.server_conf else None
         started = time.perf_counter()
-        handle = connect.start_server(connect.free_port(), state_dir, conf=conf)
+        handle = connect.start_server(free_port(), state_dir, conf=conf)
         seconds = time.perf_counter() - started
         pid = connect.jvm_pid(handle)
         log(f"Connect server '{name}' up at {handle.url} in {seconds:.1f}s (JVM pid {pid}, log {handle.log_path})")
@@ -791,8 +793,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", help=f"comma-separated subset of {','.join(MEASUREMENTS)} ('range' = both range ones)")
     parser.add_argument("--yardstick", type=Path, default=DEFAULT_YARDSTICK, help=f"plain_cdc.py (default {DEFAULT_YARDSTICK})")
     parser.add_argument("--server-conf", help="JSON object of Spark conf for the Connect servers (default: connect_server's own)")
-    parser.add_argument("--connect-module", default="cdc_assets.connect_server",
-                        help="module (dotted name or .py path) with start_server/stop_server/free_port/jvm_pid")
+    parser.add_argument("--connect-module", default="cdc_assets.services.connect_server",
+                        help="module (dotted name or .py path) with start_server/stop_server/jvm_pid")
     parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"), help="'' to skip the copy")
     args = parser.parse_args(argv)
     if args.rows < 10 or args.range_rows < 100 or args.range_days < 2:

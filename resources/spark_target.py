@@ -95,7 +95,7 @@ def resolve_spark_target(start_server: bool | None = None) -> SparkTarget:
     if mode == "auto" and master:
         return SparkTarget(mode, None, f"a Spark session of the run's own on CDC_SPARK_MASTER={master}")
 
-    from cdc_assets import connect_server
+    from cdc_assets.services import connect_server
 
     state = server_state_dir()
     handle = connect_server.running_server(state)
@@ -151,7 +151,7 @@ def server_is_gone(target: SparkTarget) -> bool:
     if not target.is_remote:
         return False
     if target.server_pid is not None:
-        from cdc_assets.connect_server import process_alive
+        from cdc_assets.services.process import process_alive
 
         if not process_alive(target.server_pid):
             return True
@@ -166,7 +166,7 @@ def gone_message(target: SparkTarget) -> str:
     pid = f" (pid {target.server_pid})" if target.server_pid is not None else ""
     log = ""
     if target.server_log is not None:
-        from cdc_assets.connect_server import log_tail
+        from cdc_assets.services.process import log_tail
 
         log = f"\nIts log, {target.server_log}, ends:\n{log_tail(target.server_log, 15)}"
     return (

@@ -51,7 +51,8 @@ def connect_server(tmp_path_factory):
     pyspark refuses a Connect session in a process that holds a classic one (SESSION_ALREADY_EXIST), as
     this one may, so tests reach the server from subprocesses with ``SPARK_REMOTE=handle.url``.
     """
-    from cdc_assets.connect_server import free_port, start_server, stop_server
+    from cdc_assets.services.connect_server import start_server, stop_server
+    from cdc_assets.services.process import free_port
 
     state_dir = tmp_path_factory.mktemp("spark-server")
     handle = start_server(

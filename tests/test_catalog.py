@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.catalog import CatalogBusy, _hold, catalog_dir
+from cdc_assets.catalog_ddl import catalog_dir
 from cdc_assets.config import load_table_config
-from cdc_assets.connect_server import free_port
 from cdc_assets.consumers import scd2_view
+from cdc_assets.services.process import free_port
+from cdc_assets.services.spark_home import spark_env
+from cdc_assets.services.sql_server import CatalogBusy, beeline_command, hold_catalog
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, run_range
 
@@ -82,10 +84,8 @@ def _spark_sql(env, *queries: str) -> list[list[list[str]]]:
 
 def _beeline(env, port: int, query: str) -> list[list[str]]:
     """Rows of ``query`` through the SQL server, with pyspark's beeline as a JDBC client would send it (header dropped)."""
-    from cdc_assets.catalog import _spark_env, beeline_command
-
     command = beeline_command(port, "cdc", ["--silent=true", "--outputformat=tsv2", "-e", query])
-    done = subprocess.run(command, env={**_spark_env(), **env}, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env={**spark_env(), **env}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     lines = [_PROMPT.sub("", line) for line in done.stdout.splitlines()]
     return [line.split("\t") for line in lines if line.strip()][1:]
@@ -148,7 +148,7 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
 
     # The server holds the metastore: another opener is told who does, rather than getting Derby's error.
     with pytest.raises(CatalogBusy, match=f"the SQL server on 127.0.0.1:{port}"):
-        _hold(catalog_dir(storage), "a test")
+        hold_catalog(catalog_dir(storage), "a test")
 
     # The replaced partition as it is on disk, not the old files or a mix: I and U rows carry the
     # re-run's id, N and X rows keep the writer of their stored version (README, "Audit columns").
@@ -184,7 +184,7 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
 
     stopped = subprocess.run([str(BIN / "cdc-catalog"), "server", "stop"], env=lake, capture_output=True, text=True, timeout=120)
     assert stopped.returncode == 0 and "stopped" in stopped.stderr
-    os.close(_hold(catalog_dir(storage), "a test"))  # the lock went with the server
+    os.close(hold_catalog(catalog_dir(storage), "a test"))  # the lock went with the server
 
     # A fresh machine: no metastore at all, the same warehouse. Every partition of both tables is back.
     shutil.rmtree(catalog_dir(storage))

@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cdc_assets.catalog import _spark_env
-from cdc_assets.connect_server import _port_accepts, free_port, spark_home
+from cdc_assets.services.process import free_port, port_accepts
+from cdc_assets.services.spark_home import spark_env, spark_home
+from cdc_assets.services.sql_server import beeline_command, run_beeline
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,7 @@ class Client:
 
     def __init__(self, env):
         command = [os.path.join(spark_home(), "bin", "beeline"), "--silent=true", "--showHeader=false", "--outputformat=tsv2"]
-        self.process = subprocess.Popen(command, env={**env, **_spark_env()}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.process = subprocess.Popen(command, env={**env, **spark_env()}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
         self.answers: queue.Queue[tuple[str, str]] = queue.Queue()
         self.errors: list[str] = []
@@ -145,7 +146,7 @@ def test_every_name_is_there_the_moment_the_server_listens(tiny_lake):
             starting = subprocess.Popen([str(BIN / "cdc-catalog"), "server", "start", "--port", str(port)], env=tiny_lake,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
             try:
-                while not _port_accepts(port):
+                while not port_accepts(port):
                     assert starting.poll() is None, starting.communicate()[1][-5000:]
                     time.sleep(0.02)
                 client.connect(port)
@@ -163,11 +164,9 @@ def test_every_name_is_there_the_moment_the_server_listens(tiny_lake):
 
 def _created(env, port: int) -> dict[str, str]:
     """Each object's creation time in the metastore: what a sync that dropped and re-created it changes."""
-    from cdc_assets.catalog import beeline_command
-
     statements = " ".join(f"DESCRIBE TABLE EXTENDED cdc.{name};" for name in OBJECTS)
     command = beeline_command(port, "cdc", ["--silent=true", "--showHeader=false", "--outputformat=tsv2", "-e", statements])
-    done = subprocess.run(command, env={**env, **_spark_env()}, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env={**env, **spark_env()}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-5000:]
     created = [line.split("\t")[1] for line in done.stdout.splitlines() if line.split("\t")[0].endswith("Created Time")]
     assert len(created) == len(OBJECTS), done.stdout[-3000:]
@@ -235,8 +234,6 @@ def test_a_reader_finds_every_name_while_syncs_run_and_a_gained_column_reads_nul
 
 def test_a_batch_the_server_refused_runs_again(capfd):
     """beeline on a port where no server listens (yet): the batch is tried again, then its error passed on."""
-    from cdc_assets.catalog import run_beeline
-
     assert run_beeline(free_port(), "cdc", ["-e", "SELECT 1; SELECT 2"], attempts=2) != 0
     captured = capfd.readouterr()
     assert captured.err.count("rejected the statement (Could not open client transport); trying again") == 1

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_assets.catalog import CatalogBusy, _hold, _transient_rejection, catalog_database, catalog_dir, sync_statements
+from cdc_assets.catalog_ddl import catalog_database, catalog_dir, sync_statements
+from cdc_assets.services.sql_server import CatalogBusy, hold_catalog, transient_rejection
 from cdc_assets.config import load_table_config
 from resources.storage import WarehouseStorage
 
@@ -67,21 +68,21 @@ def test_database_name_and_catalog_folder_are_checked(tmp_path, monkeypatch):
 
 def test_a_second_opener_is_told_who_holds_the_catalog(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from cdc_assets.catalog import _hold; "
-         "_hold(Path(sys.argv[1]), 'the test holder'); print('held', flush=True); time.sleep(60)", str(tmp_path)],
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from cdc_assets.services.sql_server import hold_catalog; "
+         "hold_catalog(Path(sys.argv[1]), 'the test holder'); print('held', flush=True); time.sleep(60)", str(tmp_path)],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(CatalogBusy, match="open in the test holder.*make sql-server"):
-            _hold(tmp_path, "this test")
+            hold_catalog(tmp_path, "this test")
     finally:
         holder.kill()
         holder.wait()
     deadline = time.monotonic() + 10
     while True:  # the lock goes with its holder's process
         try:
-            os.close(_hold(tmp_path, "this test"))
+            os.close(hold_catalog(tmp_path, "this test"))
             break
         except CatalogBusy:
             assert time.monotonic() < deadline
@@ -96,10 +97,10 @@ def test_a_batch_runs_again_only_after_a_rejection_that_ran_nothing():
     missing = "Error: ... [TABLE_OR_VIEW_NOT_FOUND] The table or view `cdc`.`orders_current` cannot be found."
     one, several = ["-S", "-e", "SELECT 1;"], ["-e", "INSERT INTO t VALUES (1); SELECT 1"]
     # Nothing ran when the connection was refused: any batch may run again.
-    assert _transient_rejection(several, refused) == "Could not open client transport"
-    assert _transient_rejection(["-f", "batch.sql"], refused) is not None
+    assert transient_rejection(several, refused) == "Could not open client transport"
+    assert transient_rejection(["-f", "batch.sql"], refused) is not None
     # A lost handle: a single statement runs again, several do not (the first may have run).
-    assert _transient_rejection(one, lost) == "Invalid OperationHandle"
-    assert _transient_rejection(several, lost) is None
+    assert transient_rejection(one, lost) == "Invalid OperationHandle"
+    assert transient_rejection(several, lost) is None
     # A real error is not transient.
-    assert _transient_rejection(one, missing) is None
+    assert transient_rejection(one, missing) is None

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cdc_assets.catalog import sync_in_place, sync_statements
+from cdc_assets.catalog_ddl import sync_in_place, sync_statements
 from cdc_assets.config import load_table_config
 from resources.storage import WarehouseStorage
 

@@ -1,4 +1,4 @@
-"""The pipeline on a Spark standalone cluster (``cdc_assets.cluster``): a master and two workers on loopback.
+"""The pipeline on a Spark standalone cluster (``cdc_assets.services.cluster``): a master and two workers on loopback.
 
 The runs are real ``dagster asset materialize`` processes pointed at the cluster by configuration alone
 (``CDC_SPARK_MASTER``, or ``SPARK_REMOTE`` of a Connect server whose master is the cluster); every output
@@ -23,9 +23,9 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
-from cdc_assets.cluster import ClusterLayout, master_state, registered_workers, running_cluster, start_cluster, stop_cluster
+from cdc_assets.services.cluster import ClusterLayout, master_state, registered_workers, running_cluster, start_cluster, stop_cluster
 from cdc_assets.config import TableConfig, load_table_config
-from cdc_assets.connect_server import start_server, stop_server
+from cdc_assets.services.connect_server import start_server, stop_server
 from cdc_assets.generator import generate
 from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates, run_range, sorted_rows, write_table_config
 

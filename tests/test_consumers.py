@@ -42,7 +42,7 @@ TABLE = "members"
 ANN1, ANN2, ANN3 = ("Ann", 1.5, Decimal("10.00")), ("Ann", 2.5, Decimal("10.00")), ("Ann", 2.5, Decimal("11.00"))
 
 
-def _write_config(folder: Path, source: Path, **fields):
+def write_members_config(folder: Path, source: Path, **fields):
     return write_table_config(
         folder,
         TABLE,
@@ -70,7 +70,7 @@ def chain(spark, tmp_path_factory):
     source.mkdir()
     for day, lines in DAYS.items():
         (source / f"{day}.csv").write_text("\n".join([HEADER, *lines]) + "\n")
-    config = _write_config(root / "configs", source)
+    config = write_members_config(root / "configs", source)
     patch = pytest.MonkeyPatch()
     patch.setenv("CDC_WAREHOUSE", str(warehouse))
     patch.setenv("CDC_TABLE_CONFIGS", str(root / "configs"))
@@ -205,7 +205,7 @@ def test_untracked_columns_are_as_of_the_start_of_the_version(spark, chain):
 
 def test_cdc_scd2_command_with_deletion_rows_and_a_high_end_date(spark, chain, tmp_path, monkeypatch):
     configs = tmp_path / "configs"
-    _write_config(configs, chain["root"] / "source", scd2={"open_end": "9999-12-31", "hard_deletes": "new_record"})
+    write_members_config(configs, chain["root"] / "source", scd2={"open_end": "9999-12-31", "hard_deletes": "new_record"})
     monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
     monkeypatch.setenv("CDC_WAREHOUSE", str(chain["warehouse"]))
     out = tmp_path / "scd2"
@@ -255,7 +255,7 @@ def test_runs_log_records_a_run_that_failed_storing_an_output(spark, tmp_path, m
     monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
     source.mkdir()
     (source / f"{D1}.csv").write_text("\n".join([HEADER, *DAYS[D1]]) + "\n")
-    config = _write_config(tmp_path / "configs", source)
+    config = write_members_config(tmp_path / "configs", source)
     (warehouse / TABLE).mkdir(parents=True)
     (warehouse / TABLE / "history_partition").write_text("a file where the asset's folder belongs")
     (result,) = run_dates(definitions_for(config), [D1], DagsterInstance.ephemeral(), raise_on_error=False)

@@ -23,7 +23,7 @@ import duckdb
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.catalog import state_columns
+from cdc_assets.catalog_ddl import state_columns
 from cdc_assets.cli import current_main
 from cdc_assets.core.state import state_sql
 from cdc_assets.consumers import current_duckdb_sql, current_state

@@ -21,7 +21,7 @@ from dagster import DagsterInstance
 
 from cdc_assets.consumers import changes_between, scd2_view
 from tests.pipeline import definitions_for, run_range
-from tests.test_consumers import D1, D3, DAYS, HEADER, TABLE, _write_config
+from tests.test_consumers import D1, D3, DAYS, HEADER, TABLE, write_members_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,7 +96,7 @@ def test_every_read_path_works_on_a_read_only_warehouse_and_changes_nothing(spar
     source.mkdir()
     for day in (D1, "2024-03-02", D3):
         (source / f"{day}.csv").write_text(HEADER + "\n" + "\n".join(DAYS[day]) + "\n")
-    config = _write_config(tmp_path / "configs", source)
+    config = write_members_config(tmp_path / "configs", source)
     (tmp_path / "dagster_home").mkdir()
     instance = DagsterInstance.local_temp(str(tmp_path / "dagster_home"))  # the checks read its records
     os.environ["CDC_WAREHOUSE"] = str(warehouse)

@@ -13,7 +13,7 @@ import time
 import pytest
 from pyspark.sql.connect.client.retries import DefaultPolicy
 
-from cdc_assets import connect_server
+from cdc_assets.services import connect_server
 from cdc_assets.core import caching
 from resources.spark_target import (
     SparkServerGoneError,

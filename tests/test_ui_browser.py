@@ -102,7 +102,7 @@ def _environment(tmp_path: Path, name: str) -> dict[str, str]:
 
 def _as_a_scripts_background_job() -> None:
     """What ``make ui &`` in a shell script hands the job (POSIX): SIGINT and SIGQUIT ignored. The harder case:
-    dagster dev started this way used to ignore SIGINT and SIGTERM both (see cdc_assets/dev_ui.py)."""
+    dagster dev started this way used to ignore SIGINT and SIGTERM both (see cdc_assets/services/dev_ui.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 

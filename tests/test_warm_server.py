@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 
-from cdc_assets import connect_server
+from cdc_assets.services import connect_server
+from cdc_assets.services.process import process_alive
 from tests.processes import free_port, stop_process_tree, tail
 
 pytestmark = pytest.mark.slow
@@ -220,9 +221,9 @@ def test_make_ui_keeps_one_warm_server_for_runs_of_two_tables_at_once_and_stops_
                 process.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 pass
-        stopped_by_ui = server is not None and not connect_server.process_alive(server.pid)
+        stopped_by_ui = server is not None and not process_alive(server.pid)
         stop_process_tree(process, env["DAGSTER_HOME"], known)
-        if server is not None and connect_server.process_alive(server.pid):
+        if server is not None and process_alive(server.pid):
             connect_server.stop_server(state)
     assert stopped_by_ui, f"make ui left its Spark Connect server running\n{tail(log)}"
     assert connect_server.running_server(state) is None

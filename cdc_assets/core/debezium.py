@@ -61,7 +61,7 @@ from cdc_assets.core.source import (
     TOMBSTONE,
     UNAVAILABLE,
     SourceError,
-    _no_input,
+    no_input_error,
 )
 from cdc_assets.core.source import READER_PROBLEM as BAD
 
@@ -187,10 +187,10 @@ def _read_lines(spark: SparkSession, config: TableConfig, path: str) -> DataFram
         files = lines.inputFiles()  # through Spark Connect a missing path surfaces here, not above
     except AnalysisException as error:
         if any(marker in str(error) for marker in ("PATH_NOT_FOUND", "Path does not exist")):
-            raise _no_input(config, path) from None
+            raise no_input_error(config, path) from None
         raise
     if not files:
-        raise _no_input(config, path)
+        raise no_input_error(config, path)
     return lines
 
 

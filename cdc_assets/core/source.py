@@ -43,7 +43,8 @@ def _has_header(config: TableConfig) -> bool:
     return config.source.format is SourceFormat.csv and _options(config).get("header", "true").lower() == "true"
 
 
-def _no_input(config: TableConfig, path: str) -> SourceError:
+def no_input_error(config: TableConfig, path: str) -> SourceError:
+    """The error for an extract that is missing, or holds only empty files: never read as an empty one."""
     return SourceError(
         f"table {config.name}: no input at {path}. A missing extract is never treated as an empty one; "
         "land the file or fix source.path."
@@ -61,10 +62,10 @@ def _header_columns(spark: SparkSession, config: TableConfig, path: str) -> list
         # An empty folder cannot have its schema inferred: no input either. (A Spark Connect error
         # subclasses pyspark.errors.AnalysisException too, with the same text.)
         if any(marker in str(error) for marker in ("PATH_NOT_FOUND", "Path does not exist", "UNABLE_TO_INFER_SCHEMA")):
-            raise _no_input(config, path) from None
+            raise no_input_error(config, path) from None
         raise
     if not found:  # only empty files
-        raise _no_input(config, path)
+        raise no_input_error(config, path)
     return found
 
 

@@ -1,8 +1,8 @@
 """A long-lived Spark Connect server on loopback, started from the installed pyspark.
 
-    python -m cdc_assets.connect_server start [--port N] [--state-dir D] [--master M]   # prints sc://127.0.0.1:N
-    python -m cdc_assets.connect_server status [--state-dir D]
-    python -m cdc_assets.connect_server stop [--state-dir D]
+    python -m cdc_assets.services.connect_server start [--port N] [--state-dir D] [--master M]   # prints sc://127.0.0.1:N
+    python -m cdc_assets.services.connect_server status [--state-dir D]
+    python -m cdc_assets.services.connect_server stop [--state-dir D]
 
 pyspark's wheel ships the server (``jars/spark-connect_2.13-*.jar``) and ``bin/spark-submit``, so nothing
 is downloaded: the server is ``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer
@@ -22,7 +22,7 @@ Conf, lowest precedence first: ``PIPELINE_DEFAULTS``, ``LOCAL_DEFAULTS`` (local 
 static conf (``spark.driver.memory``, ...) can only be set here, not by a client's builder.
 
 No Dagster import of its own; the shared conf defaults come from ``resources.spark`` (imported only to
-start a server, since that module imports Dagster).
+start a server, since that module imports Dagster). The process handling is :mod:`cdc_assets.services.process`'s.
 """
 
 from __future__ import annotations
@@ -30,16 +30,29 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-HOST = "127.0.0.1"
+from cdc_assets.services.process import (
+    HOST,
+    command_line,
+    descendants,
+    is_java,
+    log_tail,
+    port_accepts,
+    port_is_free,
+    process_alive,
+    read_number_file,
+    recorded_pid,
+    start_detached,
+    stop_group,
+    write_number_file,
+)
+from cdc_assets.services.spark_home import launcher, spark_env
+
 DEFAULT_PORT = 15002
 DEFAULT_STATE_DIR = ".spark-server"
 PORT_ENV = "SPARK_CONNECT_PORT"
@@ -52,9 +65,6 @@ LOCK_FILE = "start.lock"
 # Runs that may share the server at once when the Dagster instance does not say (instance/dagster.yaml's).
 DEFAULT_SHARED_RUNS = 4
 
-# Server processes this Python process started, so that they are reaped (no zombie looks alive).
-_CHILDREN: dict[int, subprocess.Popen] = {}
-
 
 @dataclass(frozen=True)
 class ServerHandle:
@@ -63,20 +73,6 @@ class ServerHandle:
     port: int
     state_dir: Path
     log_path: Path
-
-
-def spark_home() -> str:
-    """The installed pyspark package: it holds ``bin/spark-submit`` and ``jars/``."""
-    import pyspark
-
-    return os.path.dirname(os.path.abspath(pyspark.__file__))
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def configured_port() -> int:
@@ -187,33 +183,25 @@ def _start_locked(port: int, state: Path, master: str | None, conf: dict[str, st
         handle = _handle(pid, port, state)
         _wait_until_ready(handle, timeout)
         return handle
-    if not _port_is_free(port):
+    if not port_is_free(port):
         raise RuntimeError(f"port {HOST}:{port} is in use by another process")
 
     resolved_master, merged = server_conf(port, master, conf)
-    home = spark_home()
-    command = [os.path.join(home, "bin", "spark-submit"), "--class", SERVER_CLASS, "--name", "cdc_assets Spark Connect server", "--master", resolved_master]
+    command = [launcher("spark-submit"), "--class", SERVER_CLASS, "--name", "cdc_assets Spark Connect server", "--master", resolved_master]
     for key, value in merged.items():
         command += ["--conf", f"{key}={value}"]
     command.append("spark-internal")
 
-    env = {key: value for key, value in os.environ.items() if key not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
-    env["SPARK_HOME"] = home
-    env["SPARK_LOCAL_IP"] = HOST
+    env = spark_env()
     # Python workers (UDFs, Python data sources) run with this interpreter, whose pyspark matches the jars.
     env.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    if log_path.exists():
-        log_path.replace(state / f"{LOG_FILE}.1")  # keep the previous server's log, e.g. after a crash
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(  # close_fds (the default): the server must not inherit the start lock
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True
-        )
-    _CHILDREN[process.pid] = process
-    (state / PORT_FILE).write_text(f"{port}\n")
+    # The previous server's log stays as server.log.1, e.g. after a crash; the start lock is not inherited.
+    pid = start_detached(command, log_path, env)
+    write_number_file(state / PORT_FILE, port)
     (state / OWNER_FILE).write_text(f"{owner or ''}\n")
-    (state / PID_FILE).write_text(f"{process.pid}\n")
-    handle = _handle(process.pid, port, state)
+    write_number_file(state / PID_FILE, pid)  # last: a pid file found means the others are written
+    handle = _handle(pid, port, state)
     try:
         _wait_until_ready(handle, timeout)
     except BaseException:
@@ -233,11 +221,8 @@ def stop_server(state_dir: str | Path = DEFAULT_STATE_DIR, timeout: float = 30) 
         _forget(state)
         return False
     pid, _ = running
-    _signal_group(pid, signal.SIGTERM)
-    if not _wait_for_exit(pid, timeout):
-        _signal_group(pid, signal.SIGKILL)
-        if not _wait_for_exit(pid, 10):
-            raise RuntimeError(f"Spark Connect server pid {pid} survived SIGKILL")
+    if not stop_group(pid, grace=timeout):
+        raise RuntimeError(f"Spark Connect server pid {pid} survived SIGKILL")
     _forget(state)
     return True
 
@@ -256,11 +241,6 @@ def record_owner(state_dir: str | Path, owner: str) -> None:
     (Path(state_dir).resolve() / OWNER_FILE).write_text(f"{owner}\n")
 
 
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie is not)."""
-    return _alive(pid)
-
-
 def running_server(state_dir: str | Path = DEFAULT_STATE_DIR) -> ServerHandle | None:
     """The server recorded in ``state_dir`` if its process is alive (ready or still starting), else None."""
     state = Path(state_dir).resolve()
@@ -274,10 +254,10 @@ def jvm_pid(handle: ServerHandle) -> int:
     ``spark-submit`` and ``spark-class`` ``exec`` the JVM, so this is ``handle.pid`` itself once the
     launcher is done; while it is not, the JVM is looked for among the process's descendants.
     """
-    if _is_java(handle.pid):
+    if is_java(handle.pid):
         return handle.pid
-    for pid in _descendants(handle.pid):
-        if _is_java(pid) and SERVER_CLASS in _cmdline(pid):
+    for pid in descendants(handle.pid):
+        if is_java(pid) and SERVER_CLASS in command_line(pid):
             return pid
     raise LookupError(f"no JVM found for the Spark Connect server pid {handle.pid}")
 
@@ -308,14 +288,6 @@ def probe(port: int, timeout: float = 10) -> dict[str, str]:
     return pairs
 
 
-def log_tail(path: str | Path, lines: int = 40) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 # -- internals -------------------------------------------------------------------------------------
 
 
@@ -323,21 +295,11 @@ def _handle(pid: int, port: int, state: Path) -> ServerHandle:
     return ServerHandle(url=f"sc://{HOST}:{port}", pid=pid, port=port, state_dir=state, log_path=state / LOG_FILE)
 
 
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
 def _recorded_server(state: Path) -> tuple[int, int] | None:
     """(pid, port) of the live server recorded in ``state``, or None."""
-    pid, port = _read_int(state / PID_FILE), _read_int(state / PORT_FILE)
-    if pid is None or port is None or not _alive(pid):
+    pid, port = recorded_pid(state / PID_FILE, SERVER_CLASS), read_number_file(state / PORT_FILE)
+    if pid is None or port is None:
         return None
-    cmdline = _cmdline(pid)
-    if cmdline and SERVER_CLASS not in cmdline:
-        return None  # the pid was reused by an unrelated process
     return pid, port
 
 
@@ -346,107 +308,14 @@ def _forget(state: Path) -> None:
         (state / name).unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        if child.poll() is None:
-            return True
-        del _CHILDREN[pid]
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is not a server
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _is_java(pid: int) -> bool:
-    try:
-        return os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "java"
-    except OSError:
-        return os.path.basename(_cmdline(pid).split(" ", 1)[0]) == "java"
-
-
-def _descendants(root: int) -> list[int]:
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, queue = [], [root]
-    while queue:
-        children = parents.get(queue.pop(0), [])
-        found += children
-        queue += children
-    return found
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        group = os.getpgid(pid)
-    except ProcessLookupError:
-        return
-    try:
-        if group == pid and group != os.getpgrp():
-            os.killpg(group, sig)  # the JVM and any Python workers it started
-        else:
-            os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_for_exit(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As a server binds: connections of a server just stopped (TIME_WAIT) do not make the port taken.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def _port_accepts(port: int) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 def _wait_until_ready(handle: ServerHandle, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while True:
-        if not _alive(handle.pid):
+        if not process_alive(handle.pid):
             _forget(handle.state_dir)
             raise RuntimeError(f"the Spark Connect server exited while starting; end of {handle.log_path}:\n{log_tail(handle.log_path)}")
-        if _port_accepts(handle.port):
+        if port_accepts(handle.port):
             try:
                 probe(handle.port, timeout=max(1.0, min(30.0, deadline - time.monotonic())))
                 return
@@ -459,7 +328,7 @@ def _wait_until_ready(handle: ServerHandle, timeout: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cdc_assets.connect_server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m cdc_assets.services.connect_server", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["start", "stop", "status"])
     parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"pid file and log (default: {DEFAULT_STATE_DIR})")
     parser.add_argument("--port", type=int, default=None, help=f"start: the port (default: ${PORT_ENV} or {DEFAULT_PORT})")

@@ -1,10 +1,10 @@
 """A Spark standalone cluster on loopback (a master and its workers), started from the installed pyspark.
 
-    python -m cdc_assets.cluster start [--port N] [--webui-port N] [--workers N] [--worker-cores N]
-                                       [--worker-memory M] [--worker-webui-port N] [--state-dir D]
-                                       # prints spark://127.0.0.1:N
-    python -m cdc_assets.cluster status [--state-dir D]
-    python -m cdc_assets.cluster stop [--state-dir D]
+    python -m cdc_assets.services.cluster start [--port N] [--webui-port N] [--workers N] [--worker-cores N]
+                                                [--worker-memory M] [--worker-webui-port N] [--state-dir D]
+                                                # prints spark://127.0.0.1:N
+    python -m cdc_assets.services.cluster status [--state-dir D]
+    python -m cdc_assets.services.cluster stop [--state-dir D]
 
 pyspark's wheel ships ``bin/spark-class`` and the master's and workers' classes but not ``sbin/start-*.sh``,
 so the daemons are started as ``spark-class org.apache.spark.deploy.master.Master`` and ``...worker.Worker``
@@ -24,11 +24,11 @@ executors run in ``<state_dir>/work/<worker>/<app id>/<executor id>/`` (their ``
 log), and they are children of the worker, in its process group: stopping the worker stops them.
 
 Runs use the cluster with ``CDC_SPARK_MASTER=spark://127.0.0.1:<port>``, or through a Connect server on it
-(``python -m cdc_assets.connect_server start --master spark://127.0.0.1:<port>``). An application takes
+(``python -m cdc_assets.services.connect_server start --master spark://127.0.0.1:<port>``). An application takes
 every free core until it ends (standalone's default ``spark.cores.max``), so while a Connect server runs
 on the cluster, other applications wait for cores.
 
-No Dagster import: the process helpers are ``connect_server``'s.
+No Dagster import; the process handling is :mod:`cdc_assets.services.process`'s.
 """
 
 from __future__ import annotations
@@ -36,9 +36,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -46,18 +43,18 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdc_assets.connect_server import (
-    _CHILDREN,
+from cdc_assets.services.process import (
     HOST,
-    _alive,
-    _cmdline,
-    _port_accepts,
-    _port_is_free,
-    _signal_group,
-    _wait_for_exit,
     log_tail,
-    spark_home,
+    port_is_free,
+    process_alive,
+    recorded_pid,
+    start_detached,
+    stop_groups,
+    wait_for_port,
+    write_number_file,
 )
+from cdc_assets.services.spark_home import launcher, spark_env
 
 DEFAULT_PORT = 7077
 DEFAULT_WEBUI_PORT = 8080
@@ -156,7 +153,7 @@ def _start_locked(layout: ClusterLayout, state: Path, timeout: float) -> Cluster
     if alive:
         print(f"restarting the partly running Spark cluster from {state} (running: {', '.join(sorted(alive))})", file=sys.stderr)
         stop_cluster(state)
-    taken = [port for port in layout.ports() if not _port_is_free(port)]
+    taken = [port for port in layout.ports() if not port_is_free(port)]
     if taken:
         raise RuntimeError(f"port(s) {', '.join(f'{HOST}:{port}' for port in taken)} in use by another process")
 
@@ -186,14 +183,9 @@ def stop_cluster(state_dir: str | Path = DEFAULT_STATE_DIR, timeout: float = 30)
     """
     state = Path(state_dir).resolve()
     alive = _running_pids(state)
-    for pid in alive.values():
-        _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for name, pid in alive.items():
-        if not _wait_for_exit(pid, max(0.0, deadline - time.monotonic())):
-            _signal_group(pid, signal.SIGKILL)
-            if not _wait_for_exit(pid, 10):
-                raise RuntimeError(f"Spark {name} pid {pid} survived SIGKILL")
+    survivors = stop_groups(alive, grace=timeout)
+    if survivors:
+        raise RuntimeError(f"Spark {survivors[0]} pid {alive[survivors[0]]} survived SIGKILL")
     for pid_file in state.glob("*.pid"):
         pid_file.unlink(missing_ok=True)
     (state / LAYOUT_FILE).unlink(missing_ok=True)
@@ -248,49 +240,29 @@ def _running_pids(state: Path) -> dict[str, int]:
     """Name -> pid of the recorded daemons that are alive and still what was started (a pid can be reused)."""
     running = {}
     for pid_file in sorted(state.glob("*.pid")):
-        try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        expected = MASTER_CLASS if pid_file.stem == MASTER else WORKER_CLASS
-        cmdline = _cmdline(pid)
-        if _alive(pid) and (not cmdline or expected in cmdline):
+        pid = recorded_pid(pid_file, MASTER_CLASS if pid_file.stem == MASTER else WORKER_CLASS)
+        if pid is not None:
             running[pid_file.stem] = pid
     return running
 
 
 def _launch(state: Path, name: str, arguments: list[str]) -> int:
-    home = spark_home()
-    env = {key: value for key, value in os.environ.items() if key not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
-    env["SPARK_HOME"] = home
-    env["SPARK_LOCAL_IP"] = HOST
-    log_path = state / f"{name}.log"
-    if log_path.exists():
-        log_path.replace(state / f"{name}.log.1")  # keep the previous daemon's log, e.g. after a crash
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(  # close_fds (the default): the daemon must not inherit the start lock
-            [os.path.join(home, "bin", "spark-class"), *arguments],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True,
-        )
-    _CHILDREN[process.pid] = process
-    (state / f"{name}.pid").write_text(f"{process.pid}\n")
-    return process.pid
+    # The previous daemon's log stays as <name>.log.1, e.g. after a crash; the start lock is not inherited.
+    pid = start_detached([launcher("spark-class"), *arguments], state / f"{name}.log", spark_env())
+    write_number_file(state / f"{name}.pid", pid)
+    return pid
 
 
 def _check_alive(handle: ClusterHandle) -> None:
     for name, pid in handle.pids.items():
-        if not _alive(pid):
+        if not process_alive(pid):
             raise RuntimeError(f"the Spark {name} exited while starting; end of {handle.log_path(name)}:\n{log_tail(handle.log_path(name))}")
 
 
 def _wait_for_port(handle: ClusterHandle, port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not _port_accepts(port):
-        _check_alive(handle)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the Spark master did not listen on {HOST}:{port} within {timeout:g} s; end of "
-                               f"{handle.log_path(MASTER)}:\n{log_tail(handle.log_path(MASTER))}")
-        time.sleep(0.25)
+    if not wait_for_port(port, timeout, check=lambda: _check_alive(handle)):
+        raise TimeoutError(f"the Spark master did not listen on {HOST}:{port} within {timeout:g} s; end of "
+                           f"{handle.log_path(MASTER)}:\n{log_tail(handle.log_path(MASTER))}")
 
 
 def _wait_until_ready(handle: ClusterHandle, timeout: float) -> None:
@@ -314,7 +286,7 @@ def _wait_until_ready(handle: ClusterHandle, timeout: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cdc_assets.cluster", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m cdc_assets.services.cluster", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["start", "stop", "status"])
     parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"pid files, logs, executors' work dirs (default: {DEFAULT_STATE_DIR})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"start: the master's port (default: {DEFAULT_PORT})")

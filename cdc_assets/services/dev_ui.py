@@ -23,7 +23,7 @@ defaults, and passes each signal it gets on to it: SIGINT to the child's group (
 terminal), SIGTERM to ``dagster dev`` itself (what make does); ``dagster dev`` then shuts its webserver,
 daemon and code servers down. Only then does this module stop the Spark server.
 
-    python -m cdc_assets.dev_ui [dagster dev arguments]
+    python -m cdc_assets.services.dev_ui [dagster dev arguments]
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class WarmSpark:
             self._starting.start()
 
     def _start(self) -> None:
-        from cdc_assets import connect_server
+        from cdc_assets.services import connect_server
 
         already = connect_server.running_server(self.state)
         try:
@@ -122,7 +122,7 @@ class WarmSpark:
     @staticmethod
     def _orphaned(owner: str | None) -> bool:
         """Whether ``owner`` names a ``make ui`` whose process is gone."""
-        from cdc_assets.connect_server import process_alive
+        from cdc_assets.services.process import process_alive
 
         if not owner or not owner.startswith("make ui (pid ") or not owner.endswith(")"):
             return False
@@ -137,7 +137,7 @@ class WarmSpark:
             return
         if self._starting is not None:
             self._starting.join(timeout=180)
-        from cdc_assets import connect_server
+        from cdc_assets.services import connect_server
 
         if connect_server.server_owner(self.state) == self.owner and connect_server.stop_server(self.state):
             _say("stopped the Spark Connect server it started")

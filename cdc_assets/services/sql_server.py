@@ -1,0 +1,411 @@
+"""The processes that hold the SQL catalog: spark-sql (``cdc-catalog sql``, ``make sql``) or the SQL server,
+a Spark Thrift server on 127.0.0.1 (``cdc-catalog server``, ``make sql-server``) that beeline and JDBC
+clients query; and the lock that lets only one of them open the metastore at a time.
+
+**One writer, and no writer in the runs.** Spark's embedded Derby metastore admits one JVM at a time,
+and a pipeline run is a JVM of its own (several at once when tables run side by side). So runs never
+open the metastore: partitions are found from the folders (:mod:`cdc_assets.catalog_ddl`), and the
+catalog sessions keep a table's resolved relation for at most a second
+(``spark.sql.metadataCacheTTLSeconds=1``). The metastore only holds definitions, and only the process
+that holds the catalog writes them: ``cdc-catalog sql`` (spark-sql) for as long as it runs, or the SQL
+server, which then syncs for every other client, ``make sql`` included. A per-catalog lock file, held
+by that process (:func:`hold_catalog`), makes a second opener fail with a message naming the holder
+instead of Derby's. A table whose first date was committed after the holder synced appears at the next
+sync (``cdc-catalog sync`` asks a running server to sync).
+
+**No name goes missing while the SQL server serves.** Its driver is this module under spark-submit
+(:func:`serve_sql`): it syncs in its own session before the Thrift server listens, so the first
+client finds every name, and later syncs (:func:`request_sync`) change objects in place
+(:func:`~cdc_assets.catalog_ddl.sync_in_place`) rather than dropping them. spark-sql, which holds the
+metastore alone, defines them afresh (:func:`~cdc_assets.catalog_ddl.sync_statements`).
+
+The server's pid, port, log and sync requests are in ``<catalog>/sql-server/``; the process handling is
+:mod:`cdc_assets.services.process`'s.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from cdc_assets.catalog_ddl import catalog_database, catalog_dir, sync_in_place, sync_statements, write_sync_file
+from cdc_assets.config import TABLE_CONFIGS_ENV, TableConfigError, load_table_configs, table_configs_dir
+from cdc_assets.core.scd2 import Dialect, quote_identifier
+from cdc_assets.services.process import (
+    HOST,
+    log_tail,
+    port_is_free,
+    process_alive,
+    read_number_file,
+    recorded_pid,
+    start_detached,
+    stop_group,
+    wait_for_port,
+    write_number_file,
+)
+from cdc_assets.services.spark_home import launcher, spark_env
+from resources.storage import WAREHOUSE_ENV, WarehouseStorage, warehouse_root
+
+SQL_PORT_ENV = "CDC_SQL_PORT"
+DEFAULT_SQL_PORT = 10000
+# The SQL server's application name, also how its process is recognized.
+SERVER_NAME = "cdc_assets SQL server"
+LOCK_FILE = "catalog.lock"
+SERVER_FOLDER = "sql-server"
+PID_FILE = "server.pid"
+PORT_FILE = "server.port"
+LOG_FILE = "server.log"
+# What the server's first sync left, written before it listens; and the folder of sync requests.
+STARTED_FILE = "started.json"
+REQUESTS_FOLDER = "requests"
+BEELINE_ATTEMPTS = 3
+# Rejections after which beeline ran nothing, and those a single statement may not meet a second time.
+_REJECTED_CONNECTION = re.compile(r"Could not open client transport|Connection refused|Invalid SessionHandle", re.IGNORECASE)
+_REJECTED_STATEMENT = re.compile(
+    r"Invalid OperationHandle|FileNotFoundException|FAILED_READ_FILE|PATH_NOT_FOUND|File does not exist", re.IGNORECASE
+)
+
+
+class CatalogBusy(RuntimeError):
+    """Another process holds the catalog's Derby metastore."""
+
+
+def catalog_conf(location: Path) -> dict[str, str]:
+    """Spark conf of a session on the catalog at ``location`` (spark-sql, the Thrift server)."""
+    from resources.spark import LOCAL_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
+
+    conf = {**PIPELINE_DEFAULTS}
+    master = os.environ.get("CDC_SPARK_MASTER") or "local[*]"
+    conf["spark.master"] = master
+    if master.startswith("local"):
+        conf.update(LOCAL_DEFAULTS)
+    conf.update(spark_conf_from_env())
+    conf.update(
+        {
+            "spark.sql.catalogImplementation": "hive",
+            "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={location}/metastore_db;create=true",
+            # Managed tables a user creates in the catalog; the pipeline's tables are external.
+            "spark.sql.warehouse.dir": str(location / "spark-warehouse"),
+            # Partitions are found from the folders (cdc_assets/catalog_ddl.py), so runs need no writer.
+            "spark.sql.hive.manageFilesourcePartitions": "false",
+            "spark.sql.metadataCacheTTLSeconds": "1",
+            # derby.log goes beside the metastore, not into the working directory.
+            "spark.driver.extraJavaOptions": f"{conf.get('spark.driver.extraJavaOptions', '')} -Dderby.system.home={location}".strip(),
+        }
+    )
+    return conf
+
+
+# -- the one holder of the metastore ---------------------------------------------------------------
+
+
+def hold_catalog(location: Path, holder: str) -> int:
+    """Lock the catalog for this process (and the children it passes the fd to); returns the fd.
+
+    Raises :class:`CatalogBusy` naming the current holder.
+    """
+    location.mkdir(parents=True, exist_ok=True)
+    fd = os.open(location / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        current = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise CatalogBusy(
+            f"the SQL catalog in {location} is open in {current}. Spark's embedded Derby metastore admits one "
+            "process at a time: close that one, or use `make sql-server`, through which every `make sql` goes"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, holder.encode(), 0)
+    return fd
+
+
+def _conf_args(conf: dict[str, str]) -> list[str]:
+    master = conf.pop("spark.master")
+    args = ["--master", master]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    return args
+
+
+# -- spark-sql, or beeline through the SQL server -------------------------------------------------
+
+
+def spark_sql_command(location: Path, init_file: Path, args: Sequence[str]) -> list[str]:
+    """``spark-sql`` from the installed pyspark on the catalog, running ``init_file`` first."""
+    return [launcher("spark-sql"), *_conf_args(catalog_conf(location)), "-i", str(init_file), *args]
+
+
+def run_spark_sql(storage: WarehouseStorage, args: Sequence[str], configs_dir: Path | None = None) -> int:
+    """``cdc-catalog sql``: sync, then spark-sql with ``args``; beeline through the SQL server if one runs."""
+    location = catalog_dir(storage)
+    configs_dir = Path(configs_dir or table_configs_dir()).resolve()
+    server = running_sql_server(location)
+    if server is not None:
+        request_sync(location, server[0], configs_dir)
+        return run_beeline(server[1], catalog_database(), args)
+    init_file = write_sync_file(sync_statements(load_table_configs(configs_dir), storage, catalog_database()), location / "tmp")
+    try:
+        fd = hold_catalog(location, f"pid {os.getpid()} (cdc-catalog sql)")
+        try:
+            process = subprocess.Popen(spark_sql_command(location, init_file, args), env=spark_env())
+            return _wait_forwarding_signals(process)
+        finally:
+            os.close(fd)
+    finally:
+        init_file.unlink(missing_ok=True)
+
+
+def _beeline_args(args: Sequence[str]) -> list[str]:
+    # spark-sql's -e/-f mean the same to beeline; its -S (silent) is beeline's --silent=true, always on.
+    return ["--silent=true", "--showHeader=true", "--outputformat=tsv2", *(arg for arg in args if arg not in ("-S", "--silent"))]
+
+
+def run_beeline(port: int, database: str, args: Sequence[str], attempts: int = BEELINE_ATTEMPTS) -> int:
+    """beeline with spark-sql's ``args`` on the SQL server; a batch the server rejects transiently runs again.
+
+    Interactive use runs as it is. With ``-e``/``-f`` the output is passed on once the batch is done;
+    a failed connection is retried, and so is a single statement the server failed on a handle it lost
+    or on a file a commit replaced while the query ran (several statements are not: some may have run).
+    """
+    command = beeline_command(port, database, _beeline_args(args))
+    if not {"-e", "-f"} & set(args):
+        return subprocess.call(command, env=spark_env())
+    for attempt in range(1, attempts + 1):
+        done = subprocess.run(command, env=spark_env(), capture_output=True, text=True)
+        rejection = transient_rejection(args, done.stdout + done.stderr) if done.returncode != 0 else None
+        if rejection is None or attempt == attempts:
+            sys.stdout.write(done.stdout)
+            sys.stdout.flush()
+            sys.stderr.write(done.stderr)
+            return done.returncode
+        print(f"cdc-catalog: the SQL server rejected the statement ({rejection}); trying again", file=sys.stderr)
+        time.sleep(attempt)
+    raise AssertionError("unreachable")
+
+
+def transient_rejection(args: Sequence[str], output: str) -> str | None:
+    """The transient error in beeline's ``output``, if it is one that running ``args`` again may not meet."""
+    found = _REJECTED_CONNECTION.search(output)
+    if found is None and _single_statement(args):
+        found = _REJECTED_STATEMENT.search(output)
+    return found.group(0) if found else None
+
+
+def _single_statement(args: Sequence[str]) -> bool:
+    if "-f" in args or "-e" not in args or args.index("-e") + 1 >= len(args):
+        return False
+    return ";" not in args[args.index("-e") + 1].strip().rstrip(";")
+
+
+def _wait_forwarding_signals(process: subprocess.Popen) -> int:
+    """Wait for ``process``; a SIGINT/SIGTERM to this process is passed on, so the JVM stops too."""
+
+    def forward(signum, _frame):
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# -- the SQL server (Spark Thrift server) ----------------------------------------------------------
+
+
+def beeline_command(port: int, database: str, args: Sequence[str]) -> list[str]:
+    """pyspark's ``bin/beeline`` connected to the SQL server on 127.0.0.1:``port``."""
+    url = f"jdbc:hive2://{HOST}:{port}/{database}"
+    return [launcher("beeline"), "-u", url, "-n", getpass.getuser(), *args]
+
+
+def running_sql_server(location: Path) -> tuple[int, int] | None:
+    """(pid, port) of the SQL server holding the catalog at ``location``, if it is alive."""
+    state = location / SERVER_FOLDER
+    pid, port = recorded_pid(state / PID_FILE, SERVER_NAME), read_number_file(state / PORT_FILE)
+    if pid is None or port is None:
+        return None
+    return pid, port
+
+
+def start_sql_server(storage: WarehouseStorage, port: int = DEFAULT_SQL_PORT, timeout: float = 300,
+                     configs_dir: Path | None = None) -> tuple[int, int]:
+    """Start the SQL server on 127.0.0.1:``port`` holding the catalog; returns (pid, port) once it serves.
+
+    The server syncs before it listens (:func:`serve_sql`), so the first client finds every name. It
+    runs detached in a session of its own and keeps the catalog's lock (inherited) until it exits. An
+    already running server is synced and returned as it is. Raises ``RuntimeError`` when some object
+    could not be registered; the server then serves the others.
+    """
+    location = catalog_dir(storage)
+    state = location / SERVER_FOLDER
+    configs_dir = Path(configs_dir or table_configs_dir()).resolve()
+    running = running_sql_server(location)
+    if running is not None:
+        request_sync(location, running[0], configs_dir)
+        return running
+    if not port_is_free(port):
+        raise RuntimeError(f"port {HOST}:{port} is in use by another process")
+    load_table_configs(configs_dir)  # a config error is told here, before a JVM starts
+    fd = hold_catalog(location, f"the SQL server on {HOST}:{port} (cdc-catalog server, started by pid {os.getpid()})")
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        (state / STARTED_FILE).unlink(missing_ok=True)
+        log_path = state / LOG_FILE
+        conf = {**catalog_conf(location), "spark.hadoop.hive.server2.thrift.bind.host": HOST, "spark.hadoop.hive.server2.thrift.port": str(port)}
+        command = [launcher("spark-submit"), "--name", SERVER_NAME, *_conf_args(conf), __file__]
+        env = {
+            **spark_env(), WAREHOUSE_ENV: storage.root, TABLE_CONFIGS_ENV: str(configs_dir),
+            # The driver is this module under spark-submit: its own folder must not shadow top-level modules.
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONSAFEPATH": "1",
+        }  # fmt: skip
+        pid = start_detached(command, log_path, env, cwd=location, pass_fds=(fd,), keep_previous_log=False)
+        write_number_file(state / PORT_FILE, port)
+        write_number_file(state / PID_FILE, pid)
+    finally:
+        os.close(fd)  # the server's inherited copy keeps the lock
+    try:
+        _wait_until_serving(pid, port, log_path, timeout)
+    except BaseException:
+        stop_sql_server(storage)
+        raise
+    started = json.loads((state / STARTED_FILE).read_text())
+    if started["errors"]:
+        raise RuntimeError("the SQL server serves, but registering these objects failed:\n" + "\n".join(started["errors"]))
+    return pid, port
+
+
+def _wait_until_serving(pid: int, port: int, log_path: Path, timeout: float) -> None:
+    def check_alive() -> None:
+        if not process_alive(pid):
+            raise RuntimeError(f"the SQL server exited while starting; end of {log_path}:\n{log_tail(log_path)}")
+
+    if not wait_for_port(port, timeout, check=check_alive, interval=0.1):
+        raise TimeoutError(f"the SQL server did not listen on {HOST}:{port} within {timeout:g} s; end of {log_path}:\n{log_tail(log_path)}")
+
+
+def serve_sql(storage: WarehouseStorage, configs_dir: Path) -> None:
+    """The SQL server's driver: this file under spark-submit, as :func:`start_sql_server` launches it (or
+    ``cdc-catalog server run``).
+
+    In the JVM that holds the metastore: sync in place, then start the Thrift server on this session,
+    then answer sync requests (:func:`request_sync`) one after another until the process is stopped.
+    """
+    from pyspark.sql import SparkSession
+
+    state = catalog_dir(storage) / SERVER_FOLDER
+    spark = SparkSession.builder.getOrCreate()
+    database = catalog_database()
+    _write_json(state / STARTED_FILE, _sync_for_server(spark, storage, database, configs_dir))
+    # The Thrift server has no Python API; it serves this session's catalog, now synced, from here on.
+    spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(spark._jsparkSession.sqlContext())
+    requests = state / REQUESTS_FOLDER
+    while True:
+        pending: dict[str, list[Path]] = {}
+        for request in sorted(requests.glob("*.request")):
+            try:
+                pending.setdefault(json.loads(request.read_text())["configs"], []).append(request)
+            except OSError:
+                continue  # its requester gave up waiting and took it back
+        for configs, waiting in pending.items():  # one sync answers every request pending for the same configs
+            result = _sync_for_server(spark, storage, database, Path(configs))
+            for request in waiting:
+                _write_json(request.with_suffix(".result"), result)
+                request.unlink(missing_ok=True)
+        time.sleep(0.2)
+
+
+def _sync_for_server(spark: SparkSession, storage: WarehouseStorage, database: str, configs_dir: Path) -> dict:
+    began = time.monotonic()
+    try:
+        configs = load_table_configs(configs_dir)
+    except TableConfigError as error:
+        return {"statements": 0, "errors": [str(error)]}
+    try:
+        report = sync_in_place(spark, configs, storage, database)
+        spark.sql(f"USE {quote_identifier(database, Dialect.spark)}")
+    except Exception as error:  # noqa: BLE001 - e.g. the database could not be created: told to the requester, the server goes on
+        return {"statements": 0, "errors": [f"{database}: {str(error).strip().splitlines()[0][:1000]}"]}
+    changes = [statement[:300] for statement in report.statements if statement.startswith(("ALTER TABLE", "DROP", "CREATE TABLE"))]
+    print(f"cdc-catalog: synced {len(configs)} table configs from {configs_dir} in {time.monotonic() - began:.1f} s: "
+          f"{len(report.statements)} statements, {len(report.errors)} errors", *changes, *report.errors, sep="\n", flush=True)  # fmt: skip
+    return {"statements": len(report.statements), "errors": report.errors}
+
+
+def request_sync(location: Path, server_pid: int, configs_dir: Path, timeout: float = 900) -> None:
+    """Have the running SQL server sync the tables of ``configs_dir`` in place, and wait until it has.
+
+    Raises ``RuntimeError`` naming what failed (the rest is synced), or if the server exits first.
+    """
+    requests = location / SERVER_FOLDER / REQUESTS_FOLDER
+    name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    _write_json(requests / f"{name}.request", {"configs": str(configs_dir)})
+    result_path = requests / f"{name}.result"
+    deadline = time.monotonic() + timeout
+    while not result_path.exists():
+        if not process_alive(server_pid) or time.monotonic() > deadline:
+            (requests / f"{name}.request").unlink(missing_ok=True)
+            log_path = location / SERVER_FOLDER / LOG_FILE
+            why = "exited" if not process_alive(server_pid) else f"did not sync within {timeout:g} s"
+            raise RuntimeError(f"the SQL server (pid {server_pid}) {why}; end of {log_path}:\n{log_tail(log_path)}")
+        time.sleep(0.1)
+    result = json.loads(result_path.read_text())
+    result_path.unlink()
+    if result["errors"]:
+        raise RuntimeError("registering these objects through the SQL server failed:\n" + "\n".join(result["errors"]))
+
+
+def _write_json(path: Path, value: dict) -> None:
+    """Written whole or not at all: readers poll for ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(json.dumps(value))
+    os.replace(partial, path)
+
+
+def stop_sql_server(storage: WarehouseStorage, timeout: float = 30) -> bool:
+    """Stop the SQL server of this warehouse's catalog; whether one was running."""
+    location = catalog_dir(storage)
+    running = running_sql_server(location)
+    state = location / SERVER_FOLDER
+    if running is not None:
+        stop_group(running[0], grace=timeout)
+    for name in (PID_FILE, PORT_FILE, STARTED_FILE):
+        (state / name).unlink(missing_ok=True)
+    shutil.rmtree(state / REQUESTS_FOLDER, ignore_errors=True)
+    return running is not None
+
+
+def sync(storage: WarehouseStorage, configs_dir: Path | None = None) -> int:
+    """``cdc-catalog sync``: register every table, through the SQL server if one runs."""
+    location = catalog_dir(storage)
+    server = running_sql_server(location)
+    if server is not None:
+        request_sync(location, server[0], Path(configs_dir or table_configs_dir()).resolve())
+        return 0
+    return run_spark_sql(storage, ["-e", "SELECT 1"], configs_dir)
+
+
+if __name__ == "__main__":
+    # spark-submit runs this file as the SQL server's driver (start_sql_server).
+    try:
+        serve_sql(WarehouseStorage(warehouse_root()), table_configs_dir())
+    except (CatalogBusy, ValueError, RuntimeError, TimeoutError) as error:
+        print(f"cdc-catalog: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
