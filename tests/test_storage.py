@@ -113,9 +113,9 @@ def test_a_range_write_commits_every_date_including_one_without_rows(spark, stor
 
 def test_a_write_whose_observed_counts_come_back_empty_counts_the_staged_files(spark, storage, monkeypatch):
     """Spark 4.0's Connect server may return a write's observed metrics empty on a busy server (SPARK-54279)."""
-    from resources import storage as storage_module
+    from resources.storage import commit as commit_module
 
-    monkeypatch.setattr(storage_module.Observation, "get", property(lambda self: {}))
+    monkeypatch.setattr(commit_module.Observation, "get", property(lambda self: {}))
     assert storage.write(_dated(spark, [("a", 1, D1), ("b", 2, D1), ("c", 3, D3)]), "t", "asset", [D1, D2, D3]) == {D1: 2, D2: 0, D3: 1}
     assert storage.write(_dated(spark, [("d", 4, D2)]), "t", "asset", [D2]) == {D2: 1}
     assert storage.write(spark.createDataFrame([("e", 5)], "key_hash string, amount int"), "t", "other", [D1]) == {D1: 1}
