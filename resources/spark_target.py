@@ -33,6 +33,8 @@ SERVER_DIR_ENV = "CDC_SPARK_SERVER_DIR"
 OWNER_ENV = "CDC_SPARK_SERVER_OWNER"
 CONNECT_TIMEOUT_ENV = "CDC_SPARK_CONNECT_TIMEOUT"
 MODES = ("auto", "server", "local")
+# The mode of a target named by SPARK_REMOTE, whatever CDC_SPARK says.
+REMOTE_MODE = "remote"
 DEFAULT_CONNECT_TIMEOUT = 30.0
 
 
@@ -78,22 +80,23 @@ def connect_timeout() -> float:
     return value
 
 
-def resolve_spark_target(start_server: bool | None = None) -> SparkTarget:
+def resolve_spark_target(start_server: bool | None = None, master: str | None = None) -> SparkTarget:
     """The run's :class:`SparkTarget` from the environment (see the module's docstring).
 
     In ``server`` mode a server that is not running is started here (``start_server`` overrides whether);
     if it cannot start, the run falls back to a session of its own and the description says why.
+    ``master`` stands for ``CDC_SPARK_MASTER`` (the Spark resource passes its ``spark_master`` field).
     """
     remote = os.environ.get("SPARK_REMOTE", "").strip()
     if remote:
-        return SparkTarget("remote", remote, f"the Spark Connect server SPARK_REMOTE={remote}")
+        return SparkTarget(REMOTE_MODE, remote, f"the Spark Connect server SPARK_REMOTE={remote}")
     mode = spark_mode()
     if mode == "local":
         return SparkTarget(mode, None, f"a Spark session of the run's own ({MODE_ENV}=local; the JVM starts cold)")
 
-    master = os.environ.get("CDC_SPARK_MASTER", "").strip()
+    master = (os.environ.get("CDC_SPARK_MASTER", "") if master is None else master).strip()
     if mode == "auto" and master:
-        return SparkTarget(mode, None, f"a Spark session of the run's own on CDC_SPARK_MASTER={master}")
+        return SparkTarget(mode, None, f"a Spark session of the run's own on the master {master}")
 
     from cdc_assets import connect_server
 

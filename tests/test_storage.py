@@ -355,7 +355,7 @@ def test_a_killed_holders_lock_is_stale_at_once_and_its_leftovers_are_swept(spar
 
 
 def test_the_io_manager_previews_each_dates_own_first_rows_across_several_files(spark, tmp_path):
-    manager = PartitionedParquetIOManager(pyspark=PipelineSparkResource(spark_config={}), warehouse=str(tmp_path / "wh"))
+    manager = PartitionedParquetIOManager(pyspark=PipelineSparkResource(spark_config={}), warehouse_root=str(tmp_path / "wh"))
     # D1 has 12 rows spread over 3 files (3 write tasks), D2 has 2 rows, D3 none.
     rows = [(f"k{index}", index, D1) for index in range(12)] + [("m0", 100, D2), ("m1", 101, D2)]
     written = manager.storage.write(_dated(spark, rows).repartition(3), "t", "asset", [D1, D2, D3])
