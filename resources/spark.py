@@ -25,7 +25,15 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.core.caching import release_persisted
 from resources.fields import resolved_field
-from resources.spark_target import REMOTE_MODE, SparkTarget, connect_session, explain_server_loss, resolve_spark_target
+from resources.spark_target import (
+    MASTER_ENV as SPARK_MASTER_ENV,
+    REMOTE_MODE,
+    SparkTarget,
+    connect_session,
+    explain_server_loss,
+    resolve_spark_target,
+    spark_master_from_env,
+)
 
 T = TypeVar("T")
 
@@ -87,7 +95,6 @@ LOCAL_DEFAULTS: dict[str, str] = {"spark.driver.memory": "4g", "spark.sql.shuffl
 
 
 SPARK_CONF_ENV = "CDC_SPARK_CONF"
-SPARK_MASTER_ENV = "CDC_SPARK_MASTER"
 
 
 def spark_conf_from_env() -> dict[str, str]:
@@ -125,7 +132,7 @@ def spark_config_from_environment(master: str | None = None, conf: dict[str, Any
     only session conf is sent.
     """
     remote = bool(os.environ.get("SPARK_REMOTE", "").strip())
-    return spark_config(master or os.environ.get(SPARK_MASTER_ENV), spark_conf_from_env(), conf, remote=remote)
+    return spark_config(master or spark_master_from_env(), spark_conf_from_env(), conf, remote=remote)
 
 
 def spark_config(master: str | None, extra: dict[str, str], conf: dict[str, Any] | None, remote: bool) -> dict[str, str]:

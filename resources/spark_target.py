@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 MODE_ENV = "CDC_SPARK"
+MASTER_ENV = "CDC_SPARK_MASTER"
 SERVER_DIR_ENV = "CDC_SPARK_SERVER_DIR"
 OWNER_ENV = "CDC_SPARK_SERVER_OWNER"
 CONNECT_TIMEOUT_ENV = "CDC_SPARK_CONNECT_TIMEOUT"
@@ -64,6 +65,12 @@ def spark_mode() -> str:
     return mode
 
 
+def spark_master_from_env() -> str:
+    """``CDC_SPARK_MASTER``, the master of a session of the run's own (empty when unset): the one reading of
+    the variable, for what runs outside a Dagster run; a run gets it from the Spark resource's field."""
+    return os.environ.get(MASTER_ENV, "").strip()
+
+
 def server_state_dir() -> Path:
     """Where the project's server records its pid, port and log."""
     return Path(os.environ.get(SERVER_DIR_ENV, "").strip() or ".spark-server").resolve()
@@ -94,7 +101,7 @@ def resolve_spark_target(start_server: bool | None = None, master: str | None = 
     if mode == "local":
         return SparkTarget(mode, None, f"a Spark session of the run's own ({MODE_ENV}=local; the JVM starts cold)")
 
-    master = (os.environ.get("CDC_SPARK_MASTER", "") if master is None else master).strip()
+    master = (spark_master_from_env() if master is None else master).strip()
     if mode == "auto" and master:
         return SparkTarget(mode, None, f"a Spark session of the run's own on the master {master}")
 
