@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, Observation
@@ -40,17 +41,26 @@ def as_stored(schema: StructType) -> StructType:
 
 
 def write(
-    layout: WarehouseLayout, frame: DataFrame, table: str, asset: str, business_dates: list[str], write_id: str
-) -> tuple[dict[str, int], dict[str, str]]:
-    """Stage ``frame`` and commit it as the partitions ``business_dates``; rows per date, and each
-    date's new version folder. The caller holds the table's writer lock; ``write_id`` is unique to
-    this write and names its staging folder and versions."""
+    layout: WarehouseLayout,
+    frame: DataFrame,
+    table: str,
+    asset: str,
+    business_dates: list[str],
+    write_id: str,
+    on_commit: Callable[[str, str], None],
+) -> dict[str, int]:
+    """Stage ``frame`` and commit it as the partitions ``business_dates``; rows per date.
+
+    The caller holds the table's writer lock; ``write_id`` is unique to this write and names its
+    staging folder and versions. ``on_commit(day, version folder)`` is called as each date is committed.
+    """
     staged = f"{layout.staging_path(table, asset)}/{write_id}"
     rows = stage(frame, staged, table, asset, business_dates)
     fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
-    versions = {day: commit_date(layout, table, asset, day, f"{staged}/{BUSINESS_DATE}={day}", write_id) for day in business_dates}
+    for day in business_dates:
+        on_commit(day, commit_date(layout, table, asset, day, f"{staged}/{BUSINESS_DATE}={day}", write_id))
     delete(staged)
-    return rows, versions
+    return rows
 
 
 def stage(frame: DataFrame, staged: str, table: str, asset: str, business_dates: list[str]) -> dict[str, int]:

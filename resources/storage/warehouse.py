@@ -110,11 +110,13 @@ class WarehouseStorage:
         """
         self.hold_writer_lock(table)
         self._writes += 1
-        rows, versions = commit.write(self.layout, frame, table, asset, business_dates, f"{self._token}-{self._writes}")
         schema = as_stored(frame.drop(BUSINESS_DATE).schema)
-        for day, version in versions.items():
+
+        def remember(day: str, version: str) -> None:
             self._committed[version] = schema
             self._in_use.add((table, asset, day))
+
+        rows = commit.write(self.layout, frame, table, asset, business_dates, f"{self._token}-{self._writes}", remember)
         retention.forget_dropped(self.layout, table, asset, business_dates)
         return rows
 
