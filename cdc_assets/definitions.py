@@ -2,6 +2,10 @@
 
 All steps of a run execute in one process (``in_process_executor``) so that the run starts one JVM
 and shares one SparkSession, instead of one per step.
+
+The resources' settings are fields fed by environment variables (``EnvVar``), so the UI's resource
+page shows which variable each comes from; a variable unset when the code location loads leaves its
+field at the default.
 """
 
 from __future__ import annotations
@@ -10,19 +14,41 @@ from dagster import Definitions, in_process_executor
 
 from cdc_assets.config import load_table_configs
 from cdc_assets.factory import IO_MANAGER_KEY, TableDefinitions, build_table_definitions
-from resources import PartitionedParquetIOManager, pipeline_spark_resource, warehouse_root
+from resources import PartitionedParquetIOManager, PipelineSparkResource, warehouse_root
+from resources.fields import env_or_default
+from resources.spark import SPARK_CONF_ENV, SPARK_MASTER_ENV, spark_conf_from_env
+from resources.storage import (
+    DEFAULT_LOCK_TIMEOUT_SECONDS,
+    DEFAULT_RETIRED_GRACE_SECONDS,
+    DEFAULT_WAREHOUSE,
+    LOCK_TIMEOUT_ENV,
+    RETIRED_GRACE_ENV,
+    WAREHOUSE_ENV,
+)
 
 
 def build_definitions(tables: list[TableDefinitions]) -> Definitions:
-    warehouse_root()  # an unsupported CDC_WAREHOUSE (an object store URI) fails the code location at load, naming why
-    spark = pipeline_spark_resource()
+    # What runs would fail on fails the code location at load instead, naming why: an unsupported
+    # CDC_WAREHOUSE (an object store URI), a CDC_SPARK_CONF that is not a JSON object.
+    warehouse_root()
+    spark_conf_from_env()
+    spark = PipelineSparkResource(
+        spark_master=env_or_default(SPARK_MASTER_ENV, ""),
+        spark_conf_json=env_or_default(SPARK_CONF_ENV, ""),
+    )
+    warehouse = PartitionedParquetIOManager(
+        pyspark=spark,
+        warehouse_root=env_or_default(WAREHOUSE_ENV, DEFAULT_WAREHOUSE),
+        lock_timeout_seconds=env_or_default(LOCK_TIMEOUT_ENV, f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}"),
+        retired_version_grace_seconds=env_or_default(RETIRED_GRACE_ENV, f"{DEFAULT_RETIRED_GRACE_SECONDS:g}"),
+    )
     return Definitions(
         assets=[asset for table in tables for asset in table.assets],
         asset_checks=[check for table in tables for check in table.asset_checks],
         schedules=[schedule for table in tables for schedule in table.schedules],
         sensors=[sensor for table in tables for sensor in table.sensors],
         jobs=[job for table in tables for job in table.jobs],
-        resources={"pyspark": spark, IO_MANAGER_KEY: PartitionedParquetIOManager(pyspark=spark)},
+        resources={"pyspark": spark, IO_MANAGER_KEY: warehouse},
         executor=in_process_executor,
     )
 

@@ -1,7 +1,7 @@
 """Dagster resources: the Spark session, the warehouse storage, and the Parquet IO manager over it."""
 
 from resources.parquet_io_manager import PartitionedParquetIOManager
-from resources.spark import PipelineSparkResource, build_spark_session, pipeline_spark_resource
+from resources.spark import PipelineSparkResource, build_spark_session
 from resources.storage import WarehouseStorage, warehouse_root
 
 __all__ = [
@@ -9,6 +9,5 @@ __all__ = [
     "PipelineSparkResource",
     "WarehouseStorage",
     "build_spark_session",
-    "pipeline_spark_resource",
     "warehouse_root",
 ]

@@ -1,6 +1,6 @@
 """The Parquet IO manager: loads and stores daily partitions through the warehouse storage, and describes them.
 
-Paths, the commit, crash recovery and the writer lock live in :mod:`resources.storage`; this module
+Paths, the commit, crash recovery, the writer lock and retention live in :mod:`resources.storage`; this module
 only maps Dagster's inputs and outputs onto it and adds the metadata the UI shows (row count, schema,
 a preview, the path).
 """
@@ -22,16 +22,28 @@ from dagster import (
     TableSchema,
 )
 from dagster_pyspark import LazyPySparkResource
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from cdc_assets.config import LoadType
 from cdc_assets.core.columns import BUSINESS_DATE
+from resources.fields import resolved_field, seconds_field
 from resources.spark import map_dates
 from resources.state import read_state
-from resources.storage import WarehouseStorage, as_stored, state_changes_asset, warehouse_root
+from resources.storage import (
+    DEFAULT_LOCK_TIMEOUT_SECONDS,
+    DEFAULT_RETIRED_GRACE_SECONDS,
+    DEFAULT_WAREHOUSE,
+    LOCK_TIMEOUT_ENV,
+    RETIRED_GRACE_ENV,
+    WAREHOUSE_ENV,
+    WarehouseStorage,
+    as_stored,
+    local_warehouse_path,
+    state_changes_asset,
+)
 
 PREVIEW_ROWS = 5
 # Up to this many rows in a range, its previews come from one scan that keeps each file's first rows;
@@ -108,15 +120,35 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     partition); ``load_input`` returns :class:`LazyPartitions`, or ``None`` when no upstream partition
     exists (the day before ``start_date``). Loading or storing a table's partitions makes the run that
     table's writer (``WarehouseStorage.hold_writer_lock``) until the run ends.
+
+    Its fields (the UI's resource page shows them) say where the warehouse is and how its writers
+    behave; definitions.py feeds each from its environment variable when that is set.
     """
 
     pyspark: ResourceDependency[LazyPySparkResource]
-    warehouse: str | None = None
+    warehouse_root: str = Field(
+        default=DEFAULT_WAREHOUSE,
+        description=(
+            f"The warehouse folder ({WAREHOUSE_ENV}): a local or mounted POSIX path, or a file:// URI; a relative "
+            "path is taken from the run's working directory."
+        ),
+    )
+    lock_timeout_seconds: str = Field(
+        default=f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}",
+        description=f"How long a run waits for another run's writer lock on a table, in seconds ({LOCK_TIMEOUT_ENV}).",
+    )
+    retired_version_grace_seconds: str = Field(
+        default=f"{DEFAULT_RETIRED_GRACE_SECONDS:g}",
+        description=(
+            "How long a replaced or dropped version stays on disk for readers that resolved it before, in seconds "
+            f"({RETIRED_GRACE_ENV})."
+        ),
+    )
 
     _storage: WarehouseStorage | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
-        self._storage = WarehouseStorage(self.root, run_id=context.run_id or uuid.uuid4().hex)
+        self._storage = self._new_storage(context.run_id or uuid.uuid4().hex)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self._storage is not None:
@@ -124,13 +156,24 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
 
     @property
     def root(self) -> str:
-        return warehouse_root(self.warehouse)
+        """The warehouse folder, as an absolute path."""
+        return local_warehouse_path(resolved_field(self.warehouse_root))
 
     @property
     def storage(self) -> WarehouseStorage:
         if self._storage is None:  # used outside a run (tests, scripts)
-            self._storage = WarehouseStorage(self.root)
+            self._storage = self._new_storage(uuid.uuid4().hex)
         return self._storage
+
+    def _new_storage(self, run_id: str) -> WarehouseStorage:
+        return WarehouseStorage(
+            self.root,
+            run_id=run_id,
+            lock_timeout=seconds_field(self.lock_timeout_seconds, "lock_timeout_seconds", LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_SECONDS),
+            retired_grace=seconds_field(
+                self.retired_version_grace_seconds, "retired_version_grace_seconds", RETIRED_GRACE_ENV, DEFAULT_RETIRED_GRACE_SECONDS
+            ),
+        )
 
     def partition_path(self, table: str, asset: str, business_date: str) -> str:
         return self.storage.partition_path(table, asset, business_date)

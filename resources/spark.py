@@ -1,10 +1,12 @@
-"""The Spark resource (dagster-pyspark's), one SparkSession per run, configured from the environment.
+"""The Spark resource (dagster-pyspark's), one SparkSession per run, configured by its fields.
 
 Every step of a run executes in the run's process (``in_process_executor``), so a run has one session.
 Where that session lives is chosen when the run first needs Spark (resources/spark_target.py): the
 project's warm Spark Connect server when one is running (``make ui`` keeps one), any server named by
 ``SPARK_REMOTE``, or a JVM of the run's own, on a cluster with ``CDC_SPARK_MASTER``; more conf in
-``CDC_SPARK_CONF``. Nothing in the pipeline assumes local mode or a JVM in its own process.
+``CDC_SPARK_CONF``. In a run those two reach the resource as its ``spark_master`` and ``spark_conf_json``
+fields (definitions.py); outside one, :func:`build_spark_session` reads them. Nothing in the pipeline
+assumes local mode or a JVM in its own process.
 """
 
 import json
@@ -18,11 +20,20 @@ from typing import Any, TypeVar
 from dagster import InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from dagster_pyspark.resources import spark_session_from_config
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 from cdc_assets.core.caching import release_persisted
-from resources.spark_target import SparkTarget, connect_session, explain_server_loss, resolve_spark_target
+from resources.fields import resolved_field
+from resources.spark_target import (
+    MASTER_ENV as SPARK_MASTER_ENV,
+    REMOTE_MODE,
+    SparkTarget,
+    connect_session,
+    explain_server_loss,
+    resolve_spark_target,
+    spark_master_from_env,
+)
 
 T = TypeVar("T")
 
@@ -83,17 +94,29 @@ def side_by_side(*work: Callable[[], T]) -> list[T]:
 LOCAL_DEFAULTS: dict[str, str] = {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8"}
 
 
+SPARK_CONF_ENV = "CDC_SPARK_CONF"
+
+
 def spark_conf_from_env() -> dict[str, str]:
-    """``CDC_SPARK_CONF`` as a JSON object of Spark conf keys to values, e.g. '{"spark.executor.memory": "8g"}'."""
-    raw = os.environ.get("CDC_SPARK_CONF", "").strip()
+    """``CDC_SPARK_CONF`` as a JSON object of Spark conf keys to values, e.g. '{"spark.executor.memory": "8g"}'.
+
+    The one reading of the variable, for what runs outside a Dagster run (scripts, tests, the servers);
+    a run gets it from the Spark resource's ``spark_conf_json`` field.
+    """
+    return parse_spark_conf(os.environ.get(SPARK_CONF_ENV, ""), SPARK_CONF_ENV)
+
+
+def parse_spark_conf(raw: str, source: str) -> dict[str, str]:
+    """``raw``, a JSON object of Spark conf keys to values (empty: none); errors name ``source``."""
+    raw = raw.strip()
     if not raw:
         return {}
     try:
         conf = json.loads(raw)
     except json.JSONDecodeError as error:
-        raise ValueError(f"CDC_SPARK_CONF must be a JSON object of Spark conf keys to values: {error}") from None
+        raise ValueError(f"{source} must be a JSON object of Spark conf keys to values: {error}") from None
     if not isinstance(conf, dict):
-        raise ValueError("CDC_SPARK_CONF must be a JSON object of Spark conf keys to values")
+        raise ValueError(f"{source} must be a JSON object of Spark conf keys to values")
     return {str(key): str(value) for key, value in conf.items()}
 
 
@@ -102,24 +125,33 @@ _SERVER_ONLY_PREFIXES = ("spark.master", "spark.driver.", "spark.executor.", "sp
 
 
 def spark_config_from_environment(master: str | None = None, conf: dict[str, Any] | None = None) -> dict[str, str]:
-    """The run's Spark conf: pipeline defaults, then ``CDC_SPARK_CONF``, then ``conf``.
+    """The Spark conf of a session outside a Dagster run: pipeline defaults, then ``CDC_SPARK_CONF``, then ``conf``.
 
     Without ``SPARK_REMOTE`` the master is ``master``, else ``CDC_SPARK_MASTER``, else ``local[*]``
-    (the local defaults apply to a local master only). With ``SPARK_REMOTE`` (Spark Connect) pyspark
-    connects to that server and only session conf is sent: what the server's JVM fixed at its start
-    (master, driver and executor settings, the UI) belongs in the server's own conf. A run that finds
-    the project's server later drops the same keys (:func:`session_conf`).
+    (:func:`spark_config`). With ``SPARK_REMOTE`` (Spark Connect) pyspark connects to that server and
+    only session conf is sent.
     """
-    remote = os.environ.get("SPARK_REMOTE", "").strip()
+    remote = bool(os.environ.get("SPARK_REMOTE", "").strip())
+    return spark_config(master or spark_master_from_env(), spark_conf_from_env(), conf, remote=remote)
+
+
+def spark_config(master: str | None, extra: dict[str, str], conf: dict[str, Any] | None, remote: bool) -> dict[str, str]:
+    """Pipeline defaults, then ``extra`` (the user's conf), then ``conf``, as a session on ``remote`` takes them.
+
+    Without ``remote`` the master is ``master``, else ``local[*]``, and the local defaults apply to a
+    local master only. With ``remote`` (Spark Connect) only session conf is kept: what the server's
+    JVM fixed at its start (master, driver and executor settings, the UI) belongs in the server's own
+    conf. A run that finds the project's server later drops the same keys (:func:`session_conf`).
+    """
     merged = {**PIPELINE_DEFAULTS}
     if not remote:
-        resolved_master = master or os.environ.get("CDC_SPARK_MASTER") or "local[*]"
+        resolved_master = master or "local[*]"
         merged["spark.master"] = resolved_master
         if resolved_master.startswith("local"):
             merged.update(LOCAL_DEFAULTS)
-    merged.update(spark_conf_from_env())
+    merged.update(extra)
     merged.update({key: str(value) for key, value in (conf or {}).items()})
-    return session_conf(merged, remote=bool(remote))
+    return session_conf(merged, remote=remote)
 
 
 def session_conf(conf: dict[str, str], remote: bool) -> dict[str, str]:
@@ -167,14 +199,31 @@ _RUN_SESSIONS_LOGGED: set[str] = set()
 
 
 class PipelineSparkResource(LazyPySparkResource):
-    """dagster-pyspark's lazy resource, configured from the environment, that cleans up after its run.
+    """dagster-pyspark's lazy resource, configured by its fields, that cleans up after its run.
 
     When a run starts, it chooses where Spark runs (the project's warm Connect server, ``SPARK_REMOTE``,
     or a session of its own: resources/spark_target.py) and says so in the run's first log lines. The
-    session itself starts on first use, so sensors and schedules never start a JVM. When the run ends,
-    however it ends, operations it still has running are interrupted, DataFrames it cached are released,
-    and a Spark Connect session is closed, so a shared server keeps nothing of the run.
+    session itself starts on first use, so sensors and schedules never start a JVM; its conf is the
+    pipeline's defaults, then ``spark_conf_json``, then ``spark_config``. When the run ends, however it
+    ends, operations it still has running are interrupted, DataFrames it cached are released, and a
+    Spark Connect session is closed, so a shared server keeps nothing of the run.
     """
+
+    spark_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Spark conf over the pipeline's defaults and spark_conf_json: keys to values.",
+    )
+    spark_master: str = Field(
+        default="",
+        description=(
+            f"The master of a session of the run's own, e.g. spark://host:7077 ({SPARK_MASTER_ENV}); empty: "
+            "local[*]. With a master set and CDC_SPARK=auto, a run uses it rather than a running Connect server."
+        ),
+    )
+    spark_conf_json: str = Field(
+        default="",
+        description=f"More Spark conf, a JSON object of keys to values ({SPARK_CONF_ENV}), over the pipeline's defaults.",
+    )
 
     _target: SparkTarget | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
@@ -184,7 +233,7 @@ class PipelineSparkResource(LazyPySparkResource):
         run_id = context.run_id or ""
         target = _RUN_TARGETS.get(run_id)
         if target is None:
-            target = resolve_spark_target()
+            target = resolve_spark_target(master=self._master())
             if run_id:
                 _RUN_TARGETS[run_id] = target
             if context.log is not None:
@@ -196,13 +245,23 @@ class PipelineSparkResource(LazyPySparkResource):
     @property
     def spark_target(self) -> SparkTarget:
         if self._target is None:
-            self._target = resolve_spark_target()
+            self._target = resolve_spark_target(master=self._master())
         return self._target
+
+    def session_config(self) -> dict[str, str]:
+        """The conf the run's session starts with (:func:`spark_config`), from the fields."""
+        extra = parse_spark_conf(resolved_field(self.spark_conf_json), f"spark_conf_json ({SPARK_CONF_ENV})")
+        # Only a server named by SPARK_REMOTE goes without the local master's conf: on the project's
+        # own server, found or started, start_session drops the server's keys and keeps the rest.
+        return spark_config(self._master() or None, extra, self.spark_config, remote=self.spark_target.mode == REMOTE_MODE)
+
+    def _master(self) -> str:
+        return resolved_field(self.spark_master).strip()
 
     def _init_session(self) -> None:
         if self._spark_session is None:
             started = time.perf_counter()
-            self._spark_session = start_session(self.spark_target, self.spark_config)
+            self._spark_session = start_session(self.spark_target, self.session_config())
             if self._log is not None and self._run_id not in _RUN_SESSIONS_LOGGED:
                 _RUN_SESSIONS_LOGGED.add(self._run_id)
                 # The application id names the JVM: runs on one warm server share it.
@@ -228,8 +287,3 @@ class PipelineSparkResource(LazyPySparkResource):
                 session.stop()
         except Exception as error:  # noqa: BLE001 - cleanup must not mask the run's own outcome
             context.log.warning(f"Spark session cleanup at the end of the run: {error}")
-
-
-def pipeline_spark_resource() -> PipelineSparkResource:
-    """The resource bound in definitions.py: conf from the environment when the code location loads."""
-    return PipelineSparkResource(spark_config=spark_config_from_environment())

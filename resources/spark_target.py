@@ -29,10 +29,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 MODE_ENV = "CDC_SPARK"
+MASTER_ENV = "CDC_SPARK_MASTER"
 SERVER_DIR_ENV = "CDC_SPARK_SERVER_DIR"
 OWNER_ENV = "CDC_SPARK_SERVER_OWNER"
 CONNECT_TIMEOUT_ENV = "CDC_SPARK_CONNECT_TIMEOUT"
 MODES = ("auto", "server", "local")
+# The mode of a target named by SPARK_REMOTE, whatever CDC_SPARK says.
+REMOTE_MODE = "remote"
 DEFAULT_CONNECT_TIMEOUT = 30.0
 
 
@@ -62,6 +65,12 @@ def spark_mode() -> str:
     return mode
 
 
+def spark_master_from_env() -> str:
+    """``CDC_SPARK_MASTER``, the master of a session of the run's own (empty when unset): the one reading of
+    the variable, for what runs outside a Dagster run; a run gets it from the Spark resource's field."""
+    return os.environ.get(MASTER_ENV, "").strip()
+
+
 def server_state_dir() -> Path:
     """Where the project's server records its pid, port and log."""
     return Path(os.environ.get(SERVER_DIR_ENV, "").strip() or ".spark-server").resolve()
@@ -78,22 +87,23 @@ def connect_timeout() -> float:
     return value
 
 
-def resolve_spark_target(start_server: bool | None = None) -> SparkTarget:
+def resolve_spark_target(start_server: bool | None = None, master: str | None = None) -> SparkTarget:
     """The run's :class:`SparkTarget` from the environment (see the module's docstring).
 
     In ``server`` mode a server that is not running is started here (``start_server`` overrides whether);
     if it cannot start, the run falls back to a session of its own and the description says why.
+    ``master`` stands for ``CDC_SPARK_MASTER`` (the Spark resource passes its ``spark_master`` field).
     """
     remote = os.environ.get("SPARK_REMOTE", "").strip()
     if remote:
-        return SparkTarget("remote", remote, f"the Spark Connect server SPARK_REMOTE={remote}")
+        return SparkTarget(REMOTE_MODE, remote, f"the Spark Connect server SPARK_REMOTE={remote}")
     mode = spark_mode()
     if mode == "local":
         return SparkTarget(mode, None, f"a Spark session of the run's own ({MODE_ENV}=local; the JVM starts cold)")
 
-    master = os.environ.get("CDC_SPARK_MASTER", "").strip()
+    master = (spark_master_from_env() if master is None else master).strip()
     if mode == "auto" and master:
-        return SparkTarget(mode, None, f"a Spark session of the run's own on CDC_SPARK_MASTER={master}")
+        return SparkTarget(mode, None, f"a Spark session of the run's own on the master {master}")
 
     from cdc_assets.services import connect_server
 

@@ -109,7 +109,7 @@ def _staged(warehouse: Path, day: str, table: str = TABLE) -> list[Path]:
 
 
 def _versions(warehouse: Path, asset: str, day: str, table: str = TABLE) -> list[Path]:
-    """The version folders stored for the date (resources/storage.py: ``_versions``)."""
+    """The version folders stored for the date (resources/storage/layout.py: ``_versions``)."""
     folder = warehouse / table / "_versions" / asset / f"business_date={day}"
     return sorted(p.resolve() for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
 

@@ -113,9 +113,9 @@ def test_a_range_write_commits_every_date_including_one_without_rows(spark, stor
 
 def test_a_write_whose_observed_counts_come_back_empty_counts_the_staged_files(spark, storage, monkeypatch):
     """Spark 4.0's Connect server may return a write's observed metrics empty on a busy server (SPARK-54279)."""
-    from resources import storage as storage_module
+    from resources.storage import commit as commit_module
 
-    monkeypatch.setattr(storage_module.Observation, "get", property(lambda self: {}))
+    monkeypatch.setattr(commit_module.Observation, "get", property(lambda self: {}))
     assert storage.write(_dated(spark, [("a", 1, D1), ("b", 2, D1), ("c", 3, D3)]), "t", "asset", [D1, D2, D3]) == {D1: 2, D2: 0, D3: 1}
     assert storage.write(_dated(spark, [("d", 4, D2)]), "t", "asset", [D2]) == {D2: 1}
     assert storage.write(spark.createDataFrame([("e", 5)], "key_hash string, amount int"), "t", "other", [D1]) == {D1: 1}
@@ -355,7 +355,7 @@ def test_a_killed_holders_lock_is_stale_at_once_and_its_leftovers_are_swept(spar
 
 
 def test_the_io_manager_previews_each_dates_own_first_rows_across_several_files(spark, tmp_path):
-    manager = PartitionedParquetIOManager(pyspark=PipelineSparkResource(spark_config={}), warehouse=str(tmp_path / "wh"))
+    manager = PartitionedParquetIOManager(pyspark=PipelineSparkResource(spark_config={}), warehouse_root=str(tmp_path / "wh"))
     # D1 has 12 rows spread over 3 files (3 write tasks), D2 has 2 rows, D3 none.
     rows = [(f"k{index}", index, D1) for index in range(12)] + [("m0", 100, D2), ("m1", 101, D2)]
     written = manager.storage.write(_dated(spark, rows).repartition(3), "t", "asset", [D1, D2, D3])

@@ -1,0 +1,136 @@
+"""The resources' settings are fields fed by ``EnvVar``: the UI shows where each comes from, and runs use them.
+
+What the UI's resource page shows is read from the code location's snapshot (``RepositorySnap``), as the
+webserver gets it; the runs are real Dagster runs of a one-asset graph on the shared Spark session.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, DagsterInstance, DailyPartitionsDefinition, asset, materialize
+from dagster._core.remote_representation.external_data import RepositorySnap, ResourceConfigEnvVarSnap
+
+from cdc_assets.definitions import build_definitions
+from cdc_assets.factory import IO_MANAGER_KEY
+from resources import PartitionedParquetIOManager, PipelineSparkResource, WarehouseStorage
+
+DAY = "2024-01-02"
+SETTINGS = {
+    "CDC_WAREHOUSE": ("parquet_io_manager", "warehouse_root"),
+    "CDC_WRITER_LOCK_TIMEOUT": ("parquet_io_manager", "lock_timeout_seconds"),
+    "CDC_RETIRED_VERSION_GRACE_SECONDS": ("parquet_io_manager", "retired_version_grace_seconds"),
+    "CDC_SPARK_MASTER": ("pyspark", "spark_master"),
+    "CDC_SPARK_CONF": ("pyspark", "spark_conf_json"),
+}
+# A conf key of no meaning to Spark: setting it on the shared test session changes nothing else.
+MARKER_CONF = "spark.cdc.test.marker"
+seen_conf: list[str | None] = []
+
+
+@asset(key=AssetKey(["t", "rows"]), partitions_def=DailyPartitionsDefinition(start_date="2024-01-01"), io_manager_key=IO_MANAGER_KEY)
+def rows(pyspark: PipelineSparkResource):
+    session = pyspark.spark_session
+    seen_conf.append(session.conf.get(MARKER_CONF, None))
+    return session.createDataFrame([("k1", 1), ("k2", 2)], "key_hash string, amount int")
+
+
+def _configured_values(defs) -> dict[tuple[str, str], object]:
+    snap = RepositorySnap.from_def(defs.get_repository_def())
+    return {(resource.name, key): value for resource in snap.resources for key, value in resource.configured_values.items()}
+
+
+def _unset_settings(monkeypatch) -> None:
+    for name in [*SETTINGS, "SPARK_REMOTE"]:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_resource_page_names_the_variable_behind_each_setting_and_shows_defaults_for_unset_ones(monkeypatch):
+    _unset_settings(monkeypatch)
+    monkeypatch.setenv("CDC_WAREHOUSE", "/srv/cdc-warehouse")
+    monkeypatch.setenv("CDC_WRITER_LOCK_TIMEOUT", "30")
+    monkeypatch.setenv("CDC_SPARK_CONF", '{"spark.sql.shuffle.partitions": "4"}')
+    defs = build_definitions([])
+    shown = _configured_values(defs)
+    for name in ("CDC_WAREHOUSE", "CDC_WRITER_LOCK_TIMEOUT", "CDC_SPARK_CONF"):
+        assert shown[SETTINGS[name]] == ResourceConfigEnvVarSnap(name=name), name
+    # Unset when the code location loaded: the default, as a value (a run needs no variable).
+    assert shown[SETTINGS["CDC_RETIRED_VERSION_GRACE_SECONDS"]] == json.dumps("3600")
+    assert shown[SETTINGS["CDC_SPARK_MASTER"]] == json.dumps("")
+    used = RepositorySnap.from_def(defs.get_repository_def()).utilized_env_vars
+    assert {"CDC_WAREHOUSE", "CDC_WRITER_LOCK_TIMEOUT", "CDC_SPARK_CONF"} <= set(used)
+    assert "CDC_SPARK_MASTER" not in used
+
+    _unset_settings(monkeypatch)
+    shown = _configured_values(build_definitions([]))
+    assert shown[SETTINGS["CDC_WAREHOUSE"]] == json.dumps("warehouse")
+    assert shown[SETTINGS["CDC_WRITER_LOCK_TIMEOUT"]] == json.dumps("900")
+
+
+def test_a_run_writes_where_the_warehouse_variable_says_and_its_session_gets_the_spark_conf_variable(spark, tmp_path, monkeypatch):
+    _unset_settings(monkeypatch)
+    warehouse = tmp_path / "from_env"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    monkeypatch.setenv("CDC_SPARK_CONF", json.dumps({MARKER_CONF: "from CDC_SPARK_CONF"}))
+    seen_conf.clear()
+    result = materialize([rows], partition_key=DAY, resources=build_definitions([]).resources, instance=DagsterInstance.ephemeral())
+    assert result.success
+    assert seen_conf == ["from CDC_SPARK_CONF"]
+    assert WarehouseStorage(str(warehouse)).row_counts("t", "rows", [DAY]) == {DAY: 2}
+
+
+def test_a_variable_unset_when_the_code_location_loads_leaves_the_default_warehouse(spark, tmp_path, monkeypatch):
+    _unset_settings(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    result = materialize([rows], partition_key=DAY, resources=build_definitions([]).resources, instance=DagsterInstance.ephemeral())
+    assert result.success
+    assert (tmp_path / "warehouse" / "t" / "rows" / f"business_date={DAY}").is_dir()
+
+
+def test_a_field_set_in_code_wins_over_the_variable(spark, tmp_path, monkeypatch):
+    _unset_settings(monkeypatch)
+    elsewhere, chosen = tmp_path / "from_env", tmp_path / "chosen"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(elsewhere))
+    pyspark = PipelineSparkResource(spark_conf_json=json.dumps({MARKER_CONF: "from the field"}))
+    manager = PartitionedParquetIOManager(pyspark=pyspark, warehouse_root=str(chosen))
+    seen_conf.clear()
+    result = materialize([rows], partition_key=DAY, resources={"pyspark": pyspark, IO_MANAGER_KEY: manager}, instance=DagsterInstance.ephemeral())
+    assert result.success
+    assert seen_conf == ["from the field"]
+    assert WarehouseStorage(str(chosen)).row_counts("t", "rows", [DAY]) == {DAY: 2}
+    assert not elsewhere.exists()
+
+
+def test_a_run_waits_for_a_held_lock_as_long_as_the_lock_timeout_variable_says(spark, tmp_path, monkeypatch):
+    _unset_settings(monkeypatch)
+    warehouse = tmp_path / "warehouse"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    monkeypatch.setenv("CDC_WRITER_LOCK_TIMEOUT", "1")
+    holder = WarehouseStorage(str(warehouse), run_id="holding-run")
+    holder.hold_writer_lock("t")
+    try:
+        result = materialize(
+            [rows], partition_key=DAY, resources=build_definitions([]).resources, instance=DagsterInstance.ephemeral(), raise_on_error=False
+        )
+    finally:
+        holder.release()
+    assert not result.success
+    failures = [event.event_specific_data.error.to_string() for event in result.all_events if event.is_step_failure]
+    assert len(failures) == 1
+    assert "holding-run" in failures[0] and "waited 1s (CDC_WRITER_LOCK_TIMEOUT)" in failures[0], failures[0]
+    assert not Path(warehouse / "t" / "rows").exists()
+
+
+def test_a_malformed_seconds_setting_fails_the_run_naming_the_field_and_variable(spark, tmp_path, monkeypatch):
+    _unset_settings(monkeypatch)
+    monkeypatch.setenv("CDC_WAREHOUSE", str(tmp_path / "warehouse"))
+    monkeypatch.setenv("CDC_RETIRED_VERSION_GRACE_SECONDS", "an hour")
+    with pytest.raises(Exception) as raised:
+        materialize([rows], partition_key=DAY, resources=build_definitions([]).resources, instance=DagsterInstance.ephemeral())
+    chain, error = [], raised.value
+    while error is not None:
+        chain.append(str(error))
+        error = error.__cause__ or error.__context__
+    assert any("retired_version_grace_seconds='an hour' (CDC_RETIRED_VERSION_GRACE_SECONDS)" in message for message in chain), chain
