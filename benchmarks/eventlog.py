@@ -65,8 +65,9 @@ def read(folder: Path, run_log: Path, timeout: float = 120.0) -> dict:
 
 def describe(run: dict) -> str:
     """A CLI run's progress line: the harness's figures and the event log's."""
-    e = run["eventlog"]
-    text = f"{run['seconds']:.1f}s, JVM peak RSS {run['jvm_peak_rss_mib'] / 1024:.2f} GiB, other processes {run['other_processes_avg_cores']} cores"
+    from benchmarks.harness import describe as run_line
+
+    e, text = run["eventlog"], run_line(run)
     if "error" in e:
         return f"{text}; event log: {e['error']}"
     return (f"{text}; shuffle W/R {e['shuffle_write_bytes'] / GIB:.3f} / {e['shuffle_read_bytes'] / GIB:.3f} GiB, spill "

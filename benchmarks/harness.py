@@ -1,18 +1,11 @@
-"""The benchmark harness: how every scenario runs, measures and reports.
+"""The benchmark harness: how every scenario runs, measures and reports (benchmarks/README.md).
 
-A run is a command in a fresh process group (the ``dagster`` CLI, the yardstick, a daemon), as a user would
-start it: timed, its Spark JVM's peak RSS sampled, its output in ``<workdir>/logs/<run>.log``, and killed
-with its group (its JVM included) on failure, Ctrl-C or SIGTERM. A scenario module (targets, scale, state,
-many_tables) measures into :class:`Bench`; :func:`run` prints its table, writes the results as JSON to
-``benchmarks/results/`` (git-ignored) and turns errors into the exit status: 0 all ran and checked out,
-1 a run failed, 2 outputs were wrong (or a limit was not held), 130 interrupted.
-
-JVM peak RSS is the kernel's own high-water mark (``VmHWM`` in ``/proc/<pid>/status``), read every 0.2 s,
-so a spike between two samples still counts; only growth in the last 0.2 s before the JVM exits can be
-missed (nothing outside the JVM can hook "just before it exits": it ends when the run's Python side closes
-its pipe). In local mode one JVM holds the driver and the executors. ``other`` is the average number of
-cores other processes kept busy meanwhile: on the 2-core machine, above ~0.2 a figure is not comparable
-with an idle one.
+A run is a command in a fresh process group (the ``dagster`` CLI, the yardstick, a daemon), as a user starts
+it: timed, its Spark JVM's peak RSS sampled (``VmHWM``, the kernel's high-water mark, so a spike between two
+samples still counts), its output in ``<workdir>/logs/``, killed with its group on failure, Ctrl-C or SIGTERM.
+A scenario module measures into :class:`Bench`; :func:`run` prints its table, writes the results as JSON to
+``benchmarks/results/`` and sets the exit status: 0 all ran and checked out, 1 a run failed, 2 outputs were
+wrong (or a limit was not held), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -64,6 +57,13 @@ def mib(n: float | None) -> float | None:
 
 def gib(n: float | None) -> float | None:
     return None if n is None else round(n / GIB, 2)
+
+
+def describe(figures: dict) -> str:
+    """A run's progress line: wall seconds, its JVM's peak RSS, CPU, and the machine's other load."""
+    rss = f", JVM peak RSS {figures['jvm_peak_rss_mib'] / 1024:.2f} GiB" if figures.get("jvm_peak_rss_mib") else ""
+    return (f"{figures['seconds']:.1f}s{rss}, CPU {figures['own_cpu_seconds']}s, other processes "
+            f"{figures['other_processes_avg_cores']} cores")
 
 
 def tool(name: str) -> str:
@@ -197,6 +197,20 @@ def kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
             return
 
 
+def end_all(procs: list[psutil.Process], grace: float = 10.0) -> None:
+    """SIGTERM to each, SIGKILL to those still alive after ``grace`` seconds."""
+    for proc in procs:
+        try:
+            proc.kill() if grace == 0 else proc.terminate()
+        except psutil.Error:
+            pass
+    for proc in psutil.wait_procs(procs, timeout=grace)[1] if grace else []:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
 class Child:
     """A command in a process group of its own, its output in ``logs/<name>.log``, its tree sampled."""
 
@@ -229,11 +243,7 @@ class Child:
             except psutil.Error:
                 tree = []
             kill_group(self.proc)
-            for proc in tree:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
+            end_all(tree, grace=0)
         self._out.close()
         return figures
 
@@ -313,10 +323,6 @@ class ConnectServer:
         log(f"Connect server up at {self.handle.url} in {seconds}s (JVM {self.jvm}, application {self.confs.get('spark.app.id')}, "
             f"driver memory {self.confs.get('spark.driver.memory')}, log {self.handle.log_path})")
         return seconds
-
-    @property
-    def url(self) -> str:
-        return self.handle.url
 
     def env(self) -> dict[str, str]:
         """What ``make ui`` gives its runs: the project's server, found through its state dir."""
@@ -442,17 +448,7 @@ class Bench:
                 server.stop()
             except Exception as error:  # noqa: BLE001
                 log(f"WARNING: could not stop the Connect server in {server.state_dir}: {error}")
-        leftovers = psutil.Process().children(recursive=True)  # e.g. a code server of a cut-short workspace context
-        for proc in leftovers:
-            try:
-                proc.terminate()
-            except psutil.Error:
-                pass
-        for proc in psutil.wait_procs(leftovers, timeout=10)[1]:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
+        end_all(psutil.Process().children(recursive=True))  # e.g. a code server of a cut-short workspace context
 
 
 def prepare_workdir(requested: str | None, scenario: str) -> tuple[Path, bool]:

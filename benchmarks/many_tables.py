@@ -348,11 +348,6 @@ class Many:
             f"(limit {result['max_concurrent_runs']}); mean run {result['mean_run_seconds']}s; other processes {s['other_processes_avg_cores']} "
             f"cores; {s['peak_spark_jvms']} Spark JVMs under the daemon at most, {s['peak_spark_jvm_rss_gib']} GiB summed"
             + (f"; server VmHWM {result['server_vmhwm_gib']} GiB" if "server_vmhwm_gib" in result else ""))
-        for r in runs:
-            o = r["overhead"]
-            log(f"    {r['table']:<10} {r['status']:<8} launched {r['launched']} start {r['start']} end {r['end']} ({r['seconds']} s); "
-                f"session {o.get('spark_session')} s, {r['steps']} steps {o.get('steps')} s, bookkeeping {o.get('bookkeeping')} s"
-                + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))
 
     def check(self, result: dict, name: str, runs: list[dict], warehouse, day: str, warm: bool, limit: int) -> None:
         failed = [r for r in runs if r["status"] != "SUCCESS"]

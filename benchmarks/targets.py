@@ -30,13 +30,14 @@ import json
 import shutil
 import sys
 from datetime import date, timedelta
+from functools import partial
 from pathlib import Path
 
 import duckdb
 
 from benchmarks.data import (DAY1, DAY2, KEYS, NON_KEYS, cdc_current, check_counts, dated, expected_day2, generate,
                              partition_bytes, write_config)
-from benchmarks.harness import REPO, OutputsWrong, cold_env, log, mib, print_table, run_env, run_process, verdict
+from benchmarks.harness import REPO, OutputsWrong, cold_env, describe, log, mib, print_table, run_env, run_process, verdict
 
 MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm", "changeset", "b-incremental", "changeset-incremental")
 TARGETS = {"b/a": 1.0, "c/a": 0.7, "server_rss_gib": 3.0, "range_cold": 2.0, "range_cold_acceptable": 2.5, "range_warm": 1.5,
@@ -95,10 +96,12 @@ def measure(bench) -> None:
         bench.results["yardstick"] = None
     else:
         bench.results["yardstick"] = str(bench.args.yardstick)
+    steps = {"a": targets.measure_a, "b": targets.measure_b, "c": targets.measure_c, "changeset": targets.measure_changeset,
+             "b-incremental": partial(targets.measure_b, incremental=True), "range-cold": partial(targets.measure_range, warm=False),
+             "changeset-incremental": partial(targets.measure_changeset, incremental=True), "range-warm": partial(targets.measure_range, warm=True)}
     for name in bench.args.selected:
-        if name == "a" and bench.args.yardstick is None:
-            continue
-        bench.measure(name, getattr(targets, "measure_" + name.replace("-", "_")))
+        if name != "a" or bench.args.yardstick:
+            bench.measure(name, steps[name])
     bench.results["generation"] = targets.generated
 
 
@@ -107,12 +110,9 @@ class Targets:
         self.bench, self.args, self.workdir = bench, bench.args, bench.workdir
         self.generated, self._changeset, self._range = None, None, None
 
-    def describe(self, figures: dict) -> str:
-        extra = [f"JVM peak RSS {gb(figures['jvm_peak_rss_mib'])} GiB"] if figures.get("jvm_peak_rss_mib") else []
-        if figures.get("yardstick_says"):
-            extra.append(f"yardstick: {figures['yardstick_says']}")
-        extra.append(f"CPU {figures['own_cpu_seconds']}s, other processes {figures['other_processes_avg_cores']} cores")
-        return f"{figures['seconds']:.1f}s ({'; '.join(extra)})"
+    @staticmethod
+    def describe(figures: dict) -> str:
+        return describe(figures) + (f"; yardstick: {figures['yardstick_says']}" if figures.get("yardstick_says") else "")
 
     def days(self, name: str, env: dict, table: str, result: dict, what: str, server: int | None = None) -> dict:
         """Day 1, then day 2 of ``table`` through the CLI; (figure) = day 2."""
@@ -233,22 +233,19 @@ class Targets:
         log(f"{what}: day-2 partitions (MiB): " + ", ".join(f"{k} {mib(v)}" for k, v in result["day2_bytes"].items()))
         result["day2_counts"] = self.check_day2(what, stored, cdc_current(env, TABLE, DAY2) if incremental else None)
 
-    def measure_b_incremental(self, result: dict) -> None:
-        self.measure_b(result, incremental=True)
-
     def measure_c(self, result: dict) -> None:
         self.data()
         server = self.bench.server("c", self.args.server_conf)
         try:
             result["server_start_seconds"] = server.start()
-            env = run_env(self.workdir / "runs" / "c_warm", self.workdir / "configs" / TABLE, remote=server.url)
+            env = run_env(self.workdir / "runs" / "c_warm", self.workdir / "configs" / TABLE, remote=server.handle.url)
             self.days("c_warm", env, TABLE, result, "(c) pipeline on the Connect server (cold for day 1, warm for day 2)", server.jvm)
             result["server_jvm_peak_rss_mib"] = mib(server.peak_rss())
             log(f"(c) server JVM peak RSS (VmHWM) {gb(result['server_jvm_peak_rss_mib'])} GiB")
             result["day2_counts"] = self.check_day2("(c) pipeline", Path(env["CDC_WAREHOUSE"]) / TABLE)
             if self.args.yardstick:  # reference: the yardstick on the same warm server
                 y = result["yardstick_warm"] = {}
-                env = {**cold_env(), "SPARK_REMOTE": server.url}
+                env = {**cold_env(), "SPARK_REMOTE": server.handle.url}
                 self.yardstick_days("c_yardstick_warm", env, y, "(c') yardstick on the same server", server.jvm)
         finally:
             server.stop()
@@ -267,9 +264,6 @@ class Targets:
             folders["current_table"] = cdc_current(env, CHANGESET, DAY2)
         result["day2_counts"] = check_counts(name, folders, data["expected"])
 
-    def measure_changeset_incremental(self, result: dict) -> None:
-        self.measure_changeset(result, incremental=True)
-
     def measure_range(self, result: dict, warm: bool) -> None:
         dates, what = self.range_data(), "range-warm" if warm else "range-cold"
         configs = self.workdir / "configs" / RANGE
@@ -278,7 +272,7 @@ class Targets:
         try:
             if server:
                 result["server_start_seconds"] = server.start()
-            remote, pid = (server.url, server.jvm) if server else (None, None)
+            remote, pid = (server.handle.url, server.jvm) if server else (None, None)
             single_env = run_env(self.workdir / "runs" / f"{what}_single", configs, remote)
             singles = result["single_runs"] = []
             for index, day in enumerate(dates, start=1):
@@ -300,12 +294,6 @@ class Targets:
         finally:
             if server:
                 server.stop()
-
-    def measure_range_cold(self, result: dict) -> None:
-        self.measure_range(result, warm=False)
-
-    def measure_range_warm(self, result: dict) -> None:
-        self.measure_range(result, warm=True)
 
 
 def range_counts(env: dict) -> list[tuple]:
