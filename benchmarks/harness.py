@@ -272,8 +272,9 @@ def cold_env() -> dict:
 def run_env(base: Path, configs: Path, remote: str | None = None, fresh: bool = True) -> dict:
     """A DAGSTER_HOME (the project's dagster.yaml) and a warehouse under ``base``, made afresh unless ``fresh`` is False."""
     home = base / "dagster_home"
-    if fresh:
-        shutil.rmtree(base, ignore_errors=True)
+    if fresh:  # only these two: the data and configs may live under ``base`` too
+        for folder in (home, base / "warehouse"):
+            shutil.rmtree(folder, ignore_errors=True)
         home.mkdir(parents=True)
         shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
     env = {**cold_env(), "DAGSTER_HOME": str(home), "CDC_WAREHOUSE": str(base / "warehouse"), "CDC_TABLE_CONFIGS": str(configs)}
