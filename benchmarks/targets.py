@@ -78,7 +78,7 @@ def check_arguments(parser, args) -> None:
     args.selected = [m for m in MEASUREMENTS if m in wanted]
     if not args.selected:
         parser.error("nothing left to measure")
-    args.yardstick = args.yardstick.resolve() if args.yardstick.exists() else None
+    args.yardstick = args.yardstick.resolve()
 
 
 def gb(n_mib: float | None) -> float | None:
@@ -91,16 +91,14 @@ def label(args) -> str:
 
 def measure(bench) -> None:
     targets = Targets(bench)
-    if bench.args.yardstick is None:
-        log(f"the yardstick is absent ({YARDSTICK} not found): absolute figures only, no ratio to (a)")
-        bench.results["yardstick"] = None
-    else:
-        bench.results["yardstick"] = str(bench.args.yardstick)
+    bench.results["yardstick"] = {"path": str(bench.args.yardstick), "present": bench.args.yardstick.exists()}
+    if not bench.results["yardstick"]["present"]:
+        log(f"the yardstick is absent ({bench.args.yardstick} not found): absolute figures only, no ratio to (a)")
     steps = {"a": targets.measure_a, "b": targets.measure_b, "c": targets.measure_c, "changeset": targets.measure_changeset,
              "b-incremental": partial(targets.measure_b, incremental=True), "range-cold": partial(targets.measure_range, warm=False),
              "changeset-incremental": partial(targets.measure_changeset, incremental=True), "range-warm": partial(targets.measure_range, warm=True)}
     for name in bench.args.selected:
-        if name != "a" or bench.args.yardstick:
+        if name != "a" or bench.results["yardstick"]["present"]:
             bench.measure(name, steps[name])
     bench.results["generation"] = targets.generated
 
@@ -243,7 +241,7 @@ class Targets:
             result["server_jvm_peak_rss_mib"] = mib(server.peak_rss())
             log(f"(c) server JVM peak RSS (VmHWM) {gb(result['server_jvm_peak_rss_mib'])} GiB")
             result["day2_counts"] = self.check_day2("(c) pipeline", Path(env["CDC_WAREHOUSE"]) / TABLE)
-            if self.args.yardstick:  # reference: the yardstick on the same warm server
+            if self.bench.results["yardstick"]["present"]:  # reference: the yardstick on the same warm server
                 y = result["yardstick_warm"] = {}
                 env = {**cold_env(), "SPARK_REMOTE": server.handle.url}
                 self.yardstick_days("c_yardstick_warm", env, y, "(c') yardstick on the same server", server.jvm)
@@ -305,7 +303,7 @@ def range_counts(env: dict) -> list[tuple]:
 
 
 def summary(results: dict) -> None:
-    m, rows = results["measurements"], []
+    m, rows, yardstick = results["measurements"], [], results.get("yardstick") or {"present": False, "path": str(YARDSTICK)}
     a, b, c, cs = (m.get(k) if m.get(k, {}).get("seconds") else None for k in ("a", "b", "c", "changeset"))
 
     def run(what, figures, value=None, target=None, met=None, note=""):
@@ -316,7 +314,7 @@ def summary(results: dict) -> None:
             value = round(figure["seconds"] / base["seconds"], 2)
             rows.append([f"    {label}", None, None, value, text, verdict(value, target) if target else None, "" if target else "no target"])
         else:
-            why = "the yardstick is absent" if base_name == "a" and results.get("yardstick") is None else f"needs {base_name} (--only {base_name},...)"
+            why = "the yardstick is absent" if base_name == "a" and not yardstick["present"] else f"needs {base_name} (--only {base_name},...)"
             rows.append([f"    {label}", None, None, None, text, "-", why])
 
     if a:
@@ -362,6 +360,6 @@ def summary(results: dict) -> None:
              f"at {results['git_commit']}  {results['started_utc']}  total {results.get('total_seconds', 0):.0f} s")
     notes = ["seconds: wall seconds of one fresh process (CLI or yardstick) unless warm; other: average cores other processes",
              "kept busy meanwhile (on 2 cores, above ~0.2 the seconds are not comparable with an idle run)"]
-    if results.get("yardstick") is None:
-        notes.append(f"the yardstick is absent ({YARDSTICK} not found): absolute figures, no ratio to (a)")
+    if not yardstick["present"]:
+        notes.append(f"the yardstick is absent ({yardstick['path']} not found): absolute figures, no ratio to (a)")
     print_table(title, ["", "seconds", "other", "value", "target", "verdict", "note"], rows, notes)
