@@ -48,13 +48,11 @@ def read(folder: Path, run_log: Path, timeout: float = 120.0) -> dict:
     """The summary of the log in ``folder``, once the JVM has closed it (it outlives the run's Python side by
     a moment, to write the last events); whether it was closed and whether Spark said it dropped events."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
-        if files and not any(p.name.endswith(".inprogress") for p in files):
+        if files and not any(p.name.endswith(".inprogress") for p in files) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    else:
-        files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
     if not files:
         return {"error": f"no event log in {folder}"}
     summary = summarize(files)

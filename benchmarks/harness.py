@@ -289,8 +289,7 @@ def step_seconds(home: str | Path) -> dict[str, float]:
 
     from dagster import DagsterEventType, DagsterInstance
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         with DagsterInstance.from_config(str(home)) as instance:
             runs = instance.get_runs(limit=1)
             events = instance.all_logs(runs[0].run_id, of_type=DagsterEventType.STEP_SUCCESS) if runs else []

@@ -28,7 +28,6 @@ import shutil
 import statistics
 import time
 import warnings
-from contextlib import contextmanager
 from datetime import date, datetime, time as dtime, timedelta, timezone
 
 import psutil
@@ -61,7 +60,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--restart-server", action="store_true", help="a fresh server JVM between set-up and the warm phase")
     parser.add_argument("--no-pool-setup", action="store_true", help="leave the tables' pool limits to the daemon (make ui creates them first)")
     parser.add_argument("--dequeue-interval", type=int, default=1, help="dequeue_interval_seconds (default 1; Dagster's is 5)")
-    parser.add_argument("--dequeue-workers", type=int, default=0, help="dequeue_use_threads with this many workers (default 0: one launch at a time)")
     parser.add_argument("--timeout", type=int, default=4 * 3600, help="seconds to wait for a phase's runs (default 4 h)")
     parser.add_argument("--seed", type=int, default=11, help="generator seed of table 1 (table i: seed + i)")
 
@@ -80,14 +78,6 @@ def label(args) -> str:
 
 def measure(bench) -> None:
     Many(bench).run()
-
-
-@contextmanager
-def quiet():
-    """Dagster warns about preview features and resource resolution on every schedule evaluation."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 def sizing() -> dict:
@@ -161,7 +151,7 @@ class Many:
             "executable_path": tool("python")}}]}))
         log(f"{len(self.tables)} tables x {self.args.dates} date(s) of {self.args.rows:,} rows generated in {time.perf_counter() - started:.1f}s")
         os.environ["CDC_TABLE_CONFIGS"] = str(self.configs)  # the Definitions the code location builds, to evaluate schedules here
-        with quiet():
+        with warnings.catch_warnings(action="ignore"):  # Dagster's preview and resource warnings
             from cdc_assets.definitions import defs
         self.defs = defs
 
@@ -171,8 +161,6 @@ class Many:
         settings = yaml.safe_load((REPO / "instance" / "dagster.yaml").read_text())
         settings.setdefault("concurrency", {})["runs"] = {"max_concurrent_runs": limit}
         config = {"dequeue_interval_seconds": self.args.dequeue_interval}
-        if self.args.dequeue_workers:
-            config.update(dequeue_use_threads=True, dequeue_num_workers=self.args.dequeue_workers)
         settings["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator", "config": config}
         (home / "dagster.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
         return home
@@ -196,14 +184,15 @@ class Many:
 
         tick = datetime.combine(date.fromisoformat(day) + timedelta(days=1), dtime(1, 0), tzinfo=timezone.utc)
         requests = []
-        with quiet():
+        with warnings.catch_warnings(action="ignore"):  # Dagster's preview and resource warnings
             for table in tables:
                 data = self.defs.get_schedule_def(f"{table}_daily").evaluate_tick(build_schedule_context(instance=instance, scheduled_execution_time=tick))
                 if len(data.run_requests or []) != 1 or data.run_requests[0].partition_key != day:
                     raise StepFailed(f"{table}_daily at {tick}: expected one request for {day}, got {data.run_requests} ({data.skip_message})")
                 requests.append((f"{table}_daily", data.run_requests[0]))
         run_ids = []
-        with quiet(), WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(self.workspace)]), code_server_log_level="ERROR") as process:
+        target = WorkspaceFileTarget(paths=[str(self.workspace)])
+        with warnings.catch_warnings(action="ignore"), WorkspaceProcessContext(instance, target, code_server_log_level="ERROR") as process:
             context = process.create_request_context()
             if context.get_code_location_error(LOCATION):
                 raise StepFailed(f"code location {LOCATION} did not load: {context.get_code_location_error(LOCATION).to_string()}")
