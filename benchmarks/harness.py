@@ -362,9 +362,7 @@ def verdict(value: float | None, target: float, acceptable: float | None = None)
 def cell(value) -> str:
     if value is None:
         return ""
-    if isinstance(value, float):
-        return f"{value:,.2f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
+    return f"{value:,}" if isinstance(value, (int, float)) else str(value)  # floats as the scenario rounded them
 
 
 def print_table(title: str, head: list[str], rows: list[list], notes: list[str] = ()) -> None:
