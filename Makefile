@@ -82,22 +82,30 @@ validate: install $(DAGSTER_HOME)/dagster.yaml
 ui: install $(DAGSTER_HOME)/dagster.yaml
 	exec $(BIN)/python -m cdc_assets.services.dev_ui -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
 
-# Every target of issue 10 (about 20-30 min idle at the defaults); small: make benchmark BENCH_ARGS='--rows 20000 --range-days 3 --range-rows 2000'
+# The benchmarks (benchmarks/README.md): one harness, `python -m benchmarks SCENARIO`, each run a fresh process
+# group; JSON results in benchmarks/results/. Compared with ../shared/bench/plain_cdc.py when a clone has it.
+# Every target of issues 10, 11 and 23 (about 20-30 min idle at the defaults);
+# small: make benchmark BENCH_ARGS='--rows 20000 --range-days 3 --range-rows 2000'
 benchmark: install
-	$(BIN)/python benchmarks/bench_targets.py $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks targets $(BENCH_ARGS)
+
+# Issue 13's scale target: day 2 at 1M and 10M rows (about 35 min and 40 GB of disk idle); small: SCALE_ARGS='--rows 20000,100000'
+.PHONY: benchmark-scale
+benchmark-scale: install
+	$(BIN)/python -m benchmarks scale $(SCALE_ARGS)
 
 # Issue 22's many-tables targets: day 2 of 20 tables of 100,000 rows through the run queue, warm (one
 # Connect server) against cold (a JVM per run), and the server's peak RSS (about 45-60 min idle);
 # seed 003's 65 tables: make benchmark-many BENCH_ARGS='--tables 65 --rows 20000 --skip-cold'
 benchmark-many: install
-	$(BIN)/python benchmarks/bench_many_tables.py $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks many $(BENCH_ARGS)
 
 # Issue 23's incremental-state targets: a 10M-row delta table's day 2 in snapshot, incremental and
-# compaction modes (bench_big_small.py, about 45 min and 40 GB of disk idle), then 1M-row full loads and
-# change sets in both modes (bench_targets.py, about 15 min). Small: BIG_ARGS='--rows 200000' STATE_ARGS='--rows 20000'
+# compaction modes (the state scenario, about 45 min and 40 GB of disk idle), then 1M-row full loads and
+# change sets in both modes (targets, about 15 min). Small: BIG_ARGS='--rows 200000' STATE_ARGS='--rows 20000'
 benchmark-state: install
-	$(BIN)/python benchmarks/bench_big_small.py $(BIG_ARGS)
-	$(BIN)/python benchmarks/bench_targets.py --only b,b-incremental,changeset,changeset-incremental $(STATE_ARGS)
+	$(BIN)/python -m benchmarks state $(BIG_ARGS)
+	$(BIN)/python -m benchmarks targets --only b,b-incremental,changeset,changeset-incremental $(STATE_ARGS)
 
 # Prints the server's sc:// URL; the server keeps running (its pid and log are in .spark-server/).
 spark-server: install

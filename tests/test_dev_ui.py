@@ -58,7 +58,7 @@ def test_a_config_that_does_not_load_does_not_stop_the_ui(tmp_path, monkeypatch,
 
 
 def test_table_pools_on_an_instance_given_by_the_caller(tmp_path, monkeypatch):
-    """benchmarks/bench_many_tables.py prepares each phase's instance the way make ui does."""
+    """benchmarks/many_tables.py prepares each phase's instance the way make ui does."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")

@@ -11,7 +11,7 @@ started, and leaves alone one it found running.
 Pools. Each table's runs share the pool ``cdc_<table>`` (limit 1 from instance/dagster.yaml). Dagster
 1.13.27 creates a pool's limit row on the daemon's first pass over it, after it has read the known
 pools, so two queued runs of a table the instance has never seen could start together (found by
-benchmarks/bench_many_tables.py). Creating each table's limit before the daemon starts closes that gap;
+benchmarks/many_tables.py). Creating each table's limit before the daemon starts closes that gap;
 a limit someone already set (``dagster instance concurrency set``) is left as it is.
 
 Signals. A shell script that starts ``make ui &`` hands it SIGINT ignored (POSIX: a non-interactive

@@ -1,0 +1,1 @@
+"""The project's benchmarks: `python -m benchmarks SCENARIO` (benchmarks/README.md)."""

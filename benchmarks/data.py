@@ -1,0 +1,84 @@
+"""Data and outputs: the synthetic tables' extracts and configs, and what the runs wrote (counts, bytes)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import duckdb
+
+from benchmarks.harness import REPO, OutputsWrong, StepFailed, tool
+
+DAY1, DAY2 = "2019-06-18", "2019-06-19"
+KEYS = [f"key_{i}" for i in range(1, 6)]
+NON_KEYS = [f"nonkey_{i}" for i in range(1, 11)]
+
+
+def generate(rows1: int, rows2: int, shares: tuple, day1: Path, day2: Path, seed: int) -> dict:
+    """``cdc-generate`` in a process of its own (its memory is not the harness's); the generator's counts."""
+    command = [tool("cdc-generate"), rows1, rows2, len(KEYS), len(NON_KEYS), *shares, day1, day2, "--seed", seed]
+    started = time.perf_counter()
+    done = subprocess.run([str(c) for c in command], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise StepFailed(f"cdc-generate failed:\n{done.stderr[-3000:]}")
+    return {"seconds": round(time.perf_counter() - started, 2), **{k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", done.stdout)}}
+
+
+def write_config(folder: Path, table: str, data_root: Path, load_type: str = "full", extra: str = "", start: str = DAY1) -> Path:
+    """``<folder>/<table>.yaml``: the synthetic columns (5 string keys, 10 double non-keys), CSV from ``data_root/{date}/``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = "".join(f"  - {{name: {k}, type: string}}\n" for k in KEYS)
+    non_keys = "".join(f"  - {{name: {c}, type: double}}\n" for c in NON_KEYS)
+    (folder / f"{table}.yaml").write_text(f"name: {table}\nstart_date: '{start}'\nload_type: {load_type}\n"
+                                          f"source:\n  path: {data_root}/{{date}}/\n  format: csv\nkeys:\n{keys}non_keys:\n{non_keys}{extra}")
+    return folder
+
+
+def operation_counts(folder: Path) -> dict[str, int]:
+    rows = duckdb.sql(f"select operation, count(*) from read_parquet('{folder}/*.parquet') group by all").fetchall()
+    return dict(sorted(rows))
+
+
+def expected_day2(generated: dict) -> dict:
+    """Day 2 of generated data: current_table I/U/N and history_partition I/U/D (zero counts left out)."""
+    g = generated
+    wanted = {"current_table": {"I": g["inserted"], "U": g["updated"], "N": g["unchanged"]},
+              "history_partition": {"I": g["inserted"], "U": g["updated"], "D": g["deleted"]}}
+    return {name: {op: n for op, n in ops.items() if n} for name, ops in wanted.items()}
+
+
+def check_counts(label: str, folders: dict[str, Path], expected: dict) -> dict:
+    """Operation counts of each output folder against ``expected``; raises OutputsWrong if they differ."""
+    found = {name: operation_counts(folder) for name, folder in folders.items()}
+    if found != expected:
+        raise OutputsWrong(f"{label}: counts {found}, expected {expected}")
+    return found
+
+
+def dated(table_root: Path, names, day: str = DAY2) -> dict[str, Path]:
+    return {name: table_root / name / f"business_date={day}" for name in names}
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files)
+
+
+def partition_bytes(warehouse: Path, table: str, day: str) -> dict[str, int]:
+    """Bytes each asset of ``table`` wrote for ``day`` (its ``business_date=`` folder)."""
+    root = warehouse / table
+    assets = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))) if root.is_dir() else []
+    return {asset.name: folder_bytes(asset / f"business_date={day}") for asset in assets}
+
+
+def cdc_current(env: dict, table: str, day: str) -> Path:
+    """``cdc-current TABLE --as-of DAY`` into a folder beside the run's warehouse: the state as a snapshot holds it."""
+    out = Path(env["CDC_WAREHOUSE"]).parent / f"cdc_current_{table}_{day}"
+    shutil.rmtree(out, ignore_errors=True)
+    done = subprocess.run([tool("cdc-current"), table, "--as-of", day, "--out", str(out)], env=env, capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        raise StepFailed(f"cdc-current {table} --as-of {day} failed:\n{done.stderr[-3000:]}")
+    return out

@@ -1,0 +1,92 @@
+"""The benchmark harness (benchmarks/) on plain processes: what a failed or interrupted run leaves behind,
+and the figures it reads from a Spark event log. No benchmark scenario runs here (they take minutes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from benchmarks import eventlog, harness
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_failed_run_names_its_exit_status_and_the_end_of_its_log(tmp_path):
+    with pytest.raises(harness.StepFailed, match="exited with 3") as failed:
+        harness.run_process("fails", ["sh", "-c", "echo the-last-words; exit 3"], dict(os.environ), tmp_path)
+    assert "the-last-words" in str(failed.value)
+    assert (tmp_path / "fails.log").read_text().startswith("$ sh -c")
+
+
+def test_sigterm_ends_the_run_in_progress_with_its_whole_tree_and_still_writes_the_results(tmp_path):
+    """A run's child in its group, and one that left the group (as a run worker may), both go; exit status 130."""
+    pids, results = tmp_path / "pids", tmp_path / "results"
+    script = tmp_path / "scenario.py"
+    script.write_text(textwrap.dedent(f"""
+        import argparse, os, sys
+        from benchmarks import harness
+
+        class Scenario:
+            @staticmethod
+            def measure(bench):
+                bench.measure("quick", lambda r: r.update(harness.run_process("quick", ["true"], dict(os.environ), bench.logs)))
+                command = "sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; wait"
+                harness.run_process("long", ["sh", "-c", command], dict(os.environ), bench.logs)
+
+            summary = staticmethod(lambda results: print("measured:", sorted(results["measurements"])))
+            label = staticmethod(lambda args: "test")
+
+        args = argparse.Namespace(scenario="test", workdir=None, keep=False, results_dir=sys.argv[1])
+        sys.exit(harness.run(Scenario, args))
+    """))
+    proc = subprocess.Popen([sys.executable, str(script), str(results)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    sleepers = [int(pid) for pid in pids.read_text().split()]
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+
+    assert proc.returncode == 130, output
+    assert "measured: ['quick']" in output
+    assert not [pid for pid in sleepers if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    [written] = results.iterdir()
+    figures = json.loads(written.read_text())
+    assert figures["interrupted"] is True
+    assert figures["measurements"]["quick"]["seconds"] >= 0
+
+
+def test_the_event_log_figures_sum_over_tasks_and_take_the_largest_action_and_broadcast(tmp_path):
+    logs = tmp_path / "eventlog"
+    logs.mkdir()
+    task = lambda stage, size, written: {"Event": "SparkListenerTaskEnd", "Task Type": "ResultTask", "Stage ID": stage,  # noqa: E731
+                                          "Task Metrics": {"Result Size": size, "Shuffle Write Metrics": {"Shuffle Bytes Written": written}}}
+    events = [task(1, 10, 100), task(1, 30, 200), task(2, 25, 0),
+              {"Event": "SparkListenerStageExecutorMetrics", "Executor Metrics": {"JVMHeapMemory": 7}},
+              {"Event": "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart", "sparkPlanInfo": {"nodeName": "Project", "children": [
+                  {"nodeName": "BroadcastExchange", "metrics": [{"name": "data size", "accumulatorId": 5}]}]}},
+              {"Event": "org.apache.spark.sql.execution.ui.SparkListenerDriverAccumUpdates", "accumUpdates": [[5, 4096]]},
+              {"Event": "SparkListenerApplicationEnd"}]
+    (logs / "local-1").write_text("".join(json.dumps(e) + "\n" for e in events))
+    run_log = tmp_path / "run.log"
+    run_log.write_text("WARN Dropping event from queue eventLog\n")
+
+    figures = eventlog.read(logs, run_log, timeout=5)
+
+    assert figures["shuffle_write_bytes"] == 300
+    assert figures["driver_max_task_result_bytes"] == 30
+    assert figures["driver_max_result_stage_bytes"] == 40
+    assert figures["broadcast_max_bytes"] == 4096
+    assert figures["peak_jvm_heap_bytes"] == 7
+    assert figures["complete"] and figures["closed_by_jvm"] and figures["events_dropped"]
