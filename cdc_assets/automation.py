@@ -32,8 +32,8 @@ from cdc_assets.runs_log import config_hash
 
 SCHEDULE_HOUR_UTC = 1
 SENSOR_INTERVAL_SECONDS = 60
-# At most this many dates in one sensor run: a range run holds all its dates' rows at once (README,
-# "Running it"), so a sensor switched on over a long backlog catches up a week per run.
+# At most this many dates in one sensor run: a range run holds all its dates' rows at once (docs/running.md,
+# "A range of dates in one run"), so a sensor switched on over a long backlog catches up a week per run.
 SENSOR_MAX_DATES_PER_RUN = 7
 # Dagster's tags for a run over a range of partitions (what a single-run backfill sets).
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"

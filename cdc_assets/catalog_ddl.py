@@ -47,7 +47,7 @@ DATABASE_ENV = "CDC_CATALOG_DATABASE"
 DEFAULT_DATABASE = "cdc"
 CATALOG_DIR_ENV = "CDC_CATALOG_DIR"
 RUNS_LOG = "runs_log"
-RUNS_LOG_COMMENT = "one row per run, table and business date (README, Audit columns and the runs log)"
+RUNS_LOG_COMMENT = "one row per run, table and business date (docs/operations.md, Audit columns and the runs log)"
 # The SCD2 view sees every stored history date: its as-of is a date after any business date.
 ALL_HISTORY = "9999-12-31"
 TABLE_SUFFIXES = {CURRENT: "current", HISTORY: "history"}

@@ -207,7 +207,7 @@ class StateStorage(BaseModel):
 
     ``incremental`` writes a date's changes only (its I, U, N and D rows) and, when the changes since the
     last full copy pass ``compact_after_share`` of its rows or ``compact_after_dates`` dates, a full copy
-    (compaction). Readers see the same state either way (README, "Incremental state").
+    (compaction). Readers see the same state either way (docs/incremental-state.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

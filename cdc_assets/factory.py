@@ -195,7 +195,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
     hashed_key = asset_key(config, HASHED_INCOMING)
     previous_day = TimeWindowPartitionMapping(start_offset=-1, end_offset=-1, allow_nonexistent_upstream_partitions=True)
     # Each output has a single parent inside the graph; current_table (and a changeset's
-    # applied_sequences) also depends on its own previous partition. README.md, "Graph shape", says
+    # applied_sequences) also depends on its own previous partition. docs/design.md, "Graph shape", says
     # why this shape and no other backfills.
     specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=ASSET_DESCRIPTIONS[CLASSIFICATION], **common)]
     for name in outputs[1:]:

@@ -62,7 +62,7 @@ def partition_dir(warehouse: Path, table: str, asset: str, day: str) -> Path:
     return warehouse / table / asset / f"business_date={day}"
 
 
-# Who wrote a row differs between any two runs, by design (README, "Audit columns"): comparisons of
+# Who wrote a row differs between any two runs, by design (docs/operations.md, "Audit columns and the runs log"): comparisons of
 # outputs written by different runs leave these out.
 AUDIT_COLUMNS = ("process_id", "processed_at")
 

@@ -2,7 +2,7 @@
 
 The encoding is a contract: hashes are computed once when a row arrives, stored with it forever and
 compared with hashes computed on later days, possibly by another Spark version or another tool.
-README.md ("Hash encoding") documents it byte for byte; change it only with a migration.
+docs/design.md ("Hash encoding") documents it byte for byte; change it only with a migration.
 
 Each value is rendered to a canonical text by its *type* (so "3.1E-4" and "0.00031" in a CSV, once
 cast to double, give the same text), then framed as ``<length>:<text>``, where length counts
@@ -30,7 +30,7 @@ def canonical_text(column: SparkColumn, spark_type: str) -> SparkColumn:
     """The canonical text of a typed value, independent of how it was written in the source."""
     if spark_type in ("double", "float"):
         # Java's Double.toString (shortest round-trip digits). Exact hex (%a) would not depend on the
-        # JDK, but a Java Formatter call per value made hashing 15x slower; see README "Hash encoding".
+        # JDK, but a Java Formatter call per value made hashing 15x slower; see docs/design.md, "Hash encoding".
         as_double = column.cast("double")
         return F.when(as_double == 0, F.lit("0.0")).otherwise(as_double.cast("string"))
     if spark_type == "date":
