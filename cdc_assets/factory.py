@@ -80,7 +80,7 @@ from resources.parquet_io_manager import (
     server_loss_explained,
 )
 from resources.state import state_rows, state_since_full
-from resources.spark import SCHEDULER_POOL, map_dates
+from resources.spark import SCHEDULER_POOL, for_each_date
 
 IO_MANAGER_KEY = "parquet_io_manager"
 KINDS = {"spark", "parquet"}
@@ -153,7 +153,7 @@ def _read_incoming(context: AssetExecutionContext, config: TableConfig, pyspark,
     # one query, and written in one write per output. Per-date jobs, not rows, are what a range
     # of small days would otherwise pay for.
     with _timed(context, config.name, "reading the extracts' headers", _span(days)):
-        sources = dict(zip(days, map_dates(lambda day: read_source(spark, config, day), days)))
+        sources = dict(zip(days, for_each_date(lambda day: read_source(spark, config, day), days)))
     with _timed(context, config.name, "validation and hashing", _span(days)):
         prepared = prepare_incoming_dates(config, sources)
     try:

@@ -30,7 +30,7 @@ from pyspark.sql.types import StructType
 from cdc_assets.config import LoadType
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.fields import resolved_field, seconds_field
-from resources.spark import map_dates
+from resources.spark import for_each_date
 from resources.state import read_state
 from resources.storage import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -310,7 +310,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             def preview(day: str) -> list[tuple]:
                 return [tuple(row) for row in self.read_partition(table, asset, day).limit(PREVIEW_ROWS).collect()]
 
-            previews.update(zip(with_rows, map_dates(preview, with_rows)))
+            previews.update(zip(with_rows, for_each_date(preview, with_rows)))
         return previews
 
 

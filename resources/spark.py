@@ -65,11 +65,11 @@ PIPELINE_DEFAULTS: dict[str, str] = {
 # checks (a job each where Spark must infer the header), previews of large dates, and the checks'
 # aggregations. Small jobs cost latency rather than work,
 # and Spark takes jobs from several threads; on 2 cores 4 did better than 1 and than 8.
-DATES_IN_PARALLEL = 4
+SMALL_JOBS_AT_ONCE = 4
 
 
-def map_dates(work: Callable[[str], T], days: Sequence[str]) -> list[T]:
-    """``work(day)`` for every date, results in date order; up to ``DATES_IN_PARALLEL`` at once.
+def for_each_date(work: Callable[[str], T], days: Sequence[str]) -> list[T]:
+    """``work(day)`` for every date, results in date order; up to ``SMALL_JOBS_AT_ONCE`` at once.
 
     A failure is raised (the oldest failing date's) once every date has finished.
     """
@@ -77,7 +77,7 @@ def map_dates(work: Callable[[str], T], days: Sequence[str]) -> list[T]:
 
 
 def side_by_side(*work: Callable[[], T]) -> list[T]:
-    """Each ``work()``, up to ``DATES_IN_PARALLEL`` at once; results in argument order.
+    """Each ``work()``, up to ``SMALL_JOBS_AT_ONCE`` at once; results in argument order.
 
     For independent Spark jobs too small to keep the cores busy on their own. A single piece of work
     runs in the calling thread. A failure is raised (the first failing argument's) once all of it has
@@ -85,7 +85,7 @@ def side_by_side(*work: Callable[[], T]) -> list[T]:
     """
     if len(work) <= 1:
         return [item() for item in work]
-    with ThreadPoolExecutor(max_workers=min(len(work), DATES_IN_PARALLEL)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(work), SMALL_JOBS_AT_ONCE)) as pool:
         futures = [pool.submit(item) for item in work]
         return [future.result() for future in futures]
 

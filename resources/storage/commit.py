@@ -77,7 +77,7 @@ def stage(frame: DataFrame, staged: str, table: str, asset: str, business_dates:
     observation = Observation(f"rows_written_{uuid.uuid4().hex}")
     counted = [F.count(F.lit(1)).alias(_ROWS)]
     if dated:
-        counted += [F.count_if(_on(day)).alias(day) for day in business_dates]
+        counted += [F.count_if(_is_date(day)).alias(day) for day in business_dates]
     observed = frame.observe(observation, *counted)
     if len(business_dates) == 1:
         # One date needs no partitioned write (it would sort by the date and, without rows,
@@ -98,7 +98,7 @@ def stage(frame: DataFrame, staged: str, table: str, asset: str, business_dates:
         if dated and len(business_dates) == 1:
             # One date's rows all went into its folder: those dated elsewhere need a job of their own.
             day = business_dates[0]
-            rows = {day: total - frame.filter(~F.coalesce(_on(day), F.lit(False))).count()}
+            rows = {day: total - frame.filter(~F.coalesce(_is_date(day), F.lit(False))).count()}
     if total != sum(rows.values()):
         delete(staged)
         span = business_dates[0] if len(business_dates) == 1 else f"{business_dates[0]}..{business_dates[-1]}"
@@ -121,7 +121,7 @@ def stage(frame: DataFrame, staged: str, table: str, asset: str, business_dates:
     return rows
 
 
-def _on(business_date: str):
+def _is_date(business_date: str):
     return F.col(BUSINESS_DATE) == F.lit(business_date).cast("date")
 
 
