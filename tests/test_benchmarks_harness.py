@@ -45,10 +45,10 @@ def test_sigterm_ends_the_run_in_progress_with_its_whole_tree_and_still_writes_t
             summary = staticmethod(lambda results: print("measured:", sorted(results["measurements"])))
             label = staticmethod(lambda args: "test")
 
-        args = argparse.Namespace(scenario="test", workdir=None, keep=False, results_dir=sys.argv[1])
+        args = argparse.Namespace(scenario="test", workdir=sys.argv[2], keep=False, results_dir=sys.argv[1])
         sys.exit(harness.run(Scenario, args))
     """))
-    proc = subprocess.Popen([sys.executable, str(script), str(results)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    proc = subprocess.Popen([sys.executable, str(script), str(results), str(tmp_path / "work")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while not (pids.exists() and len(pids.read_text().split()) == 2):
@@ -65,6 +65,7 @@ def test_sigterm_ends_the_run_in_progress_with_its_whole_tree_and_still_writes_t
     figures = json.loads(written.read_text())
     assert figures["interrupted"] is True
     assert figures["measurements"]["quick"]["seconds"] >= 0
+    assert (tmp_path / "work" / "logs" / "long.log").read_text().startswith("$ sh -c")  # the given workdir keeps its logs
 
 
 def test_the_event_log_figures_sum_over_tasks_and_take_the_largest_action_and_broadcast(tmp_path):
