@@ -100,9 +100,11 @@ def test_a_run_whose_server_dies_fails_saying_so_and_the_next_run_starts_a_new_s
     assert "SparkServerGoneError" in output and server.url in output and "died or stopped answering" in output, output[-6000:]
     assert "The next run starts a new server" in output
     print(f"the run failed {gave_up_after:.1f} s after its server was killed (CDC_SPARK_CONNECT_TIMEOUT=5)")
-    # The output staged before the kill never reached readers, nor did anything after it.
-    assert list((warehouse / "orders" / "_staging").rglob("*.parquet")), "hashed_incoming was staged before the kill"
-    for asset in ("hashed_incoming", "rejects", "current_table", "history_partition", "hash_join_classification"):
+    # hashed_incoming was written and counted in full before the kill, and its commit (file renames) needs
+    # no Spark: it is stored whole. Nothing the run had not written by then reached readers.
+    assert _stored_rows(warehouse, "orders", "hashed_incoming", "2024-01-01") == 6  # the extract's six rows
+    assert not list((warehouse / "orders" / "_staging").rglob("*.parquet")), "a staged write left behind"
+    for asset in ("rejects", "current_table", "history_partition", "hash_join_classification"):
         assert _stored_rows(warehouse, "orders", asset, "2024-01-01") is None, asset
 
     second_log = tmp_path / "second.log"
@@ -114,7 +116,8 @@ def test_a_run_whose_server_dies_fails_saying_so_and_the_next_run_starts_a_new_s
         assert "started for this run" in second_log.read_text()
         assert _stored_rows(warehouse, "orders", "current_table", "2024-01-01") == 6
         assert _stored_rows(warehouse, "orders", "history_partition", "2024-01-01") == 6
-        assert not list((warehouse / "orders" / "_staging").rglob("*.parquet"))  # the dead run's staging swept
+        assert _stored_rows(warehouse, "orders", "hashed_incoming", "2024-01-01") == 6
+        assert not list((warehouse / "orders" / "_staging").rglob("*.parquet"))
     finally:
         connect_server.stop_server(state)
 
