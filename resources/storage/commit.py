@@ -219,17 +219,13 @@ def recover(layout: WarehouseLayout, table: str) -> None:
         for name in list_names(layout.asset_path(table, asset)):
             if name.startswith(".") and name.endswith(POINTER_SUFFIX):
                 delete(f"{layout.asset_path(table, asset)}/{name}")
-    for asset in list_names(layout.versions_path(table)):
-        for dated in list_names(layout.versions_path(table, asset)):
-            folder = f"{layout.versions_path(table, asset)}/{dated}"
-            current = layout.current_version(table, asset, dated.removeprefix(f"{BUSINESS_DATE}="))
-            names = set(list_names(folder))
-            for name in names:
-                if name.endswith(RETIRED_SUFFIX):
-                    if f"{folder}/{name.removesuffix(RETIRED_SUFFIX)}" == current:
-                        os.unlink(f"{folder}/{name}")  # a retirement whose pointer switch never happened
-                elif f"{folder}/{name}" != current and f"{name}{RETIRED_SUFFIX}" not in names:
-                    delete(f"{folder}/{name}")  # placed by a killed commit, never pointed to: never read
+    for folder, current, names in layout.dated_version_folders(table):
+        for name in names:
+            if name.endswith(RETIRED_SUFFIX):
+                if f"{folder}/{name.removesuffix(RETIRED_SUFFIX)}" == current:
+                    os.unlink(f"{folder}/{name}")  # a retirement whose pointer switch never happened
+            elif f"{folder}/{name}" != current and f"{name}{RETIRED_SUFFIX}" not in names:
+                delete(f"{folder}/{name}")  # placed by a killed commit, never pointed to: never read
 
 
 def _restore_folder_set_aside(layout: WarehouseLayout, table: str, asset: str, name: str) -> None:

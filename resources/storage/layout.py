@@ -25,10 +25,12 @@ from __future__ import annotations
 import errno
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from cdc_assets.core.columns import BUSINESS_DATE
+from resources.storage.files import list_names
 
 WAREHOUSE_ENV = "CDC_WAREHOUSE"
 # Relative to the working directory of the process that uses it.
@@ -150,6 +152,15 @@ class WarehouseLayout:
     def catalog_path(self) -> str:
         """Where the SQL catalog keeps its metastore."""
         return f"{self.root}/{CATALOG_FOLDER}"
+
+    def dated_version_folders(self, table: str) -> Iterator[tuple[str, str | None, set[str]]]:
+        """Each date's folder of versions in the table: the folder, the version its pointer names
+        (:meth:`current_version`) and the folder's entries. The one walk recovery and the sweep share."""
+        for asset in list_names(self.versions_path(table)):
+            for dated in list_names(self.versions_path(table, asset)):
+                folder = f"{self.versions_path(table, asset)}/{dated}"
+                current = self.current_version(table, asset, dated.removeprefix(f"{BUSINESS_DATE}="))
+                yield folder, current, set(list_names(folder))
 
     def current_version(self, table: str, asset: str, business_date: str) -> str | None:
         """The folder holding the date's current version: the one its pointer names, or the date's own

@@ -90,23 +90,19 @@ def sweep_retired(layout: WarehouseLayout, table: str, grace: float) -> None:
     """Delete the table's versions retired more than ``grace`` seconds ago, marks whose version is gone,
     and date folders left empty. The current version of a date is never touched."""
     now = time.time()
-    for asset in list_names(layout.versions_path(table)):
-        for dated in list_names(layout.versions_path(table, asset)):
-            folder = f"{layout.versions_path(table, asset)}/{dated}"
-            current = layout.current_version(table, asset, dated.removeprefix(f"{BUSINESS_DATE}="))
-            names = set(list_names(folder))
-            for name in names:
-                if name.endswith(RETIRED_SUFFIX):
-                    if name.removesuffix(RETIRED_SUFFIX) not in names:
-                        os.unlink(f"{folder}/{name}")  # its version is gone already
-                    continue
-                version = f"{folder}/{name}"
-                retired = f"{version}{RETIRED_SUFFIX}"
-                if version != current and os.path.exists(retired) and now - os.path.getmtime(retired) >= grace:
-                    delete(version)
-                    os.unlink(retired)
-            if not list_names(folder):
-                os.rmdir(folder)
+    for folder, current, names in layout.dated_version_folders(table):
+        for name in names:
+            if name.endswith(RETIRED_SUFFIX):
+                if name.removesuffix(RETIRED_SUFFIX) not in names:
+                    os.unlink(f"{folder}/{name}")  # its version is gone already
+                continue
+            version = f"{folder}/{name}"
+            retired = f"{version}{RETIRED_SUFFIX}"
+            if version != current and os.path.exists(retired) and now - os.path.getmtime(retired) >= grace:
+                delete(version)
+                os.unlink(retired)
+        if not list_names(folder):
+            os.rmdir(folder)
 
 
 def dropped_partition(layout: WarehouseLayout, table: str, asset: str, business_date: str) -> dict | None:
