@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 TABLE_CONFIGS_ENV = "CDC_TABLE_CONFIGS"
 DEFAULT_TABLE_CONFIGS = Path(__file__).resolve().parent.parent / "table_configs"
@@ -66,6 +66,20 @@ class Column(BaseModel):
 
     name: str
     type: str
+    renamed_from: tuple[str, ...] = Field(
+        default=(),
+        description="The column's former name(s), newest first (one name, or a list): a rename between dates. "
+        "Stored values under a former name carry across, and nothing is re-versioned (docs/schema-changes.md).",
+    )
+
+    @field_validator("renamed_from", mode="before")
+    @classmethod
+    def _one_or_more_names(cls, value):
+        names = (value,) if isinstance(value, str) else tuple(value or ())
+        for name in names:
+            if not isinstance(name, str) or not _COLUMN.match(name):
+                raise ValueError(f"renamed_from: {name!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        return names
 
     @field_validator("name")
     @classmethod
@@ -278,6 +292,13 @@ class TableConfig(BaseModel):
     storage: StateStorage = StateStorage()
     owners: list[str] = Field(default_factory=list)
     description: str | None = None
+    # The file the config was read from, for errors that must name it (None: built in code).
+    _source_file: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source_file(self) -> str:
+        """The config's file, or a description of where it came from, for error messages."""
+        return str(self._source_file) if self._source_file is not None else f"the table config of {self.name}"
 
     @field_validator("name")
     @classmethod
@@ -304,6 +325,18 @@ class TableConfig(BaseModel):
                     where = "twice in " + group if seen[lowered] == group else f"in both {seen[lowered]} and {group}"
                     raise ValueError(f"column {column.name!r} is listed {where}")
                 seen[lowered] = group
+        for group in ("keys", "non_keys", "untracked_columns"):
+            for column in getattr(self, group):
+                for former in column.renamed_from:
+                    if group == "keys":
+                        raise ValueError(
+                            f"{group}: column {column.name!r} has renamed_from, but a key cannot be renamed: a key "
+                            "change is a new table (docs/schema-changes.md)"
+                        )
+                    if former.lower() in seen:
+                        raise ValueError(
+                            f"{group}: column {column.name!r} is renamed_from {former!r}, which is also a configured column"
+                        )
         return self
 
     @model_validator(mode="after")
@@ -401,9 +434,11 @@ def load_table_config(path: str | Path) -> TableConfig:
     if not isinstance(raw, dict):
         raise TableConfigError(f"{path}: expected a mapping of fields at the top level, got {type(raw).__name__}")
     try:
-        return TableConfig.model_validate(raw)
+        config = TableConfig.model_validate(raw)
     except ValidationError as error:
         raise TableConfigError(_format_validation_error(path, error)) from None
+    config._source_file = path
+    return config
 
 
 def table_configs_dir() -> Path:
