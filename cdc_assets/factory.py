@@ -17,6 +17,7 @@ identical to one run per date: the intake validates every date in one query, the
 module is wiring only: what runs is in ``core/``, where it goes is in ``resources/``.
 """
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,7 +53,9 @@ from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.incoming import prepare_incoming_dates
 from cdc_assets.core.plan import plan_changes
-from cdc_assets.core.source import read_source
+from cdc_assets.core.schema import migrate_state, values_for_added_columns, with_hash_spec
+from cdc_assets.schema_changes import configured_spec, evolution_since
+from cdc_assets.core.source import CHANGE_SEQUENCE, read_source
 from cdc_assets.names import (
     CLASSIFICATION,
     CURRENT,
@@ -94,8 +97,14 @@ class ApplyChangesConfig(Config):
     """Accept a full extract that is empty or would delete more than max_delete_fraction of the
     current rows. Only for a source that really did delete them; the run is tagged when used."""
 
+    rebaseline: bool = False
+    """Accept any change of the table's columns on the run's first date, keys and type changes included:
+    the previous state is taken into the new definition column by column and every key compared under
+    it (a key whose hash changes becomes a delete and an insert). docs/schema-changes.md, Re-baseline."""
+
 
 MASS_DELETE_OVERRIDE_TAG = "cdc/mass_delete_override"
+REBASELINE_TAG = "cdc/rebaseline"
 
 
 @dataclass
@@ -138,6 +147,8 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
         days = list(context.partition_keys)  # oldest first
         # The CDC step logs the run's dates; this step does when the run ends here.
         with runs_logged(context, config, parquet_io_manager.storage, days, "intake", only_if_last=cdc_left_out(context, config)):
+            # A change of columns that cannot be applied fails the date here, before anything is written.
+            evolution_since(parquet_io_manager.storage, config, day_before(days[0]), rebaseline=_rebaseline_declared(context, config))
             with server_loss_explained(pyspark):
                 yield from _read_incoming(context, config, pyspark, days, hashed_key, rejects_key)
 
@@ -182,6 +193,12 @@ def _read_incoming(context: AssetExecutionContext, config: TableConfig, pyspark,
                 yield Output(DatedRows(rows), output_name=context.assets_def.get_output_name_for_asset_key(key))
     finally:
         prepared.release()
+
+
+def _rebaseline_declared(context: AssetExecutionContext, table: TableConfig) -> bool:
+    """Whether the run's config declares a re-baseline for the table's CDC step (the intake reads it too)."""
+    ops = (context.run_config or {}).get("ops", {})
+    return bool(ops.get(f"{table.name}__cdc", {}).get("config", {}).get("rebaseline", False))
 
 
 def _span(days: list[str]) -> str:
@@ -253,11 +270,15 @@ def _apply_changes(
     spark.conf.set(SCHEDULER_POOL, pool_name(table))
     previous_state = as_of_day_before(previous_current)
     incremental = table.storage.incremental
+    incoming_rows = incoming.read_all()
+    evolution = evolution_since(storage, table, first_previous, rebaseline=config.rebaseline) if previous_state is not None else None
+    if evolution is not None and evolution.applies:
+        previous_state = _in_new_schema(context, table, previous_state, incoming_rows, evolution, days[0])
     # An incremental state's rows are counted from what is stored, not by reading the state.
     previous_rows = state_rows(storage, table.name, CURRENT, first_previous) if incremental and previous_state is not None else 0
     with _timed(context, table.name, "classification", _span(days)):
         plan = plan_changes(
-            incoming.read_all(),
+            incoming_rows,
             previous_state,
             dates,
             table.load_type,
@@ -283,6 +304,13 @@ def _apply_changes(
         for day in days:
             _guard_deletions(context, table, day, counts[day], config.allow_mass_delete)
             _add_count_metadata(context, keys, day, counts[day], figures.get(day, {}))
+        changed_schema = evolution is not None and evolution.applies
+        if changed_schema:
+            described = MetadataValue.json({**evolution.change.describe(), "rebaseline": evolution.rebaseline})
+            for name in (CLASSIFICATION, CURRENT, HISTORY):
+                context.add_asset_metadata({"schema_change": described}, asset_key=keys[name], partition_key=days[0])
+            logged.schema_change = {days[0]: json.dumps(described.value, sort_keys=True)}
+        spec = configured_spec(table)
         # Nothing is written until every date of the range has passed its guards.
         outputs = {
             CLASSIFICATION: plan.classification,
@@ -300,8 +328,13 @@ def _apply_changes(
         for name in keys:
             dropped = current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
             rows = DatedRows(outputs[name], retention_current_days=dropped)
+            if name == CURRENT:
+                # The columns the state was hashed over go with it, for the next date to compare with.
+                rows = DatedRows(with_hash_spec(outputs[name], spec), retention_current_days=dropped)
             if name == CURRENT and incremental:
-                rows = state = _incremental_state(context, table, storage, plan, days, previous_state is not None, previous_rows, dropped)
+                rows = state = _incremental_state(
+                    context, table, storage, plan, days, previous_state is not None, previous_rows, dropped, spec, changed_schema
+                )
             elif name == APPLIED_SEQUENCES and incremental:
                 # Compacted together with current_table: full copies on the same dates.
                 full = plan.sequences.filter(F.col(BUSINESS_DATE).isin(*state.full_dates)) if state.full_dates else None
@@ -312,12 +345,29 @@ def _apply_changes(
         plan.release()
 
 
+def _in_new_schema(context, table: TableConfig, previous_state, incoming_rows, evolution, first_day: str):
+    """The previous state brought into the config's columns (core/schema.py), for a date whose columns changed."""
+    what = "a declared re-baseline" if evolution.rebaseline else evolution.change.summary()
+    context.log.info(
+        f"{table.name} {first_day}: schema change since the state stored as of {evolution.stored_as_of} ({what}); "
+        "the previous state is compared in the new schema, and this date stores a full copy"
+    )
+    if evolution.rebaseline:
+        context.instance.add_run_tags(context.run_id, {REBASELINE_TAG: "true"})
+    first_rows = incoming_rows.filter(F.col(BUSINESS_DATE) == F.lit(first_day).cast("date"))
+    sequence = CHANGE_SEQUENCE if table.changes is not None else None
+    values = values_for_added_columns(first_rows, evolution.change, evolution.configured, order_by=sequence)
+    return migrate_state(previous_state, evolution.stored, evolution.configured, evolution.change, values, evolution.rebaseline)
+
+
 def _incremental_state(
-    context, table: TableConfig, storage, plan, days: list[str], has_previous: bool, previous_rows: int, current_days
+    context, table: TableConfig, storage, plan, days: list[str], has_previous: bool, previous_rows: int, current_days,
+    spec, changed_schema: bool,
 ) -> StateRows:
     """What an incremental current_table stores for each date: its changes, or a full copy when
     ``storage.compact_after_share`` / ``compact_after_dates`` say so (compaction), when there is no
-    earlier state, or when the date was stored as a full copy before (a re-run keeps the form)."""
+    earlier state, when the date's columns changed (the state's parts then share one schema), or when
+    the date was stored as a full copy before (a re-run keeps the form)."""
     since = state_since_full(storage, table.name, CURRENT, day_before(days[0])) if has_previous else None
     rows, full_dates, metadata, notes = previous_rows, [], {}, []
     for day in days:
@@ -327,9 +377,10 @@ def _incremental_state(
         grown = None if since is None else StateSince(since.full_rows, since.change_dates + 1, since.change_rows + change_rows)
         # A truncate changes the whole state (and a change set's floor): stored as a full copy.
         truncated = plan.figures.get(date.fromisoformat(day), {}).get("truncates", 0) > 0
-        if compaction_due(grown, table.storage) or truncated or storage.has_partition(table.name, CURRENT, day):
+        new_schema = changed_schema and day == days[0]
+        if compaction_due(grown, table.storage) or truncated or new_schema or storage.has_partition(table.name, CURRENT, day):
             full_dates.append(day)
-            reason = "no earlier state" if grown is None else "a truncate" if truncated else (
+            reason = "no earlier state" if grown is None else "a truncate" if truncated else "a schema change" if new_schema else (
                 f"{grown.change_rows} change rows over {grown.change_dates} date(s) since the last full copy "
                 f"({grown.full_rows} rows)"
             )
@@ -346,7 +397,11 @@ def _incremental_state(
         context.log.info("\n".join(notes))
     full = plan.full_states([date.fromisoformat(day) for day in full_dates]) if full_dates else None
     return StateRows(
-        changes=plan.state_changes, full=full, full_dates=tuple(full_dates), retention_current_days=current_days, metadata=metadata
+        changes=with_hash_spec(plan.state_changes, spec),
+        full=None if full is None else with_hash_spec(full, spec),
+        full_dates=tuple(full_dates),
+        retention_current_days=current_days,
+        metadata=metadata,
     )
 
 

@@ -49,6 +49,8 @@ RUNS_LOG_SCHEMA = pa.schema(
         pa.field("code_version", pa.string(), nullable=False),
         pa.field("git_commit", pa.string()),
         pa.field("config_hash", pa.string(), nullable=False),
+        # What changed in the table's columns on the date (JSON, as the date's schema_change metadata); NULL: nothing.
+        pa.field("schema_change", pa.string()),
     ]
 )
 
@@ -96,6 +98,7 @@ def runs_log_rows(
     step: str,
     counts: Mapping[str, Mapping[str, int]] | None = None,
     error: str | None = None,
+    schema_change: Mapping[str, str] | None = None,
 ) -> pa.Table:
     """One row per date of the run; ``counts`` by date and operation (I/U/D/X/N), when known."""
     dates = [date.fromisoformat(day) for day in business_dates]
@@ -119,6 +122,7 @@ def runs_log_rows(
                 "code_version": code_version(),
                 "git_commit": git_commit(),
                 "config_hash": config_hash(config),
+                "schema_change": (schema_change or {}).get(day.isoformat()),
             }
         )
     return pa.Table.from_pylist(rows, schema=RUNS_LOG_SCHEMA)
@@ -135,6 +139,7 @@ class RunsLogEntry:
     """What a step knows for its runs-log rows so far: the counts by date, once it has classified."""
 
     counts: dict[str, dict[str, int]] | None = None
+    schema_change: dict[str, str] | None = None  # by date, the change of columns the date applied
 
 
 @contextmanager
@@ -158,16 +163,16 @@ def runs_logged(
         stopped = "the step stopped while its outputs were stored (see the run's log)"
         reason = stopped if isinstance(error, GeneratorExit) else first_line(error)
         try:
-            _append(context, table, storage, days, FAILED, step, entry.counts, reason)
+            _append(context, table, storage, days, FAILED, step, entry, reason)
         except Exception as log_error:  # noqa: BLE001 - the run's own failure is what must surface
             context.log.warning(f"{table.name}: the runs log could not be written: {log_error}")
         raise
     if only_if_last:
-        _append(context, table, storage, days, SUCCEEDED, step, entry.counts, None)
+        _append(context, table, storage, days, SUCCEEDED, step, entry, None)
 
 
-def _append(context, table, storage, days, status, step, counts, error) -> None:
-    rows = runs_log_rows(table, context.run_id, run_started_at(context), days, status, step, counts, error)
+def _append(context, table, storage, days, status, step, entry: RunsLogEntry, error) -> None:
+    rows = runs_log_rows(table, context.run_id, run_started_at(context), days, status, step, entry.counts, error, entry.schema_change)
     storage.append_to_runs_log(rows, table.name)
 
 

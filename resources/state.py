@@ -9,6 +9,7 @@ consumers and the checks read through it too. Nothing here writes or takes a loc
 
 from __future__ import annotations
 
+import json
 from datetime import date
 
 import pyarrow.parquet as pq
@@ -70,3 +71,29 @@ def state_since_full(storage: WarehouseStorage, table: str, asset: str, as_of: s
         change_dates=len(layout.change_dates),
         change_rows=sum(changes.values()),
     )
+
+
+# Where Spark keeps its own schema (with each column's metadata) in a Parquet file's key-value metadata.
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def stored_fields(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> list[dict] | None:
+    """The Spark schema fields (name, type, metadata) the state as of ``as_of`` was written with, from one
+    Parquet footer of its newest part (the date's full copy, or its changes); None when nothing is stored.
+
+    A date whose columns changed is always stored as a full copy, so the newest part speaks for the state.
+    """
+    try:
+        layout = storage.state_layout(table, asset, as_of)
+    except RuntimeError:  # MissingPartitionError, DroppedPartitionError: the CDC step reports them
+        return None
+    newest = (state_changes_asset(asset), layout.change_dates[-1]) if layout.change_dates else (asset, layout.full_date)
+    folder = storage.stored_path(table, *newest)
+    files = sorted(name for name in storage.list_names(folder) if name.endswith(".parquet"))
+    if not files:
+        return None
+    metadata = pq.read_metadata(f"{folder}/{files[0]}").metadata or {}
+    if SPARK_SCHEMA_KEY in metadata:
+        return json.loads(metadata[SPARK_SCHEMA_KEY])["fields"]
+    schema = pq.read_schema(f"{folder}/{files[0]}")  # written by another tool: types only
+    return [{"name": name, "type": str(kind), "metadata": {}} for name, kind in zip(schema.names, schema.types)]
