@@ -24,6 +24,7 @@ from dagster import (
 
 from cdc_assets.config import TableConfig
 from cdc_assets.core.changes import no_operations
+from cdc_assets.core.compare import CHANGED_COLUMNS
 from cdc_assets.core.reconcile import (
     KeyedFigures,
     Reconciliation,
@@ -34,10 +35,14 @@ from cdc_assets.core.reconcile import (
     reconcile_changes,
     reconcile_incoming,
     reconcile_stored_state,
+    reconcile_updates,
 )
 from cdc_assets.core.changes import NOT_SUPPLIED
 from cdc_assets.core.state import untouched_operation
-from resources.state import state_rows
+from cdc_assets.core.schema import SchemaChangeError, schema_change, shared_tracked_columns, stored_spec, updates_equal_on_shared_columns
+from cdc_assets.schema_changes import configured_spec
+from pyspark.sql import functions as F
+from resources.state import state_rows, stored_fields
 from resources.storage import state_changes_asset
 from cdc_assets.names import (
     CLASSIFICATION,
@@ -46,6 +51,7 @@ from cdc_assets.names import (
     HISTORY,
     LATE_CHANGES,
     REJECTS,
+    UPDATES,
     asset_key,
     day_before,
     pool_name,
@@ -66,6 +72,11 @@ CHECK_DESCRIPTIONS = {
     (CURRENT, "key_hash_unique"): "No key twice in current_table: rows = distinct key_hash.",
     (CURRENT, "keys_not_null"): "No NULL key column in current_table.",
     (HISTORY, "row_count_reconciles"): "history_partition rows = I + U + D.",
+    (UPDATES, "no_update_without_change"): (
+        "No key is re-versioned without a change: every update names a changed column, and on a date whose "
+        "columns changed (docs/schema-changes.md) no update's key holds equal values in every column both "
+        "dates track, compared value by value with the stored previous state (renames and widenings applied)."
+    ),
     (CURRENT, "stored_state_reconciles"): (
         "An incremental state stores what the date's classification says: a full copy (the first date, a "
         "compaction) of I + U + N + X rows, or the date's changes, I + U + D rows (and N for delta and change-set "
@@ -158,6 +169,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         incoming = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
         history = parquet_io_manager.row_counts(table, HISTORY, days)
         late = parquet_io_manager.row_counts(table, LATE_CHANGES, days) if change_set else {}
+        updates_naming_none = _updates_naming_no_column(parquet_io_manager, table, days)
         operations, (current, parts) = side_by_side(
             lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), BUSINESS_DATE),
             lambda: _state_figures(parquet_io_manager, config, days),
@@ -178,6 +190,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
             else:
                 outcomes = reconcile_changes(**stored)
             outcomes += _stored_part_outcomes(config, day, by_operation, parts)
+            outcomes.append(_updates_outcome(parquet_io_manager, config, day, updates_naming_none.get(on, 0)))
             for outcome in outcomes:
                 yield _evaluation(config, day, outcome)
             context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
@@ -250,6 +263,38 @@ def _previous_rows(io_manager: PartitionedParquetIOManager, config: TableConfig,
     if date.fromisoformat(previous) < config.start_date:
         return 0
     return state_rows(io_manager.storage, config.name, CURRENT, previous)
+
+
+def _updates_naming_no_column(io_manager: PartitionedParquetIOManager, table: str, days: list[str]) -> dict[date, int]:
+    """Updates whose changed_columns is empty, per date, in one aggregation over the range."""
+    updates = io_manager.read_partitions(table, UPDATES, days)
+    if CHANGED_COLUMNS not in updates.columns:  # written by a release before changed_columns
+        return {}
+    unnamed = updates.filter(F.size(F.col(CHANGED_COLUMNS)) == 0).groupBy(BUSINESS_DATE).count()
+    return {row[BUSINESS_DATE]: row["count"] for row in unnamed.collect()}
+
+
+def _updates_outcome(io_manager: PartitionedParquetIOManager, config: TableConfig, day: str, unnamed: int) -> Reconciliation:
+    """Updates without a change: none on any date; on a date whose stored columns differ from the day
+    before's, also none equal to the previous version in every shared tracked column (a scan of the
+    previous state, on such dates only)."""
+    table, storage = config.name, io_manager.storage
+    before, now = stored_fields(storage, table, CURRENT, day_before(day)), stored_fields(storage, table, CURRENT, day)
+    if before is None or now is None:
+        return reconcile_updates(unnamed)
+    configured = configured_spec(config)
+    stored, written = stored_spec(before, configured), stored_spec(now, configured)
+    if stored == written:
+        return reconcile_updates(unnamed)
+    renamed_from = {column.name: column.renamed_from for column in config.columns if column.renamed_from}
+    try:
+        change = schema_change(stored, written, renamed_from, table, config.source_file, day_before(day))
+    except SchemaChangeError:  # only a declared re-baseline writes such a date: every key was compared anew
+        return reconcile_updates(unnamed)
+    updates = io_manager.read_partitions(table, UPDATES, [day])
+    previous = io_manager.read_state(table, CURRENT, day_before(day), config.load_type)
+    equal = updates_equal_on_shared_columns(updates, previous, shared_tracked_columns(stored, written, change)).count()
+    return reconcile_updates(unnamed, equal, change.summary())
 
 
 def _stored_part_outcomes(config: TableConfig, day: str, operations: dict[str, int], parts) -> list:

@@ -25,6 +25,7 @@ ALL_CHECKS = {
     ("current_table", "key_hash_unique"),
     ("current_table", "keys_not_null"),
     ("history_partition", "row_count_reconciles"),
+    ("updates", "no_update_without_change"),
 }
 
 
@@ -77,6 +78,12 @@ def _drop_a_row(frame):
     return frame.exceptAll(frame.limit(1))
 
 
+def _unname_the_changes(frame):
+    from pyspark.sql import functions as F
+
+    return frame.withColumn("changed_columns", F.array().cast("array<string>"))
+
+
 def _drop_an_update(frame):
     return frame.exceptAll(frame.filter("operation = 'U'").limit(1))
 
@@ -86,6 +93,7 @@ BREAKAGES = [
     ("current_table", DAY2, _duplicate_a_row, {("current_table", "row_count_reconciles"), ("current_table", "key_hash_unique")}),
     ("current_table", DAY2, _null_a_key, {("current_table", "keys_not_null")}),
     ("history_partition", DAY2, _drop_a_row, {("history_partition", "row_count_reconciles")}),
+    ("updates", DAY2, _unname_the_changes, {("updates", "no_update_without_change")}),
     ("hash_join_classification", DAY2, _drop_an_update, {
         ("hash_join_classification", "incoming_reconciles"),
         ("hash_join_classification", "previous_state_reconciles"),

@@ -47,6 +47,7 @@ ORDERS_CHECKS = {
     ("current_table", "key_hash_unique"),
     ("current_table", "keys_not_null"),
     ("history_partition", "row_count_reconciles"),
+    ("updates", "no_update_without_change"),
 }
 ORDERS_EXPECTED = {
     ("current_table", "2024-01-01"): {"I": 6},
@@ -67,6 +68,7 @@ ACCOUNTS_CHECKS = {
     ("current_table", "key_hash_unique"),
     ("current_table", "keys_not_null"),
     ("history_partition", "row_count_reconciles"),
+    ("updates", "no_update_without_change"),
 }
 CASES = {
     "orders": {

@@ -61,6 +61,9 @@ def operations_by_date(classification: DataFrame, date_column: str) -> dict[date
     return counts
 
 
+UPDATES_ASSET = "updates"
+
+
 # -- the rules -----------------------------------------------------------------------------------------
 def _rule(asset: str, name: str, left_label: str, left: int, right_label: str, right: int, **extra) -> Reconciliation:
     passed = left == right
@@ -153,3 +156,16 @@ def reconcile_change_set(
     # The rules shared with full and delta loads, but the one that takes one incoming row per key.
     shared = reconcile_changes(operations, incoming_rows, previous_rows, current, history_rows)
     return rules + [rule for rule in shared if rule.name != "incoming_reconciles"]
+
+
+def reconcile_updates(naming_no_column: int, equal_on_shared_columns: int | None = None, schema_change: str = "") -> Reconciliation:
+    """No update without a change: none names no changed column, and (on a date whose columns changed,
+    ``equal_on_shared_columns`` measured) none holds its previous version's values in every shared column."""
+    without_change = naming_no_column + (equal_on_shared_columns or 0)
+    label = "updates naming no changed column"
+    extra: dict = {"updates_naming_no_column": naming_no_column}
+    if equal_on_shared_columns is not None:
+        label += " + updates equal to their previous version in every shared column"
+        extra.update(updates_equal_on_shared_columns=equal_on_shared_columns, schema_change=schema_change)
+    return _rule(UPDATES_ASSET, "no_update_without_change", label, without_change, "zero", 0, **extra)
+

@@ -313,3 +313,26 @@ def equal_across(before: SparkColumn, after: SparkColumn, old_type: str, new_typ
 
 def spec_of(keys: Sequence[Typed], non_keys: Sequence[Typed], untracked: Sequence[Typed]) -> HashSpec:
     return HashSpec(tuple(map(tuple, keys)), tuple(map(tuple, non_keys)), tuple(map(tuple, untracked)))
+
+
+def shared_tracked_columns(stored: HashSpec, configured: HashSpec, change: SchemaChange) -> list[tuple[str, str, str, str]]:
+    """(name now, stored name, stored type, type now) of each tracked column whose stored value exists."""
+    stored_types = dict(stored.payload)
+    return [
+        (name, change.sources[name], stored_types[change.sources[name]], kind)
+        for name, kind in configured.non_keys
+        if change.sources.get(name) is not None
+    ]
+
+
+def updates_equal_on_shared_columns(
+    updates: DataFrame, previous: DataFrame, shared: Sequence[tuple[str, str, str, str]]
+) -> DataFrame:
+    """The updates whose key's previous version holds equal values in every shared tracked column: keys
+    re-versioned by a schema change alone. Compared value by value (widened), not by hash."""
+    before = previous.select(KEY_HASH, *(F.col(old).alias(f"__cdc_before_{index}") for index, (_, old, _, _) in enumerate(shared)))
+    joined = updates.join(before, on=KEY_HASH, how="inner")
+    equal = F.lit(True)
+    for index, (name, _, old_type, new_type) in enumerate(shared):
+        equal = equal & equal_across(F.col(f"__cdc_before_{index}"), F.col(name), old_type, new_type)
+    return joined.filter(equal)
