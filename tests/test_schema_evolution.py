@@ -20,7 +20,7 @@ from cdc_assets.core.schema import HASH_SPEC_METADATA, HashSpec
 from cdc_assets.names import CURRENT, HISTORY, UPDATES
 from resources.state import read_state, stored_fields
 from resources.storage import WarehouseStorage
-from tests.pipeline import definitions_for, run_dates, write_table_config
+from tests.pipeline import definitions_for, run_dates, run_range, write_table_config
 
 pytestmark = pytest.mark.slow
 
@@ -273,3 +273,28 @@ def test_change_set_add_and_drop(spark, tmp_path, monkeypatch):
         if day in expected_current:
             current = storage.read_one(spark, "evolving", CURRENT, day)
             assert {row["id"]: tuple(row[name] for name in names) for row in current.collect()} == expected_current[day]
+
+
+def test_a_range_run_that_starts_on_a_schema_change(spark, tmp_path, monkeypatch):
+    """A single-run backfill whose first date adds a column: the range of full loads is classified in one
+    query against the previous state brought into the new schema, and its second date against the first."""
+    monkeypatch.setenv("CDC_WAREHOUSE", str(tmp_path / "warehouse"))
+    warehouse, source, configs = tmp_path / "warehouse", tmp_path / "source", tmp_path / "configs"
+    instance = DagsterInstance.ephemeral()
+    _write_extract(source, DAYS[0], ["id", "a"], [(1, "x"), (2, "y"), (3, "z")])
+    config = write_table_config(configs, "evolving", str(source / "{date}.csv"), start_date=DAYS[0], keys=KEYS,
+                                non_keys=[{"name": "a", "type": "string"}])  # fmt: skip
+    assert run_dates(definitions_for(config), [DAYS[0]], instance=instance)[0].success
+    _write_extract(source, DAYS[1], ["id", "a", "c"], [(1, "x", "c1"), (2, "Y", "c2"), (3, "z", "")])
+    _write_extract(source, DAYS[2], ["id", "a", "c"], [(1, "x", "c1"), (2, "Y", "c2-new"), (3, "z", ""), (4, "w", "c4")])
+    config = write_table_config(configs, "evolving", str(source / "{date}.csv"), start_date=DAYS[0], keys=KEYS,
+                                non_keys=[{"name": "a", "type": "string"}, {"name": "c", "type": "string"}])  # fmt: skip
+    result = run_range(definitions_for(config), DAYS[1], DAYS[2], instance=instance)
+    assert result.success
+    assert all(evaluation.passed for evaluation in result.get_asset_check_evaluations())
+    storage = WarehouseStorage(str(warehouse))
+    history = {day: sorted((row["id"], row["operation"]) for row in storage.read_one(spark, "evolving", HISTORY, day).collect())
+               for day in DAYS[1:3]}  # fmt: skip
+    assert history == {DAYS[1]: [(2, "U")], DAYS[2]: [(2, "U"), (4, "I")]}
+    current = {row["id"]: (row["a"], row["c"], str(row["eff_start_date"])) for row in storage.read_one(spark, "evolving", CURRENT, DAYS[2]).collect()}
+    assert current == {1: ("x", "c1", DAYS[0]), 2: ("Y", "c2-new", DAYS[2]), 3: ("z", None, DAYS[0]), 4: ("w", "c4", DAYS[2])}
