@@ -53,7 +53,7 @@ def measure_size(result: dict, bench, rows: int) -> None:
     duckdb.sql(f"""COPY (SELECT *, 'emea' AS region FROM read_csv('{data / DAY2}/*.csv', header=true, all_varchar=true))
                    TO '{data_added / DAY2 / 'part-00000.csv'}' (HEADER)""")
     env = run_env(base / "day1", write_config(base / "day1" / "configs", TABLE, data, "full"))
-    result["day1"] = bench.cli(f"r{rows}_day1", env, TABLE, "--partition", DAY1)
+    result["day1"] = bench.cli(f"r{rows}_day1", env, TABLE, "--partition", DAY1, eventlog=True)
     log(f"{rows:,} rows: day 1, cold CLI: {describe(result['day1'])}")
     expected = expected_day2(generated)
     for run, extra in RUNS.items():

@@ -16,7 +16,6 @@ from cdc_assets.core.changes import classify_changes
 from cdc_assets.core.hashing import NON_KEY_HASH, add_hashes
 from cdc_assets.core.schema import (
     HashSpec,
-    SchemaChangeError,
     migrate_state,
     schema_change,
     shared_tracked_columns,
