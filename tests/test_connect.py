@@ -241,3 +241,33 @@ def test_change_sets_through_connect_equal_the_classic_session(spark, tmp_path, 
     # Not vacuous: the samples' late records and tombstones went through both sessions.
     assert len(through_connect["accounts"]["late_changes"]) == 2
     assert any(row[2] for row in through_connect["customers_debezium"]["applied_sequences"])  # a tombstone (deleted)
+
+
+def test_a_schema_change_through_connect(spark, tmp_path, connect_server):
+    """A date whose config adds a column and renames one, run through Spark Connect: the state's recorded
+    columns (Parquet metadata written by the server) are read back, and no key is re-versioned."""
+    import csv
+
+    from resources.state import stored_fields
+    from resources.storage import WarehouseStorage
+
+    landing, configs = tmp_path / "landing", tmp_path / "configs"
+    landing.mkdir()
+    extracts = {DAYS[0]: (["id", "a", "b"], [(1, "x", 10), (2, "y", 20)]),
+                DAYS[1]: (["id", "a", "b2", "c"], [(1, "x", 10, "c1"), (2, "y", 21, "c2")])}  # fmt: skip
+    for day, (header, rows) in extracts.items():
+        with open(landing / f"{day}.csv", "w", newline="") as handle:
+            csv.writer(handle).writerows([header, *rows])
+    columns = {DAYS[0]: [{"name": "a", "type": "string"}, {"name": "b", "type": "int"}],
+               DAYS[1]: [{"name": "a", "type": "string"}, {"name": "b2", "type": "int", "renamed_from": "b"},
+                         {"name": "c", "type": "string"}]}  # fmt: skip
+    env = _environment(tmp_path, "schema", configs, connect_server.url)
+    for day in DAYS[:2]:
+        write_table_config(configs, "evolving", f"{landing}/{{date}}.csv", start_date=DAYS[0], keys=[{"name": "id", "type": "int"}],
+                           non_keys=columns[day])  # fmt: skip
+        assert "RUN_SUCCESS" in _run(env, "group:evolving", day)
+    storage = WarehouseStorage(env["CDC_WAREHOUSE"])
+    history = storage.read_one(spark, "evolving", "history_partition", DAYS[1])
+    assert [(row["id"], row["operation"], row["b2"], row["c"]) for row in history.collect()] == [(2, "U", 21, "c2")]
+    recorded = {field["name"]: field for field in stored_fields(storage, "evolving", "current_table", DAYS[1])}
+    assert '"non_keys":[["a","string"],["b2","int"],["c","string"]]' in recorded["non_key_hash"]["metadata"]["cdc.hash_spec"]
