@@ -54,7 +54,6 @@ from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.incoming import prepare_incoming_dates
 from cdc_assets.core.plan import plan_changes
 from cdc_assets.core.schema import migrate_state, values_for_added_columns, with_hash_spec
-from cdc_assets.schema_changes import configured_spec, evolution_since
 from cdc_assets.core.source import CHANGE_SEQUENCE, read_source
 from cdc_assets.names import (
     CLASSIFICATION,
@@ -73,6 +72,7 @@ from cdc_assets.names import (
     pool_name,
 )
 from cdc_assets.runs_log import cdc_left_out, run_started_at, runs_logged
+from cdc_assets.schema_changes import configured_spec, evolution_since
 from cdc_assets.core.state import StateSince, compaction_due, untouched_operation
 from resources.parquet_io_manager import (
     STATE_LOAD_TYPE,
@@ -327,10 +327,9 @@ def _apply_changes(
         current_days = table.retention.current_days if table.retention else None
         for name in keys:
             dropped = current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
-            rows = DatedRows(outputs[name], retention_current_days=dropped)
-            if name == CURRENT:
-                # The columns the state was hashed over go with it, for the next date to compare with.
-                rows = DatedRows(with_hash_spec(outputs[name], spec), retention_current_days=dropped)
+            # current_table carries the columns its hashes cover, for the next date to compare with.
+            frame = with_hash_spec(outputs[name], spec) if name == CURRENT else outputs[name]
+            rows = DatedRows(frame, retention_current_days=dropped)
             if name == CURRENT and incremental:
                 rows = state = _incremental_state(
                     context, table, storage, plan, days, previous_state is not None, previous_rows, dropped, spec, changed_schema
