@@ -244,3 +244,39 @@ def test_a_sync_in_place_recreates_a_table_whose_column_was_widened(spark, confi
     # Nothing changed since: the next sync drops nothing.
     again = sync_in_place(spark, [config], WarehouseStorage(root), database)
     assert again.errors == [] and not [statement for statement in again.statements if statement.startswith("DROP") and TABLE in statement]
+
+
+@pytest.fixture(scope="module")
+def incremental_warehouse(spark, tmp_path_factory) -> str:
+    """The same states stored incrementally: a full copy on D1, each later date's changes (D2, D3)."""
+    root = str(tmp_path_factory.mktemp("schema_readers_incremental") / "warehouse")
+    storage = WarehouseStorage(root)
+    deleted_on_d3 = (2, 20, 200, None, 2.5, Decimal("2.50"), "D", D1)
+    for asset, day, rows in (
+        ("current_table", D1, CURRENT[D1]),
+        ("current_table_changes", D2, [row for row in CURRENT[D2] if row[6] != "N"]),
+        ("current_table_changes", D3, [*(row for row in CURRENT[D3] if row[6] != "N"), deleted_on_d3]),
+    ):
+        stored = [_row(*row[:7], row[7], day) for row in rows]
+        storage.write(spark.createDataFrame(stored, f"{PAYLOAD[day]}, {OWN}"), TABLE, asset, [day])
+    storage.release()
+    return root
+
+
+def test_an_incremental_state_across_the_changes_in_duckdb_and_the_catalog(spark, incremental_warehouse, database):
+    config = TableConfig.model_validate({**CONFIG, "storage": {"current": "incremental"}})
+    expected = {day: _sorted(_configured(row) + (row[6],) for row in rows) for day, rows in CURRENT.items()}
+    for day in (D1, D2, D3):  # a full copy of the old config, changes of two newer ones
+        query = f"SELECT {', '.join(CONFIGURED)}, operation FROM ({current_duckdb_sql(config, incremental_warehouse, as_of=day)})"
+        assert _sorted(duckdb.sql(query).fetchall()) == expected[day], day
+
+    for statement in sync_statements([config], WarehouseStorage(incremental_warehouse), database):
+        spark.sql(statement)
+    state = spark.sql(f"SELECT *, CAST(business_date AS STRING) AS day FROM {database}.{TABLE}_current")
+    assert state.columns[:6] == CONFIGURED and "b" not in state.columns
+    by_date: dict[str, list] = {}
+    for row in state.collect():
+        by_date.setdefault(row["day"], []).append((*row[:6], row["operation"]))
+    assert {day: _sorted(rows) for day, rows in by_date.items()} == expected
+    latest = spark.sql(f"SELECT {', '.join(CONFIGURED)}, operation FROM {database}.{TABLE}_latest")
+    assert _sorted(latest.collect()) == expected[D3]
