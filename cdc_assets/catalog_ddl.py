@@ -13,6 +13,13 @@ For each configured table with stored data, database ``cdc`` (``CDC_CATALOG_DATA
 - ``<table>_scd2``: the SCD type 2 view over all stored history (``cdc_assets/sql/scd2.sql``);
 - and ``runs_log``: the runs log (``_runs/``), one row per run, table and business date.
 
+A table's schema is declared, not inferred from its files (which fails once a column was widened):
+the configured columns with their configured types, each former name of a renamed column that a
+stored file still has, and the pipeline's own columns as the newest date stores them. Spark then
+reads a column a date lacks as NULL and a narrower stored type as the declared one. The views show
+the configured columns as configured now, a renamed column with its former name's values on older
+dates (:mod:`cdc_assets.core.as_configured`).
+
 The tables do not track partitions in the metastore (``spark.sql.hive.manageFilesourcePartitions=false``
 in the catalog's sessions): Spark lists a table's folder when a query is planned, so a commit's rename
 into ``business_date=D`` is what registers date D, and runs never write to the metastore.
@@ -35,12 +42,14 @@ from urllib.parse import unquote, urlparse
 from pyspark.sql import SparkSession
 
 from cdc_assets.config import TableConfig
+from cdc_assets.core.as_configured import configured_select_list, pipeline_columns, wide_columns
 from cdc_assets.core.changes import AUDIT_COLUMNS, EFF_START_DATE, OPERATION
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 from cdc_assets.core.scd2 import Dialect, quote_identifier, scd2_sql
 from cdc_assets.core.state import state_sql, untouched_operation
 from cdc_assets.names import CURRENT, HISTORY
+from cdc_assets.stored_schema import date_schema, stored_former_names
 from resources.storage import WarehouseStorage, state_changes_asset
 
 DATABASE_ENV = "CDC_CATALOG_DATABASE"
@@ -91,12 +100,17 @@ def _create_database(storage: WarehouseStorage, database: str) -> str:
     return f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database, Dialect.spark)} LOCATION {location}"
 
 
-def _create_table(name: str, location: str, comment: str, if_not_exists: bool = False) -> str:
-    # No schema given: Spark takes it from every stored file's footer (mergeSchema), partitions from the folders.
-    return (
-        f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}{name} USING parquet OPTIONS (mergeSchema 'true') "
-        f"LOCATION {_string_literal(location)} COMMENT {_string_literal(comment)}"
-    )
+def _create_table(
+    name: str, location: str, comment: str, if_not_exists: bool = False, columns: Sequence[tuple[str, str]] | None = None
+) -> str:
+    """A table's ``CREATE TABLE``: with ``columns`` (name, type) declared and partitioned by
+    ``business_date``; without, the schema merged from every stored file's footer (the runs log's)."""
+    create = f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}{name}"
+    where = f"LOCATION {_string_literal(location)} COMMENT {_string_literal(comment)}"
+    if columns is None:
+        return f"{create} USING parquet OPTIONS (mergeSchema 'true') {where}"
+    declared = ", ".join(f"{quote_identifier(column, Dialect.spark)} {data_type}" for column, data_type in [*columns, (BUSINESS_DATE, "date")])
+    return f"{create} ({declared}) USING parquet PARTITIONED BY ({quote_identifier(BUSINESS_DATE, Dialect.spark)}) {where}"
 
 
 def _asset_comment(config: TableConfig, asset: str) -> str:
@@ -127,12 +141,41 @@ class View:
 
 @dataclass(frozen=True)
 class StoredTable:
-    """An external table over one of a table's asset folders: its name, folder, and whether anything is stored."""
+    """An external table over one of a table's asset folders: its name, folder, whether anything is
+    stored, and its declared columns (name, type; ``business_date`` aside): see :func:`declared_columns`."""
 
     name: str
     location: str
     comment: str
     stored: bool
+    columns: tuple[tuple[str, str], ...] = ()
+
+    def as_configured(self, config: TableConfig, database: str) -> str:
+        """The table as a relation with the configured columns as configured now (a renamed column's
+        former name carried across), then its pipeline columns and ``business_date``."""
+        stored = [name for name, _ in self.columns]
+        items = [
+            *configured_select_list(config.columns, stored, Dialect.spark),
+            *(quote_identifier(name, Dialect.spark) for name in pipeline_columns(stored)),
+            BUSINESS_DATE,
+        ]
+        return f"(SELECT {', '.join(items)} FROM {_quoted(database, self.name)}) AS {quote_identifier(f'{self.name}_as_configured', Dialect.spark)}"
+
+
+def declared_columns(config: TableConfig, storage: WarehouseStorage, asset: str) -> list[tuple[str, str]]:
+    """The columns (name, type) an asset's table declares: the configured columns with their configured
+    types, each former name of a renamed column that a stored date has (with its new name's type),
+    then the pipeline's own columns as the newest stored date has them. Empty when nothing is stored.
+    Reads Parquet footers (a file of the newest date, and older ones while a former name is not found)."""
+    dates = storage.stored_dates(config.name, asset)
+    if not dates:
+        return []
+    newest = date_schema(storage, config.name, asset, dates[-1])
+    own = set(pipeline_columns(newest.names)) - {BUSINESS_DATE}
+    return [
+        *wide_columns(config.columns, stored_former_names(storage, config, asset, dates)),
+        *((field.name, field.dataType.simpleString()) for field in newest.fields if field.name in own),
+    ]
 
 
 def stored_tables(config: TableConfig, storage: WarehouseStorage) -> list[StoredTable]:
@@ -147,31 +190,42 @@ def stored_tables(config: TableConfig, storage: WarehouseStorage) -> list[Stored
              f"{config.name}: each date's changes to the state (storage: incremental)"),
         ]
     folders.append((table_name(config, HISTORY), HISTORY, _asset_comment(config, HISTORY)))
-    return [
-        StoredTable(name, storage.asset_path(config.name, asset), comment, bool(storage.stored_dates(config.name, asset)))
-        for name, asset, comment in folders
-    ]
+    tables = []
+    for name, asset, comment in folders:
+        columns = tuple(declared_columns(config, storage, asset))
+        tables.append(StoredTable(name, storage.asset_path(config.name, asset), comment, bool(columns), columns))
+    return tables
 
 
-def table_views(config: TableConfig, database: str, changes_stored: bool = False) -> list[View]:
+def table_views(config: TableConfig, database: str, tables: Sequence[StoredTable]) -> list[View]:
     """``<table>_latest`` over current_table and ``<table>_scd2`` over history_partition; for an
-    incremental state also ``<table>_current``, every stored date's state (``changes_stored``: whether
-    ``<table>_current_changes`` exists)."""
-    current, history = _quoted(database, table_name(config, CURRENT)), _quoted(database, table_name(config, HISTORY))
-    scd2 = scd2_sql([column.name for column in config.columns], history, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark)
+    incremental state also ``<table>_current``, every stored date's state. ``tables`` are the table's
+    :func:`stored_tables`; the views show the configured columns as configured now."""
+    by_name = {table.name: table for table in tables}
+    current = _quoted(database, table_name(config, CURRENT))
+    history_relation = by_name[table_name(config, HISTORY)].as_configured(config, database)
+    scd2 = scd2_sql([column.name for column in config.columns], history_relation, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark)
     views = []
     if config.storage.incremental:
         # The newest date is read from the stored folders' partitions, not from the view (which would
         # build every date's state to find it).
-        full, changes = _quoted(database, f"{config.name}_current_full"), _quoted(database, f"{config.name}_current_changes")
-        state = state_sql(state_columns(config), full, changes if changes_stored else None, untouched_operation(config.load_type))
+        full_table, changes_table = by_name[f"{config.name}_current_full"], by_name[f"{config.name}_current_changes"]
+        full, changes = _quoted(database, full_table.name), _quoted(database, changes_table.name)
+        state = state_sql(
+            state_columns(config),
+            full_table.as_configured(config, database),
+            changes_table.as_configured(config, database) if changes_table.stored else None,
+            untouched_operation(config.load_type),
+        )
         views.append(View(table_name(config, CURRENT), CURRENT, f"{config.name}: the state as of each business_date", state))
-        newest = f"(SELECT max(business_date) FROM {full})" if not changes_stored else (
+        newest = f"(SELECT max(business_date) FROM {full})" if not changes_table.stored else (
             f"(SELECT greatest(max(business_date), (SELECT max(business_date) FROM {changes})) FROM {full})")
+        latest = f"SELECT * FROM {current} WHERE business_date = {newest}"  # the view above is as configured
     else:
         newest = f"(SELECT max(business_date) FROM {current})"
-    views.append(View(f"{config.name}_latest", CURRENT, f"{config.name}: current_table as of its newest business_date",
-                      f"SELECT * FROM {current} WHERE business_date = {newest}"))
+        relation = by_name[table_name(config, CURRENT)].as_configured(config, database)
+        latest = f"SELECT * FROM {relation} WHERE business_date = {newest}"
+    views.append(View(f"{config.name}_latest", CURRENT, f"{config.name}: current_table as of its newest business_date", latest))
     views.append(View(f"{config.name}_scd2", HISTORY, f"{config.name}: SCD type 2 versions from history_partition",
                       " ".join(line for line in scd2.splitlines() if not line.lstrip().startswith("--"))))
     return views  # fmt: skip
@@ -195,13 +249,13 @@ def table_statements(config: TableConfig, storage: WarehouseStorage, database: s
     (:func:`sync_in_place`).
     """
     stored, tables = _stored(config, storage), stored_tables(config, storage)
-    views = table_views(config, database, changes_stored=config.storage.incremental and tables[1].stored)
+    views = table_views(config, database, tables)
     statements = [view.drop(database) for view in reversed(views)]
     for table in tables:
         name = _quoted(database, table.name)
         statements.append(f"DROP TABLE IF EXISTS {name}")
         if table.stored:
-            statements.append(_create_table(name, table.location, table.comment))
+            statements.append(_create_table(name, table.location, table.comment, columns=table.columns))
     return statements + [view.create(database) for view in views if stored[view.asset]]
 
 
@@ -259,14 +313,15 @@ class SyncReport:
 def sync_in_place(spark: SparkSession, configs: Sequence[TableConfig], storage: WarehouseStorage, database: str) -> SyncReport:
     """Bring the catalog in ``spark``'s metastore to what is stored, without any name going missing.
 
-    A table that exists keeps its definition, brought up to date: the stored columns it lacks are added
-    (``ALTER TABLE ... ADD COLUMNS``, so a column a config gained reads as NULL on older dates), its
+    A table that exists keeps its definition, brought up to date: the declared columns it lacks are
+    added (``ALTER TABLE ... ADD COLUMNS``, so a column a config gained reads as NULL on older dates), its
     location is set if it moved, and ``REFRESH TABLE`` drops this session's listing. A table not yet
     registered is created. A view that exists gets its new query in place (``ALTER VIEW ... AS``;
     Spark's ``CREATE OR REPLACE VIEW`` drops it first). So a query planned while a sync runs finds
     every name. Dropped are only the objects of an asset with nothing stored, and a table whose
-    registered partitioning or column types no longer match its files (dropped and created again, the
-    one case where a name is missing for a moment).
+    registered partitioning or columns no longer match its declared ones (a widened column's type, a
+    column it should no longer have, a table registered before schemas were declared): it is dropped
+    and created again, the one case where a name is missing for a moment.
     """
     report = SyncReport()
     report.run(spark, _create_database(storage, database))
@@ -282,8 +337,8 @@ def _sync_table_in_place(spark: SparkSession, report: SyncReport, config: TableC
         if table.stored:
             if _is_view(spark, database, table.name):  # the table's storage mode changed since the last sync
                 report.run(spark, f"DROP VIEW IF EXISTS {_quoted(database, table.name)}")
-            _define_table(spark, report, database, table.name, table.location, table.comment, [BUSINESS_DATE])
-    for view in table_views(config, database, changes_stored=config.storage.incremental and tables[1].stored):
+            _define_table(spark, report, database, table.name, table.location, table.comment, [BUSINESS_DATE], table.columns)
+    for view in table_views(config, database, tables):
         if not stored[view.asset]:
             report.run(spark, view.drop(database))
         elif _is_view(spark, database, view.name):
@@ -309,26 +364,35 @@ def _sync_runs_log_in_place(spark: SparkSession, report: SyncReport, storage: Wa
 
 
 def _define_table(spark: SparkSession, report: SyncReport, database: str, name: str, location: str, comment: str,
-                  partition_columns: list[str]) -> None:  # fmt: skip
+                  partition_columns: list[str], columns: Sequence[tuple[str, str]] | None = None) -> None:  # fmt: skip
+    """Create the table, or bring the registered one to ``columns`` (declared; None: the stored files'
+    merged schema, for the runs log): add the ones it lacks, or drop and create it again when its
+    partitioning, a column's type or (declared) a column it should not have differs."""
     quoted = _quoted(database, name)
     if not spark.catalog.tableExists(f"{database}.{name}"):
-        report.run(spark, _create_table(quoted, location, comment, if_not_exists=True))
+        report.run(spark, _create_table(quoted, location, comment, if_not_exists=True, columns=columns))
         return
     registered = {column.name.lower(): column for column in spark.catalog.listColumns(f"{database}.{name}")}
-    stored = spark.read.option("mergeSchema", "true").parquet(location).schema
+    if columns is None:
+        merged = spark.read.option("mergeSchema", "true").parquet(location).schema
+        wanted = [(field.name, field.dataType.simpleString()) for field in merged.fields]
+    else:
+        wanted = list(columns)
+    wanted_names = {column.lower() for column, _ in wanted}
     partitioned = [key for key, column in registered.items() if column.isPartition]
-    conflicts = [field for field in stored.fields
-                 if field.name.lower() in registered and registered[field.name.lower()].dataType != field.dataType.simpleString()]  # fmt: skip
-    if partitioned != [column.lower() for column in partition_columns] or conflicts:
+    conflicts = [column for column, data_type in wanted if column.lower() in registered and registered[column.lower()].dataType != data_type]
+    undeclared = columns is not None and any(key not in wanted_names for key, column in registered.items() if not column.isPartition)
+    if partitioned != [column.lower() for column in partition_columns] or conflicts or undeclared:
+        # Spark cannot change a column's type or drop one of a Parquet table in place.
         report.run(spark, f"DROP TABLE IF EXISTS {quoted}")
-        report.run(spark, _create_table(quoted, location, comment))
+        report.run(spark, _create_table(quoted, location, comment, columns=columns))
         return
     if _registered_location(spark, quoted) != _normalized_location(location):
         report.run(spark, f"ALTER TABLE {quoted} SET LOCATION {_string_literal(location)}")
-    missing = [field for field in stored.fields if field.name.lower() not in registered]
+    missing = [(column, data_type) for column, data_type in wanted if column.lower() not in registered]
     if missing:
-        columns = ", ".join(f"{quote_identifier(field.name, Dialect.spark)} {field.dataType.simpleString()}" for field in missing)
-        report.run(spark, f"ALTER TABLE {quoted} ADD COLUMNS ({columns})")
+        added = ", ".join(f"{quote_identifier(column, Dialect.spark)} {data_type}" for column, data_type in missing)
+        report.run(spark, f"ALTER TABLE {quoted} ADD COLUMNS ({added})")
     report.run(spark, f"REFRESH TABLE {quoted}")
 
 

@@ -3,6 +3,9 @@ between two dates.
 
 The state is read from current_table, whichever way the table stores it (a snapshot per date, or a
 full copy and each date's changes); the other two are computed from the stored ``history_partition``.
+Each shows the table's columns as configured now, whatever config a date was stored under: a column
+added since reads as NULL on older dates, a renamed one carries its former name's values, a widened
+one has its configured type (:mod:`cdc_assets.core.as_configured`; docs/consumers.md).
 None is an asset. They only read: no lock is taken and nothing is written or repaired. ``cdc-current``,
 ``cdc-scd2`` and ``cdc-changes`` (``cdc_assets/cli.py``) run them from the command line.
 """
@@ -15,12 +18,15 @@ from datetime import date, timedelta
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc_assets.config import TableConfig, load_table_configs, table_configs_dir
+from cdc_assets.core.as_configured import as_configured, configured_select_list, pipeline_columns, wide_columns
 from cdc_assets.core.between import changes_from_history
 from cdc_assets.core.changes import OPERATION
+from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 from cdc_assets.core.scd2 import Dialect, as_date, quote_identifier, scd2_sql
 from cdc_assets.core.state import untouched_operation
 from cdc_assets.names import CURRENT, HISTORY
+from cdc_assets.stored_schema import folder_schema, stored_configured_names, stored_former_names
 from resources.state import read_state
 from resources.storage import VERSION_KEY, WarehouseStorage, state_changes_asset, warehouse_root
 
@@ -43,16 +49,21 @@ def table_config(table: TableConfig | str) -> TableConfig:
 def current_state(
     spark: SparkSession, table: TableConfig | str, as_of: str | date | None = None, warehouse: str | None = None
 ) -> DataFrame:
-    """The table's state as of ``as_of`` (default: the newest stored date), with the columns of a
-    current_table snapshot, row for row what a snapshot of that date holds, whichever way the table
-    stores its state (``storage.current``). Raises ValueError when the date's state is not stored."""
+    """The table's state as of ``as_of`` (default: the newest stored date), row for row what a snapshot
+    of that date holds, whichever way the table stores its state (``storage.current``). Columns: the
+    configured columns as configured now (on a date stored before a change of the config, a column
+    added since is NULL, a renamed one has its former name's values, a widened one the configured
+    type), then current_table's own (``key_hash``, ``non_key_hash``, ``operation``, ``eff_start_date``,
+    audit columns). Raises ValueError when the date's state is not stored."""
     config = table_config(table)
     storage = WarehouseStorage(warehouse_root(warehouse))
     day = current_as_of(config, as_of, warehouse)
     try:
-        return read_state(storage, spark, config.name, CURRENT, day, config.load_type)
+        stored = read_state(storage, spark, config.name, CURRENT, day, config.load_type)
     except RuntimeError as error:  # MissingPartitionError, DroppedPartitionError
         raise ValueError(str(error)) from error
+    # read_state gives the state as stored, which the CDC step compares against; consumers see it as configured.
+    return as_configured(stored, config.columns)
 
 
 def current_as_of(config: TableConfig, as_of: str | date | None = None, warehouse: str | None = None) -> str:
@@ -80,29 +91,33 @@ def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, 
 
     The query names the stored files of that state as they are now (the full copy's version folder and
     those of the changes after it), so it reads the same state however long it runs and whatever is
-    committed meanwhile; generate it again for a later state. Run it with e.g.
-    ``duckdb.sql(current_duckdb_sql("orders"))``.
+    committed meanwhile; generate it again for a later state. Its columns are those of
+    :func:`current_state`. Run it with e.g. ``duckdb.sql(current_duckdb_sql("orders"))``.
     """
     config = table_config(config)
     storage = WarehouseStorage(warehouse_root(warehouse))
     day = current_as_of(config, as_of, warehouse)
     layout = storage.state_layout(config.name, CURRENT, day)
     full_folder = storage.stored_path(config.name, CURRENT, layout.full_date)
-    columns = _stored_columns(storage, full_folder)
+    full_stored = folder_schema(storage, full_folder).names
     untouched = untouched_operation(config.load_type)
 
     def listed(folder: str) -> str:
         return "'" + f"{folder}/*.parquet".replace("'", "''") + "'"
 
-    def select(operation: str) -> str:
-        return ", ".join(operation if name == OPERATION else quote_identifier(name, Dialect.duckdb) for name in columns)
+    def select(stored: list[str], operation: str) -> str:
+        # Only names the relation has: DuckDB fails on a column no file of it stores.
+        configured = configured_select_list(config.columns, stored, Dialect.duckdb)
+        own = [operation if name == OPERATION else quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(full_stored)]
+        return ", ".join([*configured, *own])
 
     full = f"read_parquet({listed(full_folder)}, hive_partitioning = false, union_by_name = true)"
     if not layout.change_dates:
         if layout.full_date == day:
-            return f"SELECT {select(OPERATION)} FROM {full}"
-        return f"SELECT {select(f'{_sql_string(untouched)} AS {OPERATION}')} FROM {full}"
+            return f"SELECT {select(full_stored, OPERATION)} FROM {full}"
+        return f"SELECT {select(full_stored, f'{_sql_string(untouched)} AS {OPERATION}')} FROM {full}"
     folders = [storage.stored_path(config.name, state_changes_asset(CURRENT), change) for change in layout.change_dates]
+    changes_stored = sorted({name for folder in folders for name in folder_schema(storage, folder).names})
     changes = (
         f"read_parquet([{', '.join(listed(folder) for folder in folders)}], hive_partitioning = true, union_by_name = true)"
     )
@@ -111,18 +126,11 @@ def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, 
     return (
         f"WITH changes AS (SELECT * EXCLUDE ({VERSION_KEY}) FROM {changes}),\n"
         "newest AS (SELECT * FROM changes QUALIFY row_number() OVER (PARTITION BY key_hash ORDER BY business_date DESC) = 1)\n"
-        f"SELECT {select(full_operation)} FROM {full} WHERE key_hash NOT IN (SELECT key_hash FROM changes)\n"
+        f"SELECT {select(full_stored, full_operation)} FROM {full} WHERE key_hash NOT IN (SELECT key_hash FROM changes)\n"
         "UNION ALL\n"
-        f"SELECT {select(f'CASE WHEN business_date = {on_day} THEN {OPERATION} ELSE {_sql_string(untouched)} END AS {OPERATION}')} "
+        f"SELECT {select(changes_stored, f'CASE WHEN business_date = {on_day} THEN {OPERATION} ELSE {_sql_string(untouched)} END AS {OPERATION}')} "
         f"FROM newest WHERE {OPERATION} <> 'D'"
     )
-
-
-def _stored_columns(storage: WarehouseStorage, folder: str) -> list[str]:
-    import pyarrow.parquet as pq
-
-    first = sorted(name for name in storage.list_names(folder) if name.endswith(".parquet"))[0]
-    return pq.read_schema(f"{folder}/{first}").names
 
 
 def _sql_string(value: str) -> str:
@@ -166,14 +174,22 @@ def scd2_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, as_
     """The SCD type 2 query of :func:`scd2_view` for DuckDB, reading the table's stored history.
 
     It reads ``read_parquet('<root>/<table>/history_partition/*/*.parquet', hive_partitioning = true,
-    union_by_name = true)`` (partitions written before a column was added read it as NULL). ``as_of``
-    defaults to the newest stored date. Run it with e.g. ``duckdb.sql(scd2_duckdb_sql("orders"))``.
+    union_by_name = true)`` and shows the configured columns as :func:`read_history` does (partitions
+    written before a column was added read it as NULL, a renamed column its former name's values).
+    ``as_of`` defaults to the newest stored date. Run it with e.g. ``duckdb.sql(scd2_duckdb_sql("orders"))``.
     """
     config = table_config(config)
     root = warehouse_root(warehouse)
     day = scd2_as_of(config, as_of, warehouse)
+    storage = WarehouseStorage(root)
+    # Only names some file stores: DuckDB fails on a column no file has.
+    stored = stored_configured_names(storage, config, HISTORY, storage.stored_dates(config.name, HISTORY))
     glob = f"{root}/{config.name}/{HISTORY}/*/*.parquet".replace("'", "''")
-    relation = f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true)"
+    own = ", ".join(quote_identifier(name, Dialect.duckdb) for name, _ in _HISTORY_COLUMNS)
+    relation = (
+        f"(SELECT {', '.join(configured_select_list(config.columns, stored, Dialect.duckdb))}, {own}, {BUSINESS_DATE} "
+        f"FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true)) AS stored_history"
+    )
     return scd2_sql(
         [column.name for column in config.columns],
         relation,
@@ -203,20 +219,21 @@ def read_history(spark: SparkSession, config: TableConfig, last_date: str, wareh
     """Every stored ``history_partition`` date up to ``last_date``, as the consumer views read it.
 
     Columns: the configured columns as configured now, ``key_hash``, ``non_key_hash``, ``operation`` and
-    ``business_date``. A configured column that a date's files lack (they were written before the
-    column was added to the config) reads as NULL on that date, as DuckDB's ``union_by_name`` and the
-    SQL catalog's merged schema read it; stored columns the config no longer has are not read.
+    ``business_date``. A date stored before a change of the config shows it as configured now: a
+    column added since reads as NULL there, a renamed column has the values of its former name
+    (``renamed_from``), a widened column the configured type. Stored columns the config no longer
+    has are not read. The same reading as DuckDB's (:func:`scd2_duckdb_sql`) and the SQL catalog's.
     """
     storage = WarehouseStorage(warehouse_root(warehouse))
     dates = [stored for stored in storage.stored_dates(config.name, HISTORY) if stored <= last_date]
     # Read as they are, the files' schema would be one file's (Spark's mergeSchema=false), which drops
-    # a column the first dates lack. The schema comes from the config instead, and Parquet reads a
-    # column a file lacks as NULL.
-    schema = ", ".join(
-        f"{quote_identifier(name, Dialect.spark)} {data_type}"
-        for name, data_type in [*((column.name, column.type) for column in config.columns), *_HISTORY_COLUMNS]
-    )
-    return storage.read(spark, config.name, HISTORY, dates, schema=schema)
+    # a column the first dates lack, and merging fails on a widened type. The schema comes from the
+    # config instead, with the former names some date stores: Parquet reads a column a file lacks as
+    # NULL and a narrower stored type as the wider one asked for.
+    wide = wide_columns(config.columns, stored_former_names(storage, config, HISTORY, dates))
+    schema = ", ".join(f"{quote_identifier(name, Dialect.spark)} {data_type}" for name, data_type in [*wide, *_HISTORY_COLUMNS])
+    history = storage.read(spark, config.name, HISTORY, dates, schema=schema)
+    return as_configured(history, config.columns, keep=[*(name for name, _ in _HISTORY_COLUMNS), BUSINESS_DATE])
 
 
 def scd2_as_of(config: TableConfig, as_of: str | date | None = None, warehouse: str | None = None) -> str:
