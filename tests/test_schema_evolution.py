@@ -16,6 +16,7 @@ import pytest
 from dagster import DagsterInstance
 
 from cdc_assets.config import LoadType
+from cdc_assets.consumers import current_state, scd2_view
 from cdc_assets.core.schema import HASH_SPEC_METADATA, HashSpec
 from cdc_assets.names import CURRENT, HISTORY, UPDATES
 from resources.state import read_state, stored_fields
@@ -214,6 +215,23 @@ def test_six_dates_of_schema_changes_re_version_no_key(spark, tmp_path, monkeypa
         "2024-05-05": {"widened": {"qty": "int -> bigint"}},
         "2024-05-06": {"dropped": ["a"]},
     }
+    # Readers show every date in today's columns, and the changes of columns opened no SCD2 version.
+    final = _config(tmp_path / "configs", tmp_path / "source", DAYS[-1], load_type, storage={"current": state, "compact_after_share": 100.0})
+    warehouse = str(tmp_path / "warehouse")
+    first = {row["id"]: row.asDict() for row in current_state(spark, final, DAYS[0], warehouse).collect()}
+    assert {key: (row["b2"], row["c"], row["qty"]) for key, row in first.items()} == {
+        key: (values[1], None, values[2]) for key, values in extracts[DAYS[0]].items()
+    }
+    assert "a" not in current_state(spark, final, DAYS[0], warehouse).columns
+    versions = {}
+    for row in scd2_view(spark, final, DAYS[-1], warehouse).collect():
+        versions.setdefault(row["id"], []).append((str(row["valid_from"]), str(row["valid_to"]) if row["valid_to"] else None))
+    starts = {key: sorted({start for start, _ in spans}) for key, spans in versions.items()}
+    expected_starts = {}
+    for day in DAYS:
+        for key in operations[day].get("I", set()) | operations[day].get("U", set()):
+            expected_starts.setdefault(key, []).append(day)
+    assert starts == expected_starts
     runs_log = spark.read.parquet(str(tmp_path / "warehouse" / "_runs")).filter("status = 'succeeded'")
     logged = {str(row["business_date"]): row["schema_change"] for row in runs_log.collect()}
     assert {day for day, change in logged.items() if change} == set(described)
