@@ -9,7 +9,6 @@ consumers and the checks read through it too. Nothing here writes or takes a loc
 
 from __future__ import annotations
 
-import json
 from datetime import date
 
 import pyarrow.parquet as pq
@@ -19,6 +18,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from cdc_assets.config import LoadType
 from cdc_assets.core.changes import DELETE, INSERT, OPERATION
 from cdc_assets.core.state import StateSince, state_from_parts
+from cdc_assets.stored_schema import folder_schema
 from resources.storage import WarehouseStorage, state_changes_asset
 
 # Up to this many change rows are broadcast against the full copy (as the CDC step's payload join does).
@@ -73,10 +73,6 @@ def state_since_full(storage: WarehouseStorage, table: str, asset: str, as_of: s
     )
 
 
-# Where Spark keeps its own schema (with each column's metadata) in a Parquet file's key-value metadata.
-SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
-
-
 def stored_fields(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> list[dict] | None:
     """The Spark schema fields (name, type, metadata) the state as of ``as_of`` was written with, from one
     Parquet footer of its newest part (the date's full copy, or its changes); None when nothing is stored.
@@ -88,12 +84,7 @@ def stored_fields(storage: WarehouseStorage, table: str, asset: str, as_of: str)
     except RuntimeError:  # MissingPartitionError, DroppedPartitionError: the CDC step reports them
         return None
     newest = (state_changes_asset(asset), layout.change_dates[-1]) if layout.change_dates else (asset, layout.full_date)
-    folder = storage.stored_path(table, *newest)
-    files = sorted(name for name in storage.list_names(folder) if name.endswith(".parquet"))
-    if not files:
+    try:
+        return folder_schema(storage, storage.stored_path(table, *newest)).jsonValue()["fields"]
+    except ValueError:  # no Parquet file
         return None
-    metadata = pq.read_metadata(f"{folder}/{files[0]}").metadata or {}
-    if SPARK_SCHEMA_KEY in metadata:
-        return json.loads(metadata[SPARK_SCHEMA_KEY])["fields"]
-    schema = pq.read_schema(f"{folder}/{files[0]}")  # written by another tool: types only
-    return [{"name": name, "type": str(kind), "metadata": {}} for name, kind in zip(schema.names, schema.types)]
