@@ -26,9 +26,9 @@ from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 from cdc_assets.core.scd2 import Dialect, as_date, quote_identifier, scd2_sql
 from cdc_assets.core.state import untouched_operation
 from cdc_assets.names import CURRENT, HISTORY
-from cdc_assets.stored_schema import folder_schema, stored_configured_names, stored_former_names
+from cdc_assets.stored_schema import stored_configured_names, stored_former_names
 from resources.state import read_state
-from resources.storage import VERSION_KEY, WarehouseStorage, state_changes_asset, warehouse_root
+from resources.storage import VERSION_KEY, WarehouseStorage, folder_schema, state_changes_asset, warehouse_root
 
 # What the views need of history besides the configured columns (business_date comes from the folders).
 _HISTORY_COLUMNS = ((KEY_HASH, "string"), (NON_KEY_HASH, "string"), (OPERATION, "string"))
@@ -99,7 +99,7 @@ def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, 
     day = current_as_of(config, as_of, warehouse)
     layout = storage.state_layout(config.name, CURRENT, day)
     full_folder = storage.stored_path(config.name, CURRENT, layout.full_date)
-    full_stored = folder_schema(storage, full_folder).names
+    full_stored = folder_schema(full_folder).names
     untouched = untouched_operation(config.load_type)
 
     def listed(folder: str) -> str:
@@ -117,7 +117,7 @@ def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, 
             return f"SELECT {select(full_stored, OPERATION)} FROM {full}"
         return f"SELECT {select(full_stored, f'{_sql_string(untouched)} AS {OPERATION}')} FROM {full}"
     folders = [storage.stored_path(config.name, state_changes_asset(CURRENT), change) for change in layout.change_dates]
-    changes_stored = sorted({name for folder in folders for name in folder_schema(storage, folder).names})
+    changes_stored = sorted({name for folder in folders for name in folder_schema(folder).names})
     changes = (
         f"read_parquet([{', '.join(listed(folder) for folder in folders)}], hive_partitioning = true, union_by_name = true)"
     )

@@ -7,38 +7,17 @@ which former names of renamed columns some date still stores, and which columns 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Sequence
 
-import pyarrow.parquet as pq
-from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from cdc_assets.config import TableConfig
 from cdc_assets.core.as_configured import former_names, stored_names
-from resources.storage import WarehouseStorage
-
-# Where Spark keeps the schema it wrote in a Parquet footer: its exact types (a timestamp stored as
-# INT96 is a timestamp, not the timestamp without time zone pyarrow reads it as).
-_SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
-
-
-def folder_schema(storage: WarehouseStorage, folder: str) -> StructType:
-    """The Spark schema of a stored date's folder (its first Parquet file's footer)."""
-    names = sorted(name for name in storage.list_names(folder) if name.endswith(".parquet"))
-    if not names:
-        raise ValueError(f"{folder} holds no Parquet file")
-    schema = pq.read_schema(f"{folder}/{names[0]}")
-    written = (schema.metadata or {}).get(_SPARK_SCHEMA_KEY)
-    if written is not None:
-        return StructType.fromJson(json.loads(written))
-    # Not written by Spark: read as Spark infers it.
-    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
-
+from resources.storage import WarehouseStorage, folder_schema
 
 def date_schema(storage: WarehouseStorage, table: str, asset: str, business_date: str) -> StructType:
     """The Spark schema the date's current version of ``[table, asset]`` was stored with."""
-    return folder_schema(storage, storage.stored_path(table, asset, business_date))
+    return folder_schema(storage.stored_path(table, asset, business_date))
 
 
 def stored_among(storage: WarehouseStorage, table: str, asset: str, dates: Sequence[str], wanted: Collection[str]) -> set[str]:

@@ -18,8 +18,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from cdc_assets.config import LoadType
 from cdc_assets.core.changes import DELETE, INSERT, OPERATION
 from cdc_assets.core.state import StateSince, state_from_parts
-from cdc_assets.stored_schema import folder_schema
-from resources.storage import WarehouseStorage, state_changes_asset
+from resources.storage import WarehouseStorage, folder_schema, state_changes_asset
 
 # Up to this many change rows are broadcast against the full copy (as the CDC step's payload join does).
 BROADCAST_MAX_CHANGE_ROWS = 2_000_000
@@ -85,6 +84,6 @@ def stored_fields(storage: WarehouseStorage, table: str, asset: str, as_of: str)
         return None
     newest = (state_changes_asset(asset), layout.change_dates[-1]) if layout.change_dates else (asset, layout.full_date)
     try:
-        return folder_schema(storage, storage.stored_path(table, *newest)).jsonValue()["fields"]
+        return folder_schema(storage.stored_path(table, *newest)).jsonValue()["fields"]
     except ValueError:  # no Parquet file
         return None

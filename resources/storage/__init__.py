@@ -23,7 +23,7 @@ from resources.storage.layout import (
     warehouse_root,
 )
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, LOCK_TIMEOUT_ENV, WriterLockTimeout
-from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout
+from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout, folder_schema
 from resources.storage.retention import DEFAULT_RETIRED_GRACE_SECONDS, RETIRED_GRACE_ENV
 from resources.storage.warehouse import WarehouseStorage
 
@@ -44,6 +44,7 @@ __all__ = [
     "WarehouseStorage",
     "WriterLockTimeout",
     "as_stored",
+    "folder_schema",
     "local_warehouse_path",
     "state_changes_asset",
     "warehouse_root",

@@ -7,6 +7,7 @@ nothing under the reader.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from datetime import date, timedelta
 
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -175,3 +177,21 @@ def row_counts(layout: WarehouseLayout, table: str, asset: str, business_dates: 
         folder = stored_path(layout, table, asset, day)
         counts[day] = sum(pq.ParquetFile(f"{folder}/{name}").metadata.num_rows for name in list_names(folder) if name.endswith(".parquet"))
     return counts
+
+
+# Where Spark keeps the schema it wrote in a Parquet footer: its exact types (a timestamp stored as
+# INT96 is a timestamp, not the timestamp without time zone pyarrow reads it as), and each column's metadata.
+_SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def folder_schema(folder: str) -> StructType:
+    """The Spark schema a stored date's folder was written with (its first Parquet file's footer; no Spark job)."""
+    names = sorted(name for name in list_names(folder) if name.endswith(".parquet"))
+    if not names:
+        raise ValueError(f"{folder} holds no Parquet file")
+    schema = pq.read_schema(f"{folder}/{names[0]}")
+    written = (schema.metadata or {}).get(_SPARK_SCHEMA_KEY)
+    if written is not None:
+        return StructType.fromJson(json.loads(written))
+    # Not written by Spark: read as Spark infers it.
+    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
