@@ -76,3 +76,15 @@ def sorted_rows(spark, path: Path | str, with_audit: bool = False) -> list[tuple
     if not with_audit:
         frame = frame.drop(*AUDIT_COLUMNS)
     return sorted((tuple(row) for row in frame.collect()), key=repr)
+
+
+def own_catalog_database(spark, monkeypatch, name: str):
+    """A fixture body: a database of the test's own in the session's catalog, partitions from folders as
+    in catalog_conf; dropped afterwards. Use with ``yield from``."""
+    monkeypatch.delenv("CDC_CATALOG_DIR", raising=False)
+    previous = spark.conf.get("spark.sql.hive.manageFilesourcePartitions")
+    spark.conf.set("spark.sql.hive.manageFilesourcePartitions", "false")
+    yield name
+    spark.catalog.setCurrentDatabase("default")  # a fresh sync ends with USE
+    spark.sql(f"DROP DATABASE IF EXISTS {name} CASCADE")
+    spark.conf.set("spark.sql.hive.manageFilesourcePartitions", previous)

@@ -17,6 +17,7 @@ import yaml
 from cdc_assets.catalog_ddl import sync_in_place, sync_statements
 from cdc_assets.config import load_table_config
 from resources.storage import WarehouseStorage
+from tests.pipeline import own_catalog_database
 
 TABLE = "tiny"
 DAY_1, DAY_2 = "2024-01-01", "2024-01-02"
@@ -51,14 +52,7 @@ def _config(folder: Path, gained: bool = False):
 @pytest.fixture()
 def database(spark, monkeypatch):
     """A database of its own in the session's catalog, partitions from folders as in catalog_conf."""
-    monkeypatch.delenv("CDC_CATALOG_DIR", raising=False)
-    name = "catalog_sync_test"
-    previous = spark.conf.get("spark.sql.hive.manageFilesourcePartitions")
-    spark.conf.set("spark.sql.hive.manageFilesourcePartitions", "false")
-    yield name
-    spark.catalog.setCurrentDatabase("default")  # a fresh sync ends with USE
-    spark.sql(f"DROP DATABASE IF EXISTS {name} CASCADE")
-    spark.conf.set("spark.sql.hive.manageFilesourcePartitions", previous)
+    yield from own_catalog_database(spark, monkeypatch, "catalog_sync_test")
 
 
 def _created(spark, database: str) -> dict[str, str]:

@@ -21,6 +21,7 @@ from cdc_assets.consumers import changes_between, current_duckdb_sql, current_st
 from cdc_assets.core.as_configured import configured_select_list
 from cdc_assets.core.scd2 import Dialect
 from resources.storage import WarehouseStorage
+from tests.pipeline import own_catalog_database
 
 TABLE = "evolving"
 D1, D2, D3 = "2024-01-01", "2024-01-02", "2024-01-03"
@@ -185,14 +186,7 @@ def test_the_select_list_names_only_stored_names(config):
 @pytest.fixture()
 def database(spark, monkeypatch):
     """A database of its own in the session's catalog, partitions from folders as in catalog_conf."""
-    monkeypatch.delenv("CDC_CATALOG_DIR", raising=False)
-    name = "schema_readers_test"
-    previous = spark.conf.get("spark.sql.hive.manageFilesourcePartitions")
-    spark.conf.set("spark.sql.hive.manageFilesourcePartitions", "false")
-    yield name
-    spark.catalog.setCurrentDatabase("default")  # a fresh sync ends with USE
-    spark.sql(f"DROP DATABASE IF EXISTS {name} CASCADE")
-    spark.conf.set("spark.sql.hive.manageFilesourcePartitions", previous)
+    yield from own_catalog_database(spark, monkeypatch, "schema_readers_test")
 
 
 def _registered(spark, database: str, name: str) -> dict[str, str]:
