@@ -209,6 +209,47 @@ class Retention(BaseModel):
     )
 
 
+class ErasedKeys(str, Enum):
+    """What a date's extract does with a key that ``cdc-erase`` erased (it is in the table's ``_erasures`` ledger)."""
+
+    drop = "drop"  # set its records aside (counted, never stored): the key stays erased
+    keep = "keep"  # take them as any other record: the key comes back, as the source still holds it
+
+
+_CLOCK = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
+
+
+class Freshness(BaseModel):
+    """``freshness:`` in a table config: by when a business date's partitions should be materialized.
+
+    Business date D is expected by ``expected_by`` (HH:MM, 24-hour) on the day after D, in ``timezone``
+    (an IANA name such as Europe/Amsterdam; daylight saving is applied). Later than that, D is late.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    expected_by: str = Field(description="HH:MM on the day after the business date, in `timezone`.")
+    timezone: str = Field(default="UTC", description="IANA time zone of expected_by, e.g. Europe/Amsterdam.")
+
+    @field_validator("expected_by")
+    @classmethod
+    def _clock_time(cls, value: str) -> str:
+        if not _CLOCK.match(value):
+            raise ValueError(f"expected_by {value!r} must be a 24-hour time HH:MM, e.g. \"06:00\"")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"timezone {value!r} is not an IANA time zone name such as Europe/Amsterdam or UTC") from None
+        return value
+
+
 class StateForm(str, Enum):
     """How current_table stores each date's state."""
 
@@ -290,6 +331,8 @@ class TableConfig(BaseModel):
     scd2: Scd2 = Scd2()
     retention: Retention | None = None
     storage: StateStorage = StateStorage()
+    erased_keys: ErasedKeys = ErasedKeys.drop
+    freshness: Freshness | None = None
     owners: list[str] = Field(default_factory=list)
     description: str | None = None
     # The file the config was read from, for errors that must name it (None: built in code).
