@@ -7,6 +7,7 @@ evaluation per date (a single-run backfill checks every date of its range), with
 equation in the metadata. A range is measured in one aggregation per dataset, grouped by date.
 """
 
+from collections.abc import Iterator
 from datetime import date
 
 from dagster import (
@@ -16,6 +17,7 @@ from dagster import (
     AssetCheckSpec,
     AssetKey,
     AssetRecordsFilter,
+    DagsterInstance,
     DailyPartitionsDefinition,
     MetadataValue,
     ResourceParam,
@@ -33,6 +35,7 @@ from cdc_assets.core.reconcile import (
     reconcile_change_set,
     reconcile_change_set_intake,
     reconcile_changes,
+    reconcile_erased_keys,
     reconcile_incoming,
     reconcile_stored_state,
     reconcile_updates,
@@ -83,8 +86,15 @@ CHECK_DESCRIPTIONS = {
         "loads)."
     ),
 }
+ERASED_KEYS_CHECK = (HASHED_INCOMING, "no_erased_keys_in_extract")
+CHECK_DESCRIPTIONS[ERASED_KEYS_CHECK] = (
+    "Warns when the extract holds records of keys erased from this table (cdc-erase): the source still holds them. "
+    "They were set aside (erased_keys: drop) or kept (erased_keys: keep), as the table config says."
+)
+# The checks that warn and never stop a run; every other check is blocking.
+WARNING_CHECKS = {ERASED_KEYS_CHECK}
 STATE_CHECKS = [(CURRENT, "stored_state_reconciles")]
-INCOMING_CHECKS = [(HASHED_INCOMING, "rows_read_reconcile"), (HASHED_INCOMING, "keys_unique")]
+INCOMING_CHECKS = [(HASHED_INCOMING, "rows_read_reconcile"), (HASHED_INCOMING, "keys_unique"), ERASED_KEYS_CHECK]
 CDC_CHECKS = [key for key in CHECK_DESCRIPTIONS if key not in INCOMING_CHECKS and key != (CURRENT, "stored_state_reconciles")]
 # A change set holds several records per key, and its incoming records are not one per classified key.
 CHANGESET_DESCRIPTIONS = {
@@ -97,7 +107,7 @@ CHANGESET_DESCRIPTIONS = {
     ),
     (CURRENT, "previous_plus_changes"): "current_table rows = current_table rows the day before + I - D.",
 }
-CHANGESET_INCOMING_CHECKS = [(HASHED_INCOMING, "rows_read_reconcile")]
+CHANGESET_INCOMING_CHECKS = [(HASHED_INCOMING, "rows_read_reconcile"), ERASED_KEYS_CHECK]
 CHANGESET_CDC_CHECKS = [(CLASSIFICATION, "records_reconcile"), (CURRENT, "previous_plus_changes")] + [
     key for key in CDC_CHECKS if key != (CLASSIFICATION, "incoming_reconciles")
 ]
@@ -111,29 +121,31 @@ def _specs(config: TableConfig, partitions_def: DailyPartitionsDefinition, check
             name,
             asset=asset_key(config, asset),
             description={**CHECK_DESCRIPTIONS, **(CHANGESET_DESCRIPTIONS if config.changes else {})}[(asset, name)],
-            blocking=True,
+            blocking=(asset, name) not in WARNING_CHECKS,
             partitions_def=partitions_def,
         )
         for asset, name in checks
     ]
 
 
-def _evaluation(config: TableConfig, day: str, outcome: Reconciliation) -> AssetCheckEvaluation:
+def evaluation(config: TableConfig, day: str, outcome: Reconciliation) -> AssetCheckEvaluation:
+    """A check's result for one date, as the UI shows it: the equation and both of its sides."""
+    warning = (outcome.asset, outcome.name) in WARNING_CHECKS
     return AssetCheckEvaluation(
         asset_key=asset_key(config, outcome.asset),
         check_name=outcome.name,
         passed=outcome.passed,
         partition=day,
-        severity=AssetCheckSeverity.ERROR,
-        blocking=True,
+        severity=AssetCheckSeverity.WARN if warning else AssetCheckSeverity.ERROR,
+        blocking=not warning,
         description=outcome.equation,
         metadata={"equation": MetadataValue.text(outcome.equation), **outcome.metadata},
     )
 
 
-def _recorded(context: AssetCheckExecutionContext, key: AssetKey, day: str, names: tuple[str, ...]) -> dict[str, int]:
+def _recorded(instance: DagsterInstance, key: AssetKey, day: str, names: tuple[str, ...]) -> dict[str, int]:
     """Figures the asset's latest materialization of the date recorded (0 for one it did not record)."""
-    records = context.instance.fetch_materializations(
+    records = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=key, asset_partitions=[day]), limit=1
     ).records
     if not records:
@@ -154,9 +166,8 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         pool=pool_name(config),
     )
     def intake_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
-        days = list(context.partition_keys)
-        for day, outcome in _intake_outcomes(context, parquet_io_manager, config, days):
-            yield _evaluation(config, day, outcome)
+        for day, outcome in intake_outcomes(context.instance, parquet_io_manager, config, list(context.partition_keys)):
+            yield evaluation(config, day, outcome)
 
     @multi_asset_check(
         name=f"{table}__cdc_checks",
@@ -165,63 +176,79 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         pool=pool_name(config),
     )
     def cdc_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
-        days = list(context.partition_keys)
-        incoming = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
-        history = parquet_io_manager.row_counts(table, HISTORY, days)
-        late = parquet_io_manager.row_counts(table, LATE_CHANGES, days) if change_set else {}
-        updates_naming_none = _updates_naming_no_column(parquet_io_manager, table, days)
-        operations, (current, parts) = side_by_side(
-            lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), BUSINESS_DATE),
-            lambda: _state_figures(parquet_io_manager, config, days),
-        )
-        for day in days:
-            on, before = date.fromisoformat(day), date.fromisoformat(day_before(day))
-            by_operation = _with_not_supplied(context, config, day, operations.get(on, no_operations()))
-            stored = dict(
-                operations=by_operation,
-                incoming_rows=incoming[day],
-                previous_rows=current[before].rows if before in current else _previous_rows(parquet_io_manager, config, day),
-                current=current.get(on, KeyedFigures()),
-                history_rows=history[day],
-            )
-            if change_set:
-                recorded = _recorded(context, asset_key(config, CLASSIFICATION), day, ("winners", "superseded", "duplicate_events"))
-                outcomes = reconcile_change_set(**stored, **recorded, late_rows=late[day])
-            else:
-                outcomes = reconcile_changes(**stored)
-            outcomes += _stored_part_outcomes(config, day, by_operation, parts)
-            outcomes.append(_updates_outcome(parquet_io_manager, config, day, updates_naming_none.get(on, 0)))
+        for day, outcomes in cdc_outcomes(context.instance, parquet_io_manager, config, list(context.partition_keys)):
             for outcome in outcomes:
-                yield _evaluation(config, day, outcome)
+                yield evaluation(config, day, outcome)
             context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
 
     return [intake_checks, cdc_checks]
 
 
-def _intake_outcomes(context: AssetCheckExecutionContext, io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]):
+def cdc_outcomes(
+    instance: DagsterInstance, parquet_io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]
+) -> Iterator[tuple[str, list[Reconciliation]]]:
+    """(date, outcomes) of the CDC checks, from what is stored and what the latest materializations recorded."""
+    table, change_set = config.name, config.changes is not None
+    incoming = parquet_io_manager.row_counts(table, HASHED_INCOMING, days)
+    history = parquet_io_manager.row_counts(table, HISTORY, days)
+    late = parquet_io_manager.row_counts(table, LATE_CHANGES, days) if change_set else {}
+    updates_naming_none = _updates_naming_no_column(parquet_io_manager, table, days)
+    operations, (current, parts) = side_by_side(
+        lambda: operations_by_date(parquet_io_manager.read_partitions(table, CLASSIFICATION, days), BUSINESS_DATE),
+        lambda: _state_figures(parquet_io_manager, config, days),
+    )
+    for day in days:
+        on, before = date.fromisoformat(day), date.fromisoformat(day_before(day))
+        by_operation = _with_not_supplied(instance, config, day, operations.get(on, no_operations()))
+        stored = dict(
+            operations=by_operation,
+            incoming_rows=incoming[day],
+            previous_rows=current[before].rows if before in current else _previous_rows(parquet_io_manager, config, day),
+            current=current.get(on, KeyedFigures()),
+            history_rows=history[day],
+        )
+        if change_set:
+            recorded = _recorded(instance, asset_key(config, CLASSIFICATION), day, ("winners", "superseded", "duplicate_events"))
+            outcomes = reconcile_change_set(**stored, **recorded, late_rows=late[day])
+        else:
+            outcomes = reconcile_changes(**stored)
+        outcomes += _stored_part_outcomes(config, day, by_operation, parts)
+        outcomes.append(_updates_outcome(parquet_io_manager, config, day, updates_naming_none.get(on, 0)))
+        yield day, outcomes
+
+
+def intake_outcomes(
+    instance: DagsterInstance, io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]
+) -> Iterator[tuple[str, Reconciliation]]:
     """(date, outcome) of the intake checks; row counts from the committed files' footers."""
     table, key = config.name, asset_key(config, HASHED_INCOMING)
     rejected = io_manager.row_counts(table, REJECTS, days)
+    names = ("rows_read", "tombstone_lines", "erased_keys_in_extract", "erased_records_set_aside")
     if config.changes is not None:
         accepted = io_manager.row_counts(table, HASHED_INCOMING, days)
         for day in days:
-            read = _recorded(context, key, day, ("rows_read", "tombstone_lines"))
-            yield day, reconcile_change_set_intake(read["rows_read"], accepted[day], rejected[day], read["tombstone_lines"])
+            read = _recorded(instance, key, day, names)
+            yield day, reconcile_change_set_intake(
+                read["rows_read"], accepted[day], rejected[day], read["tombstone_lines"], read["erased_records_set_aside"]
+            )
+            yield day, reconcile_erased_keys(read["erased_keys_in_extract"], config.erased_keys.value)
         return
     # Distinct keys from one aggregation over the range.
     keyed = keyed_figures_by_date(io_manager.read_partitions(table, HASHED_INCOMING, days), BUSINESS_DATE)
     for day in days:
-        rows_read = _recorded(context, key, day, ("rows_read",))["rows_read"]
-        for outcome in reconcile_incoming(rows_read, keyed.get(date.fromisoformat(day), KeyedFigures()), rejected[day]):
+        read = _recorded(instance, key, day, names)
+        accepted = keyed.get(date.fromisoformat(day), KeyedFigures())
+        for outcome in reconcile_incoming(read["rows_read"], accepted, rejected[day], read["erased_records_set_aside"]):
             yield day, outcome
+        yield day, reconcile_erased_keys(read["erased_keys_in_extract"], config.erased_keys.value)
 
 
-def _with_not_supplied(context: AssetCheckExecutionContext, config: TableConfig, day: str, operations: dict[str, int]) -> dict[str, int]:
+def _with_not_supplied(instance: DagsterInstance, config: TableConfig, day: str, operations: dict[str, int]) -> dict[str, int]:
     """The date's operations as hash_join_classification stores them, and X as its materialization
     recorded it: a key a delta or change set did not supply is counted, not stored."""
     if operations.get(NOT_SUPPLIED):  # written by a release that stored X rows: they are all there
         return operations
-    recorded = _recorded(context, asset_key(config, CLASSIFICATION), day, ("not_supplied",))["not_supplied"]
+    recorded = _recorded(instance, asset_key(config, CLASSIFICATION), day, ("not_supplied",))["not_supplied"]
     return {**operations, NOT_SUPPLIED: recorded}
 
 

@@ -74,6 +74,8 @@ from cdc_assets.names import (
 from cdc_assets.runs_log import cdc_left_out, run_started_at, runs_logged
 from cdc_assets.schema_changes import configured_spec, evolution_since
 from cdc_assets.core.state import StateSince, compaction_due, untouched_operation
+from cdc_assets.erasure import erased_keys
+from cdc_assets.erasure_events import build_erase_job
 from resources.parquet_io_manager import (
     STATE_LOAD_TYPE,
     DatedRows,
@@ -150,12 +152,14 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
             # A change of columns that cannot be applied fails the date here, before anything is written.
             evolution_since(parquet_io_manager.storage, config, day_before(days[0]), rebaseline=_rebaseline_declared(context, config))
             with server_loss_explained(pyspark):
-                yield from _read_incoming(context, config, pyspark, days, hashed_key, rejects_key)
+                yield from _read_incoming(context, config, pyspark, parquet_io_manager, days, hashed_key, rejects_key)
 
     return read_incoming
 
 
-def _read_incoming(context: AssetExecutionContext, config: TableConfig, pyspark, days: list[str], hashed_key, rejects_key):
+def _read_incoming(
+    context: AssetExecutionContext, config: TableConfig, pyspark, parquet_io_manager, days: list[str], hashed_key, rejects_key
+):
     """The intake step: read, validate and hash every date of the range, then write both outputs."""
     spark = pyspark.spark_session
     spark.conf.set(SCHEDULER_POOL, pool_name(config))  # this table's fair share of a shared server
@@ -165,8 +169,13 @@ def _read_incoming(context: AssetExecutionContext, config: TableConfig, pyspark,
     # of small days would otherwise pay for.
     with _timed(context, config.name, "reading the extracts' headers", _span(days)):
         sources = dict(zip(days, for_each_date(lambda day: read_source(spark, config, day), days)))
+    # Keys erased from the table (cdc-erase) never come back from an extract, a re-read one included,
+    # unless the table says `erased_keys: keep`.
+    # The lock first: an erase running now (it holds the lock) finishes, and its keys are in the ledger read.
+    parquet_io_manager.storage.hold_writer_lock(config.name)
+    erased = erased_keys(spark, parquet_io_manager.storage, config.name)
     with _timed(context, config.name, "validation and hashing", _span(days)):
-        prepared = prepare_incoming_dates(config, sources)
+        prepared = prepare_incoming_dates(config, sources, erased)
     try:
         summary = []  # one log line per date, logged as one message: each message is an event stored
         for day in days:
@@ -181,11 +190,15 @@ def _read_incoming(context: AssetExecutionContext, config: TableConfig, pyspark,
                 counts["duplicate_keys"] = figures.duplicate_keys
             if config.source.format is SourceFormat.debezium:
                 counts["tombstone_lines"] = figures.tombstone_lines
+            if erased is not None:
+                counts["erased_keys_in_extract"] = figures.erased_records
+                counts["erased_records_set_aside"] = figures.set_aside
             for key in (hashed_key, rejects_key):
                 context.add_asset_metadata(counts, asset_key=key, partition_key=day)
             summary.append(
                 f"{config.name} {day}: read {figures.rows_read} rows, accepted {figures.rows_accepted}, "
                 f"rejected {figures.rows_rejected}"
+                + (f", {figures.erased_records} of erased keys ({config.erased_keys.value})" if figures.erased_records else "")
             )
         context.log.info("\n".join(summary))
         for key, rows in ((hashed_key, prepared.accepted), (rejects_key, prepared.rejected)):
@@ -463,7 +476,7 @@ def build_table_definitions(config: TableConfig) -> TableDefinitions:
         partitions_def=partitions_def,
         assets=assets,
         asset_checks=build_table_checks(config, partitions_def),
-        jobs=[job],
+        jobs=[job, build_erase_job(config)],
         schedules=[build_daily_schedule(config, job)],
         sensors=[build_landing_sensor(config, job, partitions_def)],
     )

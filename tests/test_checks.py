@@ -19,6 +19,7 @@ DAY1, DAY2 = "2024-01-01", "2024-01-02"
 ALL_CHECKS = {
     ("hashed_incoming", "rows_read_reconcile"),
     ("hashed_incoming", "keys_unique"),
+    ("hashed_incoming", "no_erased_keys_in_extract"),
     ("hash_join_classification", "incoming_reconciles"),
     ("hash_join_classification", "previous_state_reconciles"),
     ("current_table", "row_count_reconciles"),

@@ -23,7 +23,7 @@ def test_orders_three_days(spark, warehouse, monkeypatch):
     results = run_dates(definitions_for(config), DATES, instance)
 
     checks = [e.event_specific_data for r in results for e in r.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-    assert len(checks) == 9 * len(DATES) and all(check.passed for check in checks)
+    assert len(checks) == 10 * len(DATES) and all(check.passed for check in checks)
 
     def counts(asset, day):
         return operation_counts(spark, partition_dir(warehouse, "orders", asset, day))

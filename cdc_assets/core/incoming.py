@@ -15,7 +15,7 @@ from functools import reduce
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from cdc_assets.config import BadRecordPolicy, DuplicateKeyPolicy, LoadType, TableConfig
+from cdc_assets.config import INTERNAL_PREFIX, BadRecordPolicy, DuplicateKeyPolicy, ErasedKeys, LoadType, TableConfig
 from cdc_assets.core.caching import persist
 from cdc_assets.core.hashing import KEY_HASH, add_hashes
 from cdc_assets.core.columns import BUSINESS_DATE
@@ -60,6 +60,18 @@ class IncomingBatch:
 
     def release(self) -> None:
         self._cached.unpersist()
+
+
+def _erased_records(validated: DataFrame, erased: DataFrame, drop: bool) -> tuple[DataFrame, dict[str, int]]:
+    """Records of erased keys per date (one small job over the cached rows), and ``validated`` without
+    them when ``drop``. A record whose key does not parse has no erased key's hash: it stays."""
+    flag = f"{INTERNAL_PREFIX}erased"
+    marked = validated.join(F.broadcast(erased.distinct().withColumn(flag, F.lit(True))), on=KEY_HASH, how="left")
+    marked = marked.select(*validated.columns, F.coalesce(F.col(flag), F.lit(False)).alias(flag))
+    counts = {row[BUSINESS_DATE]: row["count"] for row in marked.filter(F.col(flag)).groupBy(BUSINESS_DATE).count().collect()}
+    if not (drop and counts):
+        return validated, counts
+    return marked.filter(~F.col(flag)).drop(flag), counts
 
 
 def _hash_specs(config: TableConfig):
@@ -111,20 +123,23 @@ def _describe_duplicates(duplicates: DataFrame, accepted: DataFrame, config: Tab
 
 @dataclass(frozen=True)
 class DateFigures:
-    """One date's intake figures: rows read = rows accepted + rows rejected + tombstone lines.
+    """One date's intake figures: rows read = rows accepted + rows rejected + tombstone lines + records set aside.
 
     ``duplicate_keys``: keys found more than once (0 for a change set). ``tombstone_lines``: Debezium's
-    null-valued lines, counted, not kept.
+    null-valued lines, counted, not kept. ``erased_records``: records of keys the table's ledger has
+    erased (``cdc-erase``); ``set_aside``: those of them not kept (``erased_keys: drop``), counted only.
     """
 
     rows_read: int = 0
     rows_rejected: int = 0
     duplicate_keys: int = 0
     tombstone_lines: int = 0
+    erased_records: int = 0
+    set_aside: int = 0
 
     @property
     def rows_accepted(self) -> int:
-        return self.rows_read - self.rows_rejected - self.tombstone_lines
+        return self.rows_read - self.rows_rejected - self.tombstone_lines - self.set_aside
 
 
 @dataclass
@@ -158,12 +173,16 @@ def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: da
     )
 
 
-def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]) -> IncomingDates:
+def prepare_incoming_dates(
+    config: TableConfig, sources: Mapping[str, DataFrame], erased: DataFrame | None = None
+) -> IncomingDates:
     """Validate, type and hash several dates' extracts (``{ISO date: read_source(...)}``) in one query.
 
     Duplicate keys are looked for within each date. Raises :class:`BadRecordsError` /
     :class:`DuplicateKeysError` for the oldest date that breaks a ``fail`` policy; nothing is
-    returned for any date then.
+    returned for any date then. ``erased`` (``key_hash`` values of erased keys) makes the records of
+    those keys, good or bad, counted; with ``erased_keys: drop`` they are also set aside first, kept
+    nowhere, so no policy fails a date on an erased key's record.
     """
     days = sorted(sources)
     keys, non_keys = _hash_specs(config)
@@ -183,6 +202,9 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
     # count hashes the keys only, the rejects hash nothing.
     cached = persist(validate_records(raw, config))
     validated = add_hashes(cached, keys, non_keys)
+    erased_by_date: dict[str, int] = {}
+    if erased is not None:
+        validated, erased_by_date = _erased_records(validated, erased, drop=config.erased_keys is ErasedKeys.drop)
     # One job fills the cache and yields every date's figures: rows read, rows rejected, and the keys
     # that occur more than once among the date's accepted rows (with their rows); for a change set,
     # its tombstone lines instead (several records per key are its point).
@@ -220,6 +242,9 @@ def prepare_incoming_dates(config: TableConfig, sources: Mapping[str, DataFrame]
         day = row[BUSINESS_DATE]
         figures[day] = DateFigures(row["read"] or 0, row["rejected"] or 0, row["duplicate_keys"], row["tombstones"] or 0)
         duplicate_rows[day] = row["duplicate_rows"] or 0
+    for day, found in erased_by_date.items():
+        set_aside = found if config.erased_keys is ErasedKeys.drop else 0
+        figures[day] = replace(figures[day], rows_read=figures[day].rows_read + set_aside, erased_records=found, set_aside=set_aside)
 
     def on(day: str):  # for the cached rows (date as text) and the ones derived from them alike
         return F.col(BUSINESS_DATE).cast("date") == F.lit(day).cast("date")

@@ -77,11 +77,17 @@ def _rule(asset: str, name: str, left_label: str, left: int, right_label: str, r
     )
 
 
-def reconcile_incoming(rows_read: int, accepted: KeyedFigures, rejected_rows: int) -> list[Reconciliation]:
-    """Nothing lost at intake (rows read = accepted + rejected), and no key twice in hashed_incoming."""
+def reconcile_incoming(rows_read: int, accepted: KeyedFigures, rejected_rows: int, set_aside: int = 0) -> list[Reconciliation]:
+    """Nothing lost at intake (rows read = accepted + rejected + records of erased keys set aside), and no
+    key twice in hashed_incoming."""
+    rows = _rule("hashed_incoming", "rows_read_reconcile", "rows read", rows_read, "accepted + rejected",
+                 accepted.rows + rejected_rows, rows_read=rows_read, rows_accepted=accepted.rows, rows_rejected=rejected_rows)
+    if set_aside:
+        rows = _rule("hashed_incoming", "rows_read_reconcile", "rows read", rows_read,
+                     "accepted + rejected + records of erased keys set aside", accepted.rows + rejected_rows + set_aside,
+                     rows_read=rows_read, rows_accepted=accepted.rows, rows_rejected=rejected_rows, erased_records_set_aside=set_aside)
     return [
-        _rule("hashed_incoming", "rows_read_reconcile", "rows read", rows_read, "accepted + rejected",
-              accepted.rows + rejected_rows, rows_read=rows_read, rows_accepted=accepted.rows, rows_rejected=rejected_rows),
+        rows,
         _rule("hashed_incoming", "keys_unique", "hashed_incoming rows", accepted.rows, "distinct key_hash", accepted.distinct_keys),
     ]
 
@@ -126,11 +132,23 @@ def reconcile_stored_state(operations: Mapping[str, int], full_copy: bool, store
                  stored_as=stored_as)
 
 
-def reconcile_change_set_intake(rows_read: int, accepted_rows: int, rejected_rows: int, tombstone_lines: int) -> Reconciliation:
-    """Nothing lost at a change set's intake: records read = accepted + rejected + tombstone lines."""
+def reconcile_change_set_intake(
+    rows_read: int, accepted_rows: int, rejected_rows: int, tombstone_lines: int, set_aside: int = 0
+) -> Reconciliation:
+    """Nothing lost at a change set's intake: records read = accepted + rejected + tombstone lines (+ records
+    of erased keys set aside)."""
+    label = "accepted + rejected + tombstone lines" + (" + records of erased keys set aside" if set_aside else "")
+    extra = {"erased_records_set_aside": set_aside} if set_aside else {}
     return _rule("hashed_incoming", "rows_read_reconcile", "records read", rows_read,
-                 "accepted + rejected + tombstone lines", accepted_rows + rejected_rows + tombstone_lines,
-                 rows_read=rows_read, rows_accepted=accepted_rows, rows_rejected=rejected_rows, tombstone_lines=tombstone_lines)
+                 label, accepted_rows + rejected_rows + tombstone_lines + set_aside,
+                 rows_read=rows_read, rows_accepted=accepted_rows, rows_rejected=rejected_rows, tombstone_lines=tombstone_lines,
+                 **extra)
+
+
+def reconcile_erased_keys(erased_records: int, policy: str) -> Reconciliation:
+    """No record of an erased key in the extract: one there means the source still holds a key erased here."""
+    return _rule("hashed_incoming", "no_erased_keys_in_extract", "records of erased keys in the extract", erased_records,
+                 "zero", 0, erased_keys_policy=policy)
 
 
 def reconcile_change_set(

@@ -11,6 +11,8 @@ Per table::
     {root}/{table}/_staging/{asset}/{write}/...                       a write in progress (unique per write)
     {root}/{table}/_retention/{asset}/business_date=D.json            a partition retention dropped (when, why)
     {root}/{table}/_writer.lock                                       who is writing the table
+    {root}/{table}/_erasures/{request}/request.json                   an erase: when, who, why, what it rewrote
+    {root}/{table}/_erasures/{request}/key_hashes/*.parquet           the erased keys' hashes (no key value)
     {root}/_runs/{table}-{time}-{run}-{id}.parquet                    the runs log, a file per append
     {root}/_catalog/                                                  the SQL catalog's metastore (cdc_assets.catalog)
 
@@ -50,6 +52,8 @@ LOCK_FILE = "_writer.lock"
 RUNS_FOLDER = "_runs"
 # Per table, one small file per partition dropped by retention: what tells "dropped" from "never written".
 RETENTION_FOLDER = "_retention"
+# Per table, one folder per erase request: the ledger of erased keys (resources/storage/erasure.py).
+ERASURES_FOLDER = "_erasures"
 # The SQL catalog's own state (Derby metastore, server state), beside the tables.
 CATALOG_FOLDER = "_catalog"
 # An incremental state's changes go to "{asset}_changes" (no asset name ends so).
@@ -140,6 +144,10 @@ class WarehouseLayout:
 
     def dropped_marker_path(self, table: str, asset: str, business_date: str) -> str:
         return f"{self.retention_path(table, asset)}/{BUSINESS_DATE}={business_date}.json"
+
+    def erasures_path(self, table: str, request_id: str | None = None) -> str:
+        base = f"{self.root}/{table}/{ERASURES_FOLDER}"
+        return base if request_id is None else f"{base}/{request_id}"
 
     def runs_log_path(self) -> str:
         return f"{self.root}/{RUNS_FOLDER}"

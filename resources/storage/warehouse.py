@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from cdc_assets.core.columns import BUSINESS_DATE
-from resources.storage import commit, reading, retention
+from resources.storage import commit, erasure, reading, retention
 from resources.storage.commit import as_stored
 from resources.storage.files import list_names
 from resources.storage.layout import WarehouseLayout, local_warehouse_path, state_changes_asset
@@ -132,6 +132,48 @@ class WarehouseStorage:
         pq.write_table(rows, hidden)
         os.rename(hidden, path)
         return path
+
+    # -- erasure ---------------------------------------------------------------------------------------
+    def erasure_requests(self, table: str) -> list[dict]:
+        """The table's recorded erase requests, oldest first (the ledger; no lock, no Spark)."""
+        return erasure.requests(self.layout, table)
+
+    def start_erasure(self, hashes: DataFrame, table: str, fingerprint: str, record: dict) -> str:
+        """Record a new erase request of the keys ``hashes`` (a ``key_hash`` column); returns its id.
+
+        Holds the table's writer lock. The hashes are stored first and the record last, so the ledger
+        never names keys it does not hold.
+        """
+        self.hold_writer_lock(table)
+        erasure.discard_unrecorded(self.layout, table)
+        request_id = erasure.new_request_id(fingerprint)
+        erasure.store_key_hashes(hashes, self.layout, table, request_id)
+        erasure.write_request(self.layout, table, request_id, record)
+        return request_id
+
+    def record_erasure(self, table: str, request_id: str, record: dict) -> None:
+        """Replace the request's record (progress, then completion). Holds the table's writer lock."""
+        self.hold_writer_lock(table)
+        erasure.write_request(self.layout, table, request_id, record)
+
+    def erased_key_folders(self, table: str) -> list[str]:
+        """The ``key_hashes`` folders of every recorded erase request of ``table`` (read with Spark)."""
+        return [request["key_hashes"] for request in self.erasure_requests(table)]
+
+    def purge_replaced_versions(self, table: str) -> None:
+        """Delete every replaced or dropped version of ``table`` now, whatever the grace period (an erase is
+        final when it commits). Holds the table's writer lock."""
+        self.hold_writer_lock(table)
+        erasure.purge_replaced_versions(self.layout, table)
+
+    def stored_assets(self, table: str) -> list[str]:
+        """Every asset the table stores partitions of, an incremental state's changes included (folder names only)."""
+        return sorted(name for name in list_names(self.layout.table_path(table)) if not name.startswith(("_", ".")))
+
+    def version_folders(self, table: str) -> list[tuple[str, str, str, bool]]:
+        """Every stored version of the table's assets, current or replaced, and any staged write, as
+        (asset, date, folder, current): all a verification of an erase must scan. No lock, no write."""
+        return erasure.version_folders(self.layout, table)
 
     # -- retention -------------------------------------------------------------------------------------
     def drop_outside_retention(self, table: str, asset: str, current_days: int) -> list[str]:

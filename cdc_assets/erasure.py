@@ -1,0 +1,267 @@
+"""Erase keys from every stored partition of a table, record it in the ledger, and verify it (no Dagster here).
+
+:func:`erase_keys` is what ``cdc-erase`` and the table's erase job run; ``cdc_assets/erasure_events.py``
+tells Dagster about it. The order makes a kill harmless: the ledger's record comes first (so the next
+date's intake already sets the keys aside), then each asset's partitions that hold the keys are
+rewritten through the one commit path under the table's writer lock, the record growing as they
+commit; then every replaced version is deleted at once. Run again with the same keys, an erase killed
+part-way finds the partitions it had not finished and completes the same request.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from urllib.parse import unquote
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from cdc_assets.config import LoadType, TableConfig
+from cdc_assets.core.changes import OPERATION
+from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.erasure import RAW_KEY_HASH, RAW_RECORD, erased_key_hashes, without, with_raw_key_hash
+from cdc_assets.core.hashing import KEY_HASH
+from cdc_assets.names import CLASSIFICATION, CURRENT, REJECTS
+from resources.state import state_rows
+from resources.storage import WarehouseStorage, folder_schema, state_changes_asset
+
+ERASING, COMPLETE = "erasing", "complete"
+_ERASED = "__cdc_erased"
+_FILE = "__cdc_file"
+
+
+@dataclass
+class ErasureResult:
+    """What an erase did: the request, the rows it removed per partition, and the figures that changed."""
+
+    request_id: str
+    keys: int
+    resumed: bool
+    # (asset, date) -> rows removed; the asset as stored (an incremental state's changes apart).
+    removed: dict[tuple[str, str], int] = field(default_factory=dict)
+    # date -> operation -> rows removed from hash_join_classification.
+    removed_operations: dict[str, dict[str, int]] = field(default_factory=dict)
+    # date -> rows of the state as of the date, before and after the erase (delta and change-set loads).
+    state_rows_before: dict[str, int] = field(default_factory=dict)
+    state_rows_after: dict[str, int] = field(default_factory=dict)
+    # date -> rejects whose raw record names no parseable key: kept, and reported.
+    unverifiable_rejects: dict[str, int] = field(default_factory=dict)
+    bytes_rewritten: int = 0  # of the versions replaced
+    bytes_stored: int = 0  # of every current version of the table, before the erase
+
+    @property
+    def rows_removed(self) -> int:
+        return sum(self.removed.values())
+
+
+@dataclass
+class Verification:
+    """Where the keys still are: (asset, date, folder, current, rows) per version holding them, and the
+    rejects that name no parseable key, per date."""
+
+    holding: list[tuple[str, str, str, bool, int]]
+    unverifiable_rejects: dict[str, int]
+
+
+def key_columns(config: TableConfig) -> list[tuple[str, str]]:
+    return [(column.name, column.type) for column in config.keys]
+
+
+def read_keys_file(spark: SparkSession, config: TableConfig, path: str) -> DataFrame:
+    """The keys file (CSV with a header naming the key columns) as their ``key_hash`` values."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"keys file {path} does not exist (a CSV with a header naming the key columns of {config.name})")
+    # Every value as text (no inference), RFC 4180 quoting; a Connect server resolves the absolute path.
+    keys = spark.read.option("header", True).option("escape", '"').option("inferSchema", False).csv(os.path.abspath(path))
+    return erased_key_hashes(keys, key_columns(config), config.name, path)
+
+
+def erased_keys(spark: SparkSession, storage: WarehouseStorage, table: str) -> DataFrame | None:
+    """Every key the table's ledger has erased, as ``key_hash`` values; None when none was."""
+    folders = storage.erased_key_folders(table)
+    if not folders:
+        return None
+    return spark.read.schema(StructType([StructField(KEY_HASH, StringType())])).parquet(*folders)
+
+
+def erase_keys(
+    spark: SparkSession, storage: WarehouseStorage, config: TableConfig, keys_path: str, reason: str, requested_by: str
+) -> ErasureResult:
+    """Remove the keys of ``keys_path`` from every stored partition of the table; see the module's docstring.
+
+    ``requested_by`` names the process or run in the ledger. Holds the table's writer lock (through
+    ``storage``) until the caller releases it.
+    """
+    table = config.name
+    hashes = read_keys_file(spark, config, keys_path)
+    fingerprint, count = hashes.agg(
+        F.md5(F.concat_ws(",", F.array_sort(F.collect_list(KEY_HASH)))), F.count(F.lit(1))
+    ).first()
+    storage.hold_writer_lock(table)
+    unfinished = [r for r in storage.erasure_requests(table) if r.get("fingerprint") == fingerprint and r.get("status") == ERASING]
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if unfinished:
+        record = {key: value for key, value in unfinished[-1].items() if key not in ("request_id", "key_hashes")}
+        request_id = unfinished[-1]["request_id"]
+        record["resumed_at"] = [*record.get("resumed_at", []), now]
+        record["resumed_by"] = [*record.get("resumed_by", []), requested_by]
+        storage.record_erasure(table, request_id, record)
+    else:
+        record = {
+            "table": table,
+            "status": ERASING,
+            "fingerprint": fingerprint,
+            "keys": count,
+            "requested_at": now,
+            "requested_by": requested_by,
+            "host": socket.gethostname(),
+            "reason": reason,
+            "partitions": {},
+        }
+        request_id = storage.start_erasure(hashes, table, fingerprint, record)
+    erased = spark.read.parquet(next(r["key_hashes"] for r in storage.erasure_requests(table) if r["request_id"] == request_id))
+    result = ErasureResult(request_id=request_id, keys=count, resumed=bool(unfinished))
+    tracks_state = config.load_type is not LoadType.full and CURRENT in storage.stored_assets(table)
+    current_dates = storage.stored_dates(table, CURRENT) + storage.stored_dates(table, state_changes_asset(CURRENT))
+    if tracks_state:
+        result.state_rows_before = {day: state_rows(storage, table, CURRENT, day) for day in sorted(set(current_dates))}
+    for asset in storage.stored_assets(table):
+        dates = storage.stored_dates(table, asset)
+        if not dates:
+            continue
+        result.bytes_stored += sum(_folder_bytes(storage.stored_path(table, asset, day)) for day in dates)
+        hits, unverifiable, by_operation = _rows_of_erased_keys(spark, storage, config, asset, dates, erased)
+        if asset == REJECTS:
+            result.unverifiable_rejects = unverifiable
+        if asset == CLASSIFICATION:
+            result.removed_operations = by_operation
+        affected = sorted(day for day, rows in hits.items() if rows)
+        for group in _same_schema(storage, table, asset, affected):
+            result.bytes_rewritten += sum(_folder_bytes(storage.stored_path(table, asset, day)) for day in group)
+            _rewrite_without(spark, storage, config, asset, group, erased)
+        for day in affected:
+            result.removed[(asset, day)] = hits[day]
+        record["partitions"] = {**record.get("partitions", {}), **{f"{a}/{d}": n for (a, d), n in result.removed.items()}}
+        storage.record_erasure(table, request_id, record)
+    storage.purge_replaced_versions(table)
+    if tracks_state:
+        result.state_rows_after = {day: state_rows(storage, table, CURRENT, day) for day in sorted(set(current_dates))}
+    record.update(
+        status=COMPLETE,
+        completed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        rows_removed=sum(record["partitions"].values()),
+        unverifiable_rejects=result.unverifiable_rejects,
+        bytes_rewritten=record.get("bytes_rewritten", 0) + result.bytes_rewritten,
+    )
+    storage.record_erasure(table, request_id, record)
+    return result
+
+
+def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableConfig, keys_path: str) -> Verification:
+    """Scan every stored file of the table, replaced versions and staged writes included, for the keys.
+
+    Reads only: takes no lock and writes nothing.
+    """
+    erased = read_keys_file(spark, config, keys_path)
+    holding: list[tuple[str, str, str, bool, int]] = []
+    unverifiable: dict[str, int] = {}
+    by_asset: dict[str, list[tuple[str, str, bool]]] = defaultdict(list)
+    for asset, day, folder, current in storage.version_folders(config.name):
+        by_asset[asset].append((day, folder, current))
+    for asset, versions in sorted(by_asset.items()):
+        files = {path: (day, folder, current) for day, folder, current in versions for path in _parquet_files(folder)}
+        if not files:
+            continue
+        column = RAW_RECORD if asset == REJECTS else KEY_HASH
+        read = spark.read.schema(StructType([StructField(column, StringType())])).parquet(*files)
+        read = read.withColumn(_FILE, F.col("_metadata.file_path"))
+        if asset == REJECTS:
+            read = with_raw_key_hash(read, key_columns(config)).withColumnRenamed(RAW_KEY_HASH, KEY_HASH)
+        marked = read.join(F.broadcast(erased.withColumn(_ERASED, F.lit(True))), on=KEY_HASH, how="left")
+        counts = marked.groupBy(_FILE).agg(
+            F.count_if(F.col(_ERASED)).alias("erased"), F.count_if(F.col(KEY_HASH).isNull()).alias("unparsed")
+        )
+        per_folder: dict[str, int] = defaultdict(int)
+        for row in counts.collect():  # a row per file
+            day, folder, current = files[_local_path(row[_FILE])]
+            per_folder[folder] += row["erased"]
+            if asset == REJECTS and current and row["unparsed"]:
+                unverifiable[day] = unverifiable.get(day, 0) + row["unparsed"]
+        for day, folder, current in versions:
+            if per_folder.get(folder):
+                holding.append((asset, day, folder, current, per_folder[folder]))
+    return Verification(holding=sorted(holding), unverifiable_rejects=unverifiable)
+
+
+def _rows_of_erased_keys(spark, storage: WarehouseStorage, config: TableConfig, asset: str, dates: list[str], erased: DataFrame):
+    """Per date: rows of erased keys; rejects naming no parseable key; rows of erased keys by operation
+    (hash_join_classification only). One scan of the key column over every date of the asset."""
+    if asset == REJECTS:
+        frame = storage.read(spark, config.name, asset, dates, schema=StructType([StructField(RAW_RECORD, StringType())]))
+        frame = with_raw_key_hash(frame, key_columns(config)).withColumnRenamed(RAW_KEY_HASH, KEY_HASH)
+    else:
+        fields = [StructField(KEY_HASH, StringType())]
+        if asset == CLASSIFICATION:
+            fields.append(StructField(OPERATION, StringType()))
+        frame = storage.read(spark, config.name, asset, dates, schema=StructType(fields))
+    marked = frame.join(F.broadcast(erased.withColumn(_ERASED, F.lit(True))), on=KEY_HASH, how="left")
+    grouping = [BUSINESS_DATE, OPERATION] if asset == CLASSIFICATION else [BUSINESS_DATE]
+    counts = marked.groupBy(*grouping).agg(
+        F.count_if(F.col(_ERASED)).alias("erased"), F.count_if(F.col(KEY_HASH).isNull()).alias("unparsed")
+    )
+    hits: dict[str, int] = defaultdict(int)
+    unverifiable: dict[str, int] = {}
+    by_operation: dict[str, dict[str, int]] = defaultdict(dict)
+    for row in counts.collect():  # a row per date (and operation)
+        day = str(row[BUSINESS_DATE])
+        hits[day] += row["erased"]
+        if asset == REJECTS and row["unparsed"]:
+            unverifiable[day] = row["unparsed"]
+        if asset == CLASSIFICATION and row["erased"]:
+            by_operation[day][row[OPERATION]] = row["erased"]
+    return hits, unverifiable, dict(by_operation)
+
+
+def _same_schema(storage: WarehouseStorage, table: str, asset: str, dates: list[str]) -> list[list[str]]:
+    """``dates`` in groups stored with one schema (a schema change splits them), each rewritten in one write."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for day in dates:
+        groups[folder_schema(storage.stored_path(table, asset, day)).json()].append(day)
+    return list(groups.values())
+
+
+def _rewrite_without(spark, storage: WarehouseStorage, config: TableConfig, asset: str, dates: list[str], erased: DataFrame) -> None:
+    """Commit ``dates`` of the asset again without the erased keys' rows, with the schema they were stored
+    with (its metadata included: current_table's record of what its hashes cover)."""
+    table = config.name
+    schema = folder_schema(storage.stored_path(table, asset, dates[0]))
+    stored = storage.read(spark, table, asset, dates, schema=schema)
+    if asset == REJECTS:
+        parsed = with_raw_key_hash(stored, key_columns(config))
+        kept = without(parsed, erased, key_hash=RAW_KEY_HASH).drop(RAW_KEY_HASH)
+    else:
+        kept = without(stored, erased)
+    storage.write(kept.select(*schema.names, BUSINESS_DATE), table, asset, dates)
+
+
+def _folder_bytes(folder: str) -> int:
+    return sum(os.path.getsize(path) for path in _parquet_files(folder))
+
+
+def _parquet_files(folder: str) -> list[str]:
+    found = []
+    for current, _, names in os.walk(folder):
+        found += [os.path.join(current, name) for name in names if name.endswith(".parquet")]
+    return sorted(found)
+
+
+def _local_path(uri: str) -> str:
+    """A file path as Spark's ``_metadata.file_path`` gives it (``file:/...`` or ``file:///...``), as a local path."""
+    if uri.startswith("file:"):
+        uri = "/" + uri[len("file:"):].lstrip("/")
+    return unquote(uri)
