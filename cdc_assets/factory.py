@@ -47,6 +47,7 @@ from cdc_assets.automation import build_daily_schedule, build_landing_sensor, bu
 from cdc_assets.asset_descriptions import ASSET_DESCRIPTIONS
 from cdc_assets.checks import build_table_checks
 from cdc_assets.config import DuplicateKeyPolicy, SourceFormat, TableConfig
+from cdc_assets.freshness import freshness_definitions
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.changeset import ChangeSetRules
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
@@ -458,13 +459,14 @@ def build_table_definitions(config: TableConfig) -> TableDefinitions:
     partitions_def = DailyPartitionsDefinition(start_date=config.start_date.isoformat(), end_date=end, timezone="UTC")
     assets = [build_incoming_asset(config, partitions_def), build_cdc_assets(config, partitions_def)]
     job = build_table_job(config, partitions_def)
+    freshness_checks, freshness_sensors = freshness_definitions(config)  # none without `freshness:`
     return TableDefinitions(
         config=config,
         partitions_def=partitions_def,
         assets=assets,
-        asset_checks=build_table_checks(config, partitions_def),
+        asset_checks=build_table_checks(config, partitions_def) + freshness_checks,
         jobs=[job],
         schedules=[build_daily_schedule(config, job)],
-        sensors=[build_landing_sensor(config, job, partitions_def)],
+        sensors=[build_landing_sensor(config, job, partitions_def), *freshness_sensors],
     )
 
