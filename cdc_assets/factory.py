@@ -459,14 +459,17 @@ def build_table_definitions(config: TableConfig) -> TableDefinitions:
     partitions_def = DailyPartitionsDefinition(start_date=config.start_date.isoformat(), end_date=end, timezone="UTC")
     assets = [build_incoming_asset(config, partitions_def), build_cdc_assets(config, partitions_def)]
     job = build_table_job(config, partitions_def)
-    freshness_checks, freshness_sensors = freshness_definitions(config)  # none without `freshness:`
-    return TableDefinitions(
+    table = TableDefinitions(
         config=config,
         partitions_def=partitions_def,
         assets=assets,
-        asset_checks=build_table_checks(config, partitions_def) + freshness_checks,
+        asset_checks=build_table_checks(config, partitions_def),
         jobs=[job],
         schedules=[build_daily_schedule(config, job)],
-        sensors=[build_landing_sensor(config, job, partitions_def), *freshness_sensors],
+        sensors=[build_landing_sensor(config, job, partitions_def)],
     )
+    freshness_checks, freshness_sensors = freshness_definitions(config)  # none without `freshness:`
+    table.asset_checks += freshness_checks
+    table.sensors += freshness_sensors
+    return table
 
