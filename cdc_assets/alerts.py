@@ -38,7 +38,6 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from cdc_assets.automation import RANGE_END_TAG, RANGE_START_TAG
 from cdc_assets.config import TableConfig
@@ -51,7 +50,7 @@ ALERT_SENSOR_INTERVAL_SECONDS = 60
 ALERT_MEMORY_DAYS = 7
 ALERT_WEBHOOK_KEY = "alert_webhook"
 PARTITION_TAG = "dagster/partition"
-# Failed evaluations read per check and tick: a week of one date a day, with re-runs, is far fewer.
+# Evaluations read per check and tick, newest first: a week of one date a day, with re-runs, is far fewer.
 CHECK_HISTORY_LIMIT = 200
 
 
@@ -141,7 +140,7 @@ def build_alert_sensor(tables: list[WatchedTable], clock: Clock = utc_now) -> Se
                 sent[event.key] = max(sent.get(event.key, event.at), event.at)
             delivered += 1
         context.update_cursor(json.dumps({key: at for key, at in sorted(sent.items()) if at >= since.timestamp()}))
-        where = f"to {webhook.target}" if webhook.target else "to the log (no webhook URL set)"
+        where = f"to {webhook.shown}" if webhook.target else "to the log (no webhook URL set)"
         return SkipReason(f"{delivered} alert(s) sent {where}, {len(pending) - delivered} left for the next tick")
 
     return alert_sensor
@@ -221,14 +220,12 @@ def _failed_checks(instance: DagsterInstance, tables: Iterable[WatchedTable], si
     events = []
     for table in tables:
         for key in table.blocking_checks:
-            for record in instance.event_log_storage.get_asset_check_execution_history(
-                key, limit=CHECK_HISTORY_LIMIT, status={AssetCheckExecutionRecordStatus.FAILED}
-            ):
+            for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=CHECK_HISTORY_LIMIT):
                 if record.create_timestamp < since.timestamp():
                     break  # newest first
-                evaluation = record.event.asset_check_evaluation if record.event else None
+                evaluation = record.event.asset_check_evaluation if record.event else None  # None: planned, not evaluated
                 day = record.partition or (evaluation.partition if evaluation else None)
-                if evaluation is None or evaluation.severity != AssetCheckSeverity.ERROR or not day:
+                if evaluation is None or evaluation.passed or evaluation.severity != AssetCheckSeverity.ERROR or not day:
                     continue
                 what = f"{key.asset_key.path[-1]}:{key.name} failed on {day}: {evaluation.description or 'no description'}"
                 events.append(Event(table.config.name, day, Cause.check_failed, record.create_timestamp, record.run_id or None, what))

@@ -192,8 +192,10 @@ def build_freshness_sensor(config: TableConfig, clock: Clock = utc_now) -> Senso
         outcome = freshness_outcome(config, context.instance, clock())
         latest = context.instance.event_log_storage.get_latest_asset_check_execution_by_key([check_key]).get(check_key)
         evaluation = latest.event.asset_check_evaluation if latest and latest.event else None
-        if latest is not None and evaluation is None:
-            return SkipReason(f"{config.name}: a run is evaluating the freshness check")
+        if latest is not None and evaluation is None:  # planned by a run: wait for it, unless it ended without evaluating
+            run = context.instance.get_run_by_id(latest.run_id)
+            if run is not None and not run.is_finished:
+                return SkipReason(f"{config.name}: run {run.run_id} is evaluating the freshness check")
         if evaluation is not None and (evaluation.passed, _expected_date(evaluation)) == (outcome.passed, outcome.expected_date):
             return SkipReason(f"{config.name}: unchanged, {outcome.description}")
         context.instance.report_runless_asset_event(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from dagster import ConfigurableResource
 from pydantic import Field
@@ -39,6 +39,12 @@ class AlertWebhook(ConfigurableResource):
         """The webhook URL, empty when alerts go to the log only."""
         return resolved_field(self.webhook_url).strip()
 
+    @property
+    def shown(self) -> str:
+        """The webhook's scheme and host, for logs: its path or user part may hold a secret token."""
+        parts = urlsplit(self.target)
+        return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}" if parts.hostname else "the webhook"
+
     def run_url(self, run_id: str) -> str:
         return f"{self._base()}/runs/{quote(run_id)}"
 
@@ -57,9 +63,9 @@ class AlertWebhook(ConfigurableResource):
             with urllib.request.urlopen(request, timeout=POST_TIMEOUT_SECONDS) as response:  # noqa: S310 - the configured URL
                 status = response.status
         except (urllib.error.URLError, OSError, ValueError) as error:
-            raise AlertDeliveryError(f"{self.target}: {error}") from None
+            raise AlertDeliveryError(f"{self.shown}: {error}") from None
         if not 200 <= status < 300:
-            raise AlertDeliveryError(f"{self.target}: HTTP {status}")
+            raise AlertDeliveryError(f"{self.shown}: HTTP {status}")
 
     def _base(self) -> str:
         return (resolved_field(self.ui_base_url).strip() or DEFAULT_UI_BASE_URL).rstrip("/")

@@ -10,11 +10,12 @@ from datetime import date, datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from dagster import AssetCheckEvaluation, AssetCheckSeverity, AssetMaterialization, DagsterInstance, build_sensor_context
+from dagster import AssetCheckEvaluation, AssetCheckKey, AssetCheckSeverity, AssetMaterialization, DagsterInstance, build_sensor_context
 
 from cdc_assets.alerts import ALERT_WEBHOOK_KEY, build_alert_sensor, watched_table
 from cdc_assets.definitions import build_definitions
 from cdc_assets.factory import build_table_definitions
+from cdc_assets.freshness import FRESHNESS_CHECK, build_freshness_sensor
 from cdc_assets.names import CURRENT, asset_key
 from resources.alerts import UI_BASE_URL_ENV, WEBHOOK_URL_ENV
 from tests.pipeline import write_table_config
@@ -79,7 +80,7 @@ def _failed_check(instance: DagsterInstance, config, day: str, name: str, severi
     )
 
 
-def test_each_cause_sends_one_alert_and_ticks_repeat_none(spark, warehouse, tmp_path, webhook, monkeypatch):
+def test_each_cause_sends_one_alert_and_ticks_repeat_none(spark, warehouse, tmp_path, webhook, monkeypatch, capfd):
     now = datetime.now(timezone.utc)
     today = now.date()
     days = [(today - timedelta(days=n)).isoformat() for n in (3, 2, 1)]
@@ -95,6 +96,11 @@ def test_each_cause_sends_one_alert_and_ticks_repeat_none(spark, warehouse, tmp_
     # A failed run: the first date's extract has a bad record, and the table fails on those.
     failed = defs.resolve_job_def("shop_job").execute_in_process(partition_key=days[0], instance=instance, raise_on_error=False)
     assert not failed.success
+    # The run planned the freshness check and ended before it: the freshness sensor does not wait for it.
+    freshness_key = AssetCheckKey(asset_key(config, CURRENT), FRESHNESS_CHECK)
+    assert instance.event_log_storage.get_latest_asset_check_execution_by_key([freshness_key])[freshness_key].status.value == "PLANNED"
+    freshness_tick = build_freshness_sensor(config, clock=lambda: now).evaluate_tick(build_sensor_context(instance=instance))
+    assert freshness_tick.skip_message.startswith(f"shop: reported {days[2]} is late")
     # A failed blocking check on the second date (and one of severity WARN, which is no alert).
     _failed_check(instance, config, days[1], "row_count_reconciles")
     _failed_check(instance, config, days[1], "keys_not_null", severity=AssetCheckSeverity.WARN)
@@ -112,10 +118,14 @@ def test_each_cause_sends_one_alert_and_ticks_repeat_none(spark, warehouse, tmp_
         return result.skip_message
 
     webhook.status = 500  # the webhook is down: nothing counts as sent
+    capfd.readouterr()
     assert "0 alert(s) sent" in tick() and "3 left for the next tick" in tick()
     assert len(webhook.received) == 2 and webhook.accepted() == []
+    host = webhook.url.removesuffix("/hooks/cdc")  # a webhook's path may hold its secret: logs show the host only
+    undelivered = [line for line in capfd.readouterr().err.splitlines() if "Alert not delivered" in line]
+    assert len(undelivered) == 2 and all(f"({host}: HTTP Error 500" in line and "/hooks/cdc" not in line for line in undelivered)
     webhook.status = 200
-    assert tick().startswith(f"3 alert(s) sent to {webhook.url}")
+    assert tick().startswith(f"3 alert(s) sent to {host},")
     for _ in range(3):
         assert tick().startswith("0 alert(s) sent")
     alerts = {alert["cause"]: alert for alert in webhook.accepted()}
