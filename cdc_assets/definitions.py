@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from dagster import Definitions, in_process_executor
 
+from cdc_assets.alerts import ALERT_WEBHOOK_KEY, build_alert_sensor, watched_table
 from cdc_assets.config import load_table_configs
 from cdc_assets.factory import IO_MANAGER_KEY, TableDefinitions, build_table_definitions
 from resources import PartitionedParquetIOManager, PipelineSparkResource, warehouse_root
+from resources.alerts import DEFAULT_UI_BASE_URL, UI_BASE_URL_ENV, WEBHOOK_URL_ENV, AlertWebhook
 from resources.fields import env_or_default
 from resources.spark import SPARK_CONF_ENV, SPARK_MASTER_ENV, spark_conf_from_env
 from resources.storage import (
@@ -42,13 +44,17 @@ def build_definitions(tables: list[TableDefinitions]) -> Definitions:
         lock_timeout_seconds=env_or_default(LOCK_TIMEOUT_ENV, f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}"),
         retired_version_grace_seconds=env_or_default(RETIRED_GRACE_ENV, f"{DEFAULT_RETIRED_GRACE_SECONDS:g}"),
     )
+    alert_webhook = AlertWebhook(
+        webhook_url=env_or_default(WEBHOOK_URL_ENV, ""), ui_base_url=env_or_default(UI_BASE_URL_ENV, DEFAULT_UI_BASE_URL)
+    )
+    alerts = build_alert_sensor([watched_table(table.config, table.asset_checks) for table in tables])
     return Definitions(
         assets=[asset for table in tables for asset in table.assets],
         asset_checks=[check for table in tables for check in table.asset_checks],
         schedules=[schedule for table in tables for schedule in table.schedules],
-        sensors=[sensor for table in tables for sensor in table.sensors],
+        sensors=[sensor for table in tables for sensor in table.sensors] + [alerts],
         jobs=[job for table in tables for job in table.jobs],
-        resources={"pyspark": spark, IO_MANAGER_KEY: warehouse},
+        resources={"pyspark": spark, IO_MANAGER_KEY: warehouse, ALERT_WEBHOOK_KEY: alert_webhook},
         executor=in_process_executor,
     )
 

@@ -47,6 +47,7 @@ from cdc_assets.automation import build_daily_schedule, build_landing_sensor, bu
 from cdc_assets.asset_descriptions import ASSET_DESCRIPTIONS
 from cdc_assets.checks import build_table_checks
 from cdc_assets.config import DuplicateKeyPolicy, SourceFormat, TableConfig
+from cdc_assets.freshness import freshness_definitions
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.changeset import ChangeSetRules
 from cdc_assets.core.guards import MassDeleteError, deletion_problem
@@ -471,7 +472,7 @@ def build_table_definitions(config: TableConfig) -> TableDefinitions:
     partitions_def = DailyPartitionsDefinition(start_date=config.start_date.isoformat(), end_date=end, timezone="UTC")
     assets = [build_incoming_asset(config, partitions_def), build_cdc_assets(config, partitions_def)]
     job = build_table_job(config, partitions_def)
-    return TableDefinitions(
+    table = TableDefinitions(
         config=config,
         partitions_def=partitions_def,
         assets=assets,
@@ -480,4 +481,8 @@ def build_table_definitions(config: TableConfig) -> TableDefinitions:
         schedules=[build_daily_schedule(config, job)],
         sensors=[build_landing_sensor(config, job, partitions_def)],
     )
+    freshness_checks, freshness_sensors = freshness_definitions(config)  # none without `freshness:`
+    table.asset_checks += freshness_checks
+    table.sensors += freshness_sensors
+    return table
 
