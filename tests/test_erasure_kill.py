@@ -1,0 +1,89 @@
+"""A ``kill -9`` in the middle of ``cdc-erase``, then the same command again: the erase completes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance
+
+from cdc_assets.config import load_table_config
+from cdc_assets.erase_command import main as erase_main
+from resources.storage import WarehouseStorage
+from tests.pipeline import definitions_for, run_dates
+
+REPO = Path(__file__).resolve().parent.parent
+TABLE = "orders"
+DATES = ["2024-01-01", "2024-01-02", "2024-01-03"]
+# bob's order: in every date's state, and in the first date's inserts and history.
+KEY, NAME = ("LON", "1002"), "gift wrap"
+
+pytestmark = pytest.mark.slow  # a killed cdc-erase process, with its own JVM
+
+
+def _files_holding(root: Path, text: str) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / TABLE).rglob("*") if p.is_file() and text.encode() in p.read_bytes())
+
+
+def test_a_kill_during_an_erase_then_the_same_command_again_completes_it(spark, warehouse, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CDC_DATA_ROOT", str(REPO))
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(REPO / "table_configs"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    config = load_table_config(REPO / "table_configs" / f"{TABLE}.yaml")
+    assert all(result.success for result in run_dates(definitions_for(config), DATES, DagsterInstance.ephemeral()))
+    keys = tmp_path / "keys.csv"
+    keys.write_text("order_id,store_code\n" + f"{KEY[1]},{KEY[0]}\n")
+    assert _files_holding(warehouse, NAME)
+
+    marker, log = tmp_path / "paused.marker", tmp_path / "erase.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        # Assets are erased in name order: current_table, deletes, hash_join_classification and hashed_incoming
+        # are committed when history_partition's first rewritten date is placed but not yet pointed to.
+        "CDC_PAUSE_IN_COMMIT": f"{TABLE}/history_partition",
+        "CDC_PAUSE_MARKER": str(marker),
+        "CDC_SPARK_CONF": json.dumps({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}),
+    }
+    with log.open("w") as output:
+        erase = subprocess.Popen(
+            [sys.executable, "-m", "cdc_assets.erase_command", TABLE, "--keys", str(keys), "--reason", "GDPR-42"],
+            env=env, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and erase.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert marker.exists(), f"the erase never paused (exit code {erase.poll()}):\n{log.read_text()[-4000:]}"
+    finally:
+        if erase.poll() is None:
+            os.killpg(erase.pid, signal.SIGKILL)
+        erase.wait(timeout=60)
+    assert erase.returncode == -signal.SIGKILL
+
+    storage = WarehouseStorage(str(warehouse))
+    (request,) = storage.erasure_requests(TABLE)
+    assert request["status"] == "erasing" and request["reason"] == "GDPR-42"
+    assert {"current_table/2024-01-03", "hashed_incoming/2024-01-01"} <= set(request["partitions"])
+    # Part-way: --verify names what still holds the key and exits 1: the assets not reached yet, and the
+    # versions the erase replaced (deleted only once every asset is done).
+    assert erase_main([TABLE, "--verify", "--keys", str(keys)]) == 1
+    listed = [line.strip() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert any(line.startswith("history_partition 2024-01-01") and "the current version" in line for line in listed), listed
+    current_table = [line for line in listed if line.startswith("current_table ")]
+    assert current_table and all("a replaced version" in line for line in current_table), listed
+
+    assert erase_main([TABLE, "--keys", str(keys), "--reason", "GDPR-42"]) == 0
+    assert "(resumed)" in capsys.readouterr().out
+    (request,) = storage.erasure_requests(TABLE)  # the same request, completed
+    assert request["status"] == "complete" and len(request["resumed_at"]) == 1
+    assert {"history_partition/2024-01-01", "current_table/2024-01-03"} <= set(request["partitions"])
+    assert erase_main([TABLE, "--verify", "--keys", str(keys)]) == 0
+    assert "0 stored files hold the keys" in capsys.readouterr().out
+    assert _files_holding(warehouse, NAME) == []  # the killed commit's placed version and its staging too
