@@ -126,6 +126,7 @@ def erase_keys(
         request_id = storage.start_erasure(hashes, table, fingerprint, record)
     erased = spark.read.parquet(next(r["key_hashes"] for r in storage.erasure_requests(table) if r["request_id"] == request_id))
     result = ErasureResult(request_id=request_id, keys=count, resumed=bool(unfinished))
+    rewritten_before = record.get("bytes_rewritten", 0)  # by an attempt that was killed
     tracks_state = config.load_type is not LoadType.full and CURRENT in storage.stored_assets(table)
     current_dates = storage.stored_dates(table, CURRENT) + storage.stored_dates(table, state_changes_asset(CURRENT))
     if tracks_state:
@@ -147,6 +148,7 @@ def erase_keys(
         for day in affected:
             result.removed[(asset, day)] = hits[day]
         record["partitions"] = {**record.get("partitions", {}), **{f"{a}/{d}": n for (a, d), n in result.removed.items()}}
+        record["bytes_rewritten"] = rewritten_before + result.bytes_rewritten
         storage.record_erasure(table, request_id, record)
     storage.purge_replaced_versions(table)
     if tracks_state:
@@ -156,7 +158,6 @@ def erase_keys(
         completed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         rows_removed=sum(record["partitions"].values()),
         unverifiable_rejects=result.unverifiable_rejects,
-        bytes_rewritten=record.get("bytes_rewritten", 0) + result.bytes_rewritten,
     )
     storage.record_erasure(table, request_id, record)
     return result

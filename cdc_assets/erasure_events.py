@@ -63,10 +63,11 @@ def erasure_materializations(instance: DagsterInstance, config: TableConfig, sto
                 continue
             metadata = {name: value for name, value in latest.items() if name not in _NOT_COPIED}
             metadata.update(_adjusted_figures(config, asset, day, latest, removed, result))
-            if asset not in (CURRENT,) or not config.storage.incremental:
-                stored = storage.row_counts(config.name, asset, [day])[day] if storage.has_partition(config.name, asset, day) else None
-                if stored is not None:
-                    metadata["dagster/row_count"] = MetadataValue.int(stored)
+            # What the date stores now: its partition, or an incremental state's changes of the date.
+            for stored_as in (asset, state_changes_asset(asset)):
+                if storage.has_partition(config.name, stored_as, day):
+                    metadata["dagster/row_count"] = MetadataValue.int(storage.row_counts(config.name, stored_as, [day])[day])
+                    break
             metadata["erased_rows"] = MetadataValue.int(removed.get((asset, day), 0))
             metadata["erasure_request"] = MetadataValue.text(result.request_id)
             events.append(AssetMaterialization(asset_key=asset_key(config, asset), partition=day, metadata=metadata,

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -269,5 +270,15 @@ def test_a_schema_change_through_connect(spark, tmp_path, connect_server):
     storage = WarehouseStorage(env["CDC_WAREHOUSE"])
     history = storage.read_one(spark, "evolving", "history_partition", DAYS[1])
     assert [(row["id"], row["operation"], row["b2"], row["c"]) for row in history.collect()] == [(2, "U", 21, "c2")]
+    # Erasing key 1 through the server rewrites both dates' states; what their hashes cover is kept.
+    keys = tmp_path / "erase.csv"
+    keys.write_text("id\n1\n")
+    erase = [sys.executable, "-m", "cdc_assets.erase_command", "evolving", "--keys", str(keys)]
+    erased = subprocess.run(erase, env=env, capture_output=True, text=True, timeout=600)
+    assert erased.returncode == 0 and "told the Dagster instance" in erased.stdout, erased.stdout[-3000:] + erased.stderr[-3000:]
+    assert "all passed" in erased.stdout, erased.stdout[-3000:]
+    verified = subprocess.run([*erase, "--verify"], env=env, capture_output=True, text=True, timeout=600)
+    assert verified.returncode == 0 and "0 stored files hold the keys" in verified.stdout, verified.stdout[-3000:]
+    assert storage.row_counts("evolving", "current_table", DAYS[:2]) == {DAYS[0]: 1, DAYS[1]: 1}
     recorded = {field["name"]: field for field in stored_fields(storage, "evolving", "current_table", DAYS[1])}
     assert '"non_keys":[["a","string"],["b2","int"],["c","string"]]' in recorded["non_key_hash"]["metadata"]["cdc.hash_spec"]
