@@ -28,7 +28,7 @@ from cdc_assets.core.erasure import RAW_KEY_HASH, RAW_RECORD, erased_key_hashes,
 from cdc_assets.core.hashing import KEY_HASH
 from cdc_assets.names import CLASSIFICATION, CURRENT, REJECTS
 from resources.state import state_rows
-from resources.storage import WarehouseStorage, folder_schema, state_changes_asset
+from resources.storage import MissingPartitionError, WarehouseStorage, folder_schema, state_changes_asset
 
 ERASING, COMPLETE = "erasing", "complete"
 _ERASED = "__cdc_erased"
@@ -130,7 +130,7 @@ def erase_keys(
     tracks_state = config.load_type is not LoadType.full and CURRENT in storage.stored_assets(table)
     current_dates = storage.stored_dates(table, CURRENT) + storage.stored_dates(table, state_changes_asset(CURRENT))
     if tracks_state:
-        result.state_rows_before = {day: state_rows(storage, table, CURRENT, day) for day in sorted(set(current_dates))}
+        result.state_rows_before = _state_rows(storage, table, current_dates)
     for asset in storage.stored_assets(table):
         dates = storage.stored_dates(table, asset)
         if not dates:
@@ -152,7 +152,7 @@ def erase_keys(
         storage.record_erasure(table, request_id, record)
     storage.purge_replaced_versions(table)
     if tracks_state:
-        result.state_rows_after = {day: state_rows(storage, table, CURRENT, day) for day in sorted(set(current_dates))}
+        result.state_rows_after = _state_rows(storage, table, current_dates)
     record.update(
         status=COMPLETE,
         completed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -197,6 +197,17 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
             if per_folder.get(folder):
                 holding.append((asset, day, folder, current, per_folder[folder]))
     return Verification(holding=sorted(holding), unverifiable_rejects=unverifiable)
+
+
+def _state_rows(storage: WarehouseStorage, table: str, days: list[str]) -> dict[str, int]:
+    """Rows of the state as of each of ``days`` that can still be read (retention may have dropped a base)."""
+    rows = {}
+    for day in sorted(set(days)):
+        try:
+            rows[day] = state_rows(storage, table, CURRENT, day)
+        except MissingPartitionError:
+            continue
+    return rows
 
 
 def _rows_of_erased_keys(spark, storage: WarehouseStorage, config: TableConfig, asset: str, dates: list[str], erased: DataFrame):
