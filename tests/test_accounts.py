@@ -6,6 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from dagster import DagsterInstance
 
 from cdc_assets.config import load_table_config
@@ -25,10 +26,21 @@ def _materialization_metadata(results, asset: str, day: str) -> dict:
     raise AssertionError(f"no materialization of {asset} for {day}")
 
 
-def test_accounts_three_days(spark, warehouse, monkeypatch):
-    monkeypatch.setenv("CDC_DATA_ROOT", str(REPO))
-    config = load_table_config(REPO / "table_configs" / "accounts.yaml")
-    results = run_dates(definitions_for(config), DATES, DagsterInstance.ephemeral())
+@pytest.fixture(scope="module")
+def by_day(spark, tmp_path_factory):
+    """The shipped table run one date at a time into a warehouse both tests read; (warehouse, results)."""
+    warehouse = tmp_path_factory.mktemp("accounts") / "warehouse"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CDC_DATA_ROOT", str(REPO))
+        patch.setenv("CDC_WAREHOUSE", str(warehouse))
+        config = load_table_config(REPO / "table_configs" / "accounts.yaml")
+        results = run_dates(definitions_for(config), DATES, DagsterInstance.ephemeral())
+    return warehouse, results
+
+
+def test_accounts_three_days(spark, by_day):
+    warehouse, results = by_day
+    assert all(result.success for result in results)
 
     checks = [e.event_specific_data for r in results for e in r.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     assert {check.check_name for check in checks} >= {"records_reconcile", "previous_plus_changes", "rows_read_reconcile"}
@@ -78,12 +90,11 @@ def test_accounts_three_days(spark, warehouse, monkeypatch):
     assert tombstones.filter("deleted").count() == 2  # 1004 and 1005
 
 
-def test_accounts_range_in_one_run_equals_day_by_day(spark, tmp_path, monkeypatch):
+def test_accounts_range_in_one_run_equals_day_by_day(spark, tmp_path, monkeypatch, by_day):
     monkeypatch.setenv("CDC_DATA_ROOT", str(REPO))
     config = load_table_config(REPO / "table_configs" / "accounts.yaml")
-    by_day, by_range = tmp_path / "by_day", tmp_path / "by_range"
-    monkeypatch.setenv("CDC_WAREHOUSE", str(by_day))
-    assert all(result.success for result in run_dates(definitions_for(config), DATES))
+    (by_day, results), by_range = by_day, tmp_path / "by_range"
+    assert all(result.success for result in results)
     monkeypatch.setenv("CDC_WAREHOUSE", str(by_range))
     assert run_range(definitions_for(config), DATES[0], DATES[-1]).success
     for asset in (*CDC_OUTPUTS, LATE_CHANGES, APPLIED_SEQUENCES):

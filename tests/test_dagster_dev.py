@@ -1,5 +1,6 @@
-"""The code location as an operator runs it: ``dagster dev`` (webserver + daemon), a backfill launched
-through GraphQL, the daemon turning it into one single-run backfill, Parquet on disk and every check passed.
+"""The code location as an operator runs it: ``dagster dev`` (webserver + daemon), a backfill of each of two
+tables (a delta and a change set) launched through GraphQL, the daemon turning each into one single-run
+backfill, Parquet on disk and every check passed.
 
 Runs in the normal suite: it starts real servers on a free port with a throwaway DAGSTER_HOME and
 warehouse, and stops every process it started (by process group, then by the unique DAGSTER_HOME in
@@ -177,19 +178,22 @@ def _graphql(url: str, query: str, variables: dict | None = None, timeout: float
     return body["data"]
 
 
-@pytest.mark.parametrize("table", sorted(CASES))
-def test_dagster_dev_backfill(tmp_path, table):
-    TABLE = table
-    DATES, ASSETS, CHECKS, EXPECTED = (CASES[table][name] for name in ("dates", "assets", "checks", "expected"))
+def test_dagster_dev_backfills(tmp_path):
+    """One ``dagster dev`` serving both tables; a backfill of each, launched together, runs as one single run.
+
+    The two backfills share the servers and the daemon's passes (a backfill completes on a pass of the
+    daemon, every 30 s), so the second costs no extra start or wait.
+    """
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
     (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     warehouse = tmp_path / "warehouse"
     warehouse.mkdir()
-    # Only the table under test: the test does not depend on (or load) whatever other configs exist.
+    # Only the tables under test: the test does not depend on (or load) whatever other configs exist.
     configs = tmp_path / "table_configs"
     configs.mkdir()
-    shutil.copy(REPO / "table_configs" / f"{table}.yaml", configs / f"{table}.yaml")
+    for table in CASES:
+        shutil.copy(REPO / "table_configs" / f"{table}.yaml", configs / f"{table}.yaml")
     log_path = tmp_path / "dagster_dev.log"
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -234,7 +238,8 @@ def test_dagster_dev_backfill(tmp_path, table):
         except psutil.NoSuchProcess:
             pass
 
-    backfill = None
+    backfills: dict[str, dict | None] = dict.fromkeys(CASES)
+    runs: dict[str, list[dict]] = {}
     finished = False
     try:
         # 1. The webserver answers.
@@ -270,56 +275,62 @@ def test_dagster_dev_backfill(tmp_path, table):
             time.sleep(1)
         _progress("code location loaded")
 
-        # 3. Launch the backfill of every asset of the table over the three dates.
-        params = {
-            "assetSelection": [{"path": [TABLE, asset]} for asset in ASSETS],
-            "partitionNames": DATES,
-            "title": "test_dagster_dev",
-        }
-        launched = _graphql(url, LAUNCH_BACKFILL, {"backfillParams": params})["launchPartitionBackfill"]
-        if launched["__typename"] != "LaunchBackfillSuccess":
-            fail(f"launchPartitionBackfill returned {launched}")
-        backfill_id = launched["backfillId"]
-        assert backfill_id
-        _progress(f"backfill {backfill_id} launched")
+        # 3. Launch, for each table, the backfill of every one of its assets over its three dates.
+        backfill_ids = {}
+        for table, case in CASES.items():
+            params = {
+                "assetSelection": [{"path": [table, asset]} for asset in case["assets"]],
+                "partitionNames": case["dates"],
+                "title": f"test_dagster_dev {table}",
+            }
+            launched = _graphql(url, LAUNCH_BACKFILL, {"backfillParams": params})["launchPartitionBackfill"]
+            if launched["__typename"] != "LaunchBackfillSuccess":
+                fail(f"launchPartitionBackfill of {table} returned {launched}")
+            backfill_ids[table] = launched["backfillId"]
+            assert backfill_ids[table]
+            _progress(f"{table}: backfill {backfill_ids[table]} launched")
 
-        # 4. The daemon runs it to completion.
+        # 4. The daemon runs both to completion.
         deadline = time.monotonic() + BACKFILL_TIMEOUT
         while True:
             remember_children()
             if process.poll() is not None:
-                fail(f"dagster dev exited with {process.returncode} during the backfill")
-            result = _graphql(url, BACKFILL_STATUS, {"backfillId": backfill_id})["partitionBackfillOrError"]
-            if result["__typename"] != "PartitionBackfill":
-                fail(f"partitionBackfillOrError returned {result}")
-            if backfill is None or (result["status"], [r["status"] for r in result["runs"]]) != (
-                backfill["status"],
-                [r["status"] for r in backfill["runs"]],
-            ):
-                _progress(f"backfill {result['status']}, runs {[r['status'] for r in result['runs']]}")
-            backfill = result
-            if backfill["status"] in ("COMPLETED", "COMPLETED_SUCCESS"):
+                fail(f"dagster dev exited with {process.returncode} during the backfills")
+            for table, backfill_id in backfill_ids.items():
+                result = _graphql(url, BACKFILL_STATUS, {"backfillId": backfill_id})["partitionBackfillOrError"]
+                if result["__typename"] != "PartitionBackfill":
+                    fail(f"partitionBackfillOrError of {table} returned {result}")
+                backfill = backfills[table]
+                if backfill is None or (result["status"], [r["status"] for r in result["runs"]]) != (
+                    backfill["status"],
+                    [r["status"] for r in backfill["runs"]],
+                ):
+                    _progress(f"{table}: backfill {result['status']}, runs {[r['status'] for r in result['runs']]}")
+                backfills[table] = backfill = result
+                if backfill["status"] in ("FAILED", "COMPLETED_FAILED", "CANCELED", "FAILING", "CANCELING"):
+                    failures = [
+                        (run["runId"], run["status"], _graphql(url, RUN_FAILURES, {"runId": run["runId"]})["logsForRun"])
+                        for run in backfill["runs"]
+                        if run["status"] != "SUCCESS"
+                    ]
+                    fail(f"{table}: backfill ended {backfill['status']}: {backfill['error']}; failed runs: {failures}")
+            if all(backfill["status"] in ("COMPLETED", "COMPLETED_SUCCESS") for backfill in backfills.values()):
                 break
-            if backfill["status"] in ("FAILED", "COMPLETED_FAILED", "CANCELED", "FAILING", "CANCELING"):
-                failures = [
-                    (run["runId"], run["status"], _graphql(url, RUN_FAILURES, {"runId": run["runId"]})["logsForRun"])
-                    for run in backfill["runs"]
-                    if run["status"] != "SUCCESS"
-                ]
-                fail(f"backfill ended {backfill['status']}: {backfill['error']}; failed runs: {failures}")
             if time.monotonic() > deadline:
-                fail(f"backfill still {backfill['status']} after {BACKFILL_TIMEOUT}s; runs: {backfill['runs']}")
+                fail(f"backfills not completed after {BACKFILL_TIMEOUT}s: {backfills}")
             time.sleep(3)
 
-        runs = backfill["runs"]
-        assert runs, "the backfill completed without launching a run"
-        assert all(run["status"] == "SUCCESS" for run in runs), f"not every run succeeded: {runs}"
-        # BackfillPolicy.single_run: the whole range in one run.
-        assert len(runs) == 1, f"expected one single-run backfill run, got {len(runs)}: {runs}"
-        run_tags = {tag["key"]: tag["value"] for tag in runs[0]["tags"]}
-        assert run_tags.get("dagster/backfill") == backfill_id, run_tags
-        assert run_tags.get("dagster/asset_partition_range_start") == DATES[0], run_tags
-        assert run_tags.get("dagster/asset_partition_range_end") == DATES[-1], run_tags
+        for table, backfill in backfills.items():
+            runs[table] = backfill["runs"]
+            dates = CASES[table]["dates"]
+            assert runs[table], f"{table}: the backfill completed without launching a run"
+            assert all(run["status"] == "SUCCESS" for run in runs[table]), f"{table}: not every run succeeded: {runs[table]}"
+            # BackfillPolicy.single_run: the whole range in one run.
+            assert len(runs[table]) == 1, f"{table}: expected one single-run backfill run, got {len(runs[table])}: {runs[table]}"
+            run_tags = {tag["key"]: tag["value"] for tag in runs[table][0]["tags"]}
+            assert run_tags.get("dagster/backfill") == backfill_ids[table], run_tags
+            assert run_tags.get("dagster/asset_partition_range_start") == dates[0], run_tags
+            assert run_tags.get("dagster/asset_partition_range_end") == dates[-1], run_tags
         finished = True
     finally:
         stop_process_tree(process, str(dagster_home), known)
@@ -329,38 +340,40 @@ def test_dagster_dev_backfill(tmp_path, table):
     assert not leftovers, f"processes left behind: {[(p.pid, p.name()) for p in leftovers]}"
     assert finished
 
-    # 5. The outputs on disk, read with pyarrow (no Spark in the test process).
-    for asset in ASSETS:
-        for day in DATES:
-            assert (warehouse / TABLE / asset / f"business_date={day}").is_dir(), f"{asset} {day} was not written"
-    for (asset, day), expected in EXPECTED.items():
-        stored = pq.read_table(warehouse / TABLE / asset / f"business_date={day}")
-        counts = dict(Counter(stored.column("operation").to_pylist()))
-        assert counts == expected, f"{asset} {day}: {counts} != {expected}"
+    for table, case in CASES.items():
+        DATES, ASSETS, CHECKS, EXPECTED = (case[name] for name in ("dates", "assets", "checks", "expected"))
+        # 5. The outputs on disk, read with pyarrow (no Spark in the test process).
+        for asset in ASSETS:
+            for day in DATES:
+                assert (warehouse / table / asset / f"business_date={day}").is_dir(), f"{table} {asset} {day} was not written"
+        for (asset, day), expected in EXPECTED.items():
+            stored = pq.read_table(warehouse / table / asset / f"business_date={day}")
+            counts = dict(Counter(stored.column("operation").to_pylist()))
+            assert counts == expected, f"{table} {asset} {day}: {counts} != {expected}"
 
-    # 6. Every asset check passed, once per date, in the backfill's run.
-    with DagsterInstance.from_config(str(dagster_home)) as instance:
-        evaluations = []
-        for run in runs:
-            records = instance.get_records_for_run(run["runId"], of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
-            for record in records:
-                data = record.event_log_entry.dagster_event.event_specific_data
-                evaluations.append((data.asset_key.path[-1], data.check_name, data.partition, data.passed))
-        # The check state the UI shows: one SUCCEEDED execution per check and date, none left planned.
-        statuses = {
-            (asset, name): sorted(
-                (record.partition, record.status.value)
-                for record in instance.event_log_storage.get_asset_check_execution_history(
-                    AssetCheckKey(AssetKey([TABLE, asset]), name), limit=100
+        # 6. Every asset check passed, once per date, in the backfill's run.
+        with DagsterInstance.from_config(str(dagster_home)) as instance:
+            evaluations = []
+            for run in runs[table]:
+                records = instance.get_records_for_run(run["runId"], of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records
+                for record in records:
+                    data = record.event_log_entry.dagster_event.event_specific_data
+                    evaluations.append((data.asset_key.path[-1], data.check_name, data.partition, data.passed))
+            # The check state the UI shows: one SUCCEEDED execution per check and date, none left planned.
+            statuses = {
+                (asset, name): sorted(
+                    (record.partition, record.status.value)
+                    for record in instance.event_log_storage.get_asset_check_execution_history(
+                        AssetCheckKey(AssetKey([table, asset]), name), limit=100
+                    )
                 )
-            )
-            for asset, name in CHECKS
-        }
-    assert len(evaluations) == len(CHECKS) * len(DATES), f"{len(evaluations)} evaluations: {sorted(evaluations)}"
-    assert {(asset, name, day) for asset, name, day, _ in evaluations} == {
-        (asset, name, day) for asset, name in CHECKS for day in DATES
-    }, sorted(evaluations)
-    failed = [evaluation for evaluation in evaluations if not evaluation[3]]
-    assert not failed, f"failed checks: {failed}"
-    expected_statuses = [(day, "SUCCEEDED") for day in DATES]
-    assert all(value == expected_statuses for value in statuses.values()), statuses
+                for asset, name in CHECKS
+            }
+        assert len(evaluations) == len(CHECKS) * len(DATES), f"{table}: {len(evaluations)} evaluations: {sorted(evaluations)}"
+        assert {(asset, name, day) for asset, name, day, _ in evaluations} == {
+            (asset, name, day) for asset, name in CHECKS for day in DATES
+        }, sorted(evaluations)
+        failed = [evaluation for evaluation in evaluations if not evaluation[3]]
+        assert not failed, f"{table}: failed checks: {failed}"
+        expected_statuses = [(day, "SUCCEEDED") for day in DATES]
+        assert all(value == expected_statuses for value in statuses.values()), (table, statuses)

@@ -203,6 +203,22 @@ def _incremental_delta(tmp_path: Path):
     )
 
 
+@pytest.fixture(scope="module")
+def delta_chain(spark, tmp_path_factory):
+    """That table run one date at a time over dates 1-4 (a full copy on date 3, changes on 4), and each
+    date's state as read right after: (config, its folder, warehouse, states). The states are the
+    reference; the warehouse is the reader test's to rewrite."""
+    root = tmp_path_factory.mktemp("delta_chain")
+    warehouse = root / "warehouse"
+    warehouse.mkdir()
+    config = _incremental_delta(root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CDC_WAREHOUSE", str(warehouse))
+        run_dates(definitions_for(config), DAYS[:4], DagsterInstance.ephemeral())
+        states = {day: _rows(current_state(spark, config, day)) for day in DAYS[:4]}
+    return config, root / "configs", warehouse, states
+
+
 RUN_ONE_DATE = """
 import sys
 from dagster import DagsterInstance
@@ -212,20 +228,16 @@ run_dates(definitions_for(load_table_config(sys.argv[1])), [sys.argv[2]], Dagste
 """
 
 
-def test_a_kill_during_compaction_then_a_rerun_leaves_every_date_state_as_without_the_kill(spark, tmp_path, monkeypatch):
+def test_a_kill_during_compaction_then_a_rerun_leaves_every_date_state_as_without_the_kill(spark, tmp_path, monkeypatch, delta_chain):
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    killed = tmp_path / "killed"
     killed.mkdir()
-    reference.mkdir()
-    config = _incremental_delta(tmp_path)
-    monkeypatch.setenv("CDC_WAREHOUSE", str(reference))
-    run_dates(definitions_for(config), DAYS[:4], DagsterInstance.ephemeral())
-    expected = {day: _rows(current_state(spark, config, day)) for day in DAYS[:4]}
+    config, configs, _, expected = delta_chain  # the states without a kill
 
     monkeypatch.setenv("CDC_WAREHOUSE", str(killed))
     instance = DagsterInstance.ephemeral()
@@ -242,7 +254,7 @@ def test_a_kill_during_compaction_then_a_rerun_leaves_every_date_state_as_withou
         "CDC_SPARK_CONF": json.dumps({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}),
     }
     run = subprocess.Popen(
-        [sys.executable, "-c", RUN_ONE_DATE, str(tmp_path / "configs" / "t.yaml"), DAYS[2]],
+        [sys.executable, "-c", RUN_ONE_DATE, str(configs / "t.yaml"), DAYS[2]],
         env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
@@ -269,16 +281,13 @@ def test_a_kill_during_compaction_then_a_rerun_leaves_every_date_state_as_withou
     assert {day: _rows(current_state(spark, config, day)) for day in DAYS[:4]} == expected
 
 
-def test_a_reader_of_the_state_never_sees_a_missing_or_mixed_state_while_compaction_commits(spark, tmp_path, monkeypatch):
+def test_a_reader_of_the_state_never_sees_a_missing_or_mixed_state_while_compaction_commits(spark, tmp_path, monkeypatch, delta_chain):
     import threading
 
     from pyspark.sql import functions as F
 
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
+    config, configs, warehouse, _ = delta_chain  # full copy on date 3, changes on 4; rewritten here
     monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
-    config = _incremental_delta(tmp_path)
-    run_dates(definitions_for(config), DAYS[:4], DagsterInstance.ephemeral())  # full copy on date 3, changes on 4
     storage = WarehouseStorage(str(warehouse))
     full = spark.read.parquet(str(storage.stored_path("t", CURRENT, DAYS[2])))
     frame = full.localCheckpoint()
@@ -300,7 +309,7 @@ def test_a_reader_of_the_state_never_sees_a_missing_or_mixed_state_while_compact
             writer.release()
             done.set()
 
-    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(tmp_path / "configs"))
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
     thread = threading.Thread(target=compact)
     thread.start()
     try:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pytest
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from cdc_assets.generator import generate
 from tests.pipeline import (
@@ -56,11 +56,32 @@ def _config(tmp_path: Path, seed_data: Path, name: str = "synthetic", **fields):
     return write_table_config(tmp_path / "configs", name, f"{seed_data}/{{date}}/", **fields)
 
 
-def test_seed_scenario_full_load(spark, warehouse, tmp_path, seed_data):
-    defs = definitions_for(_config(tmp_path, seed_data))
-    instance = DagsterInstance.ephemeral()
-    results = run_dates(defs, [DAY1, DAY2], instance)
-    assert all(result.success for result in results)
+class DayByDay:
+    """The seed's full load run one date at a time over DAY1..DAY3, in a warehouse of the module's own."""
+
+    def __init__(self, root: Path, seed_data: Path):
+        self.warehouse = root / "warehouse"
+        self.warehouse.mkdir()
+        self.config = _config(root, seed_data)
+        self.instance = DagsterInstance.ephemeral()
+        self.results = run_dates(definitions_for(self.config), [DAY1, DAY2, DAY3], self.instance)
+
+
+@pytest.fixture(scope="module")
+def day_by_day(spark, seed_data, tmp_path_factory):
+    """One day-by-day chain that several tests read, instead of one chain each. Only the last test of the
+    module that uses it writes to it: a re-run of DAY2, which leaves every column but the audit ones as
+    they were (what that test asserts); no other test reads the audit columns of DAY2."""
+    root = tmp_path_factory.mktemp("day_by_day")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CDC_WAREHOUSE", str(root / "warehouse"))
+        chain = DayByDay(root, seed_data)
+    assert all(result.success for result in chain.results)
+    return chain
+
+
+def test_seed_scenario_full_load(spark, day_by_day):
+    warehouse, instance = day_by_day.warehouse, day_by_day.instance
 
     current = partition_dir(warehouse, "synthetic", "current_table", DAY2)
     assert operation_counts(spark, current) == {"U": 4000, "N": 4000, "I": 2000}
@@ -76,9 +97,9 @@ def test_seed_scenario_full_load(spark, warehouse, tmp_path, seed_data):
 
     # Materialization metadata: each asset reports its own counts for the date.
     def metadata(asset: str) -> dict:
-        event = instance.get_latest_materialization_event(AssetKey(["synthetic", asset]))
-        assert event.asset_materialization.partition == DAY2
-        return {key: value.value for key, value in event.asset_materialization.metadata.items()}
+        records = instance.fetch_materializations(AssetRecordsFilter(AssetKey(["synthetic", asset]), asset_partitions=[DAY2]), limit=1).records
+        assert records and records[0].asset_materialization.partition == DAY2
+        return {key: value.value for key, value in records[0].asset_materialization.metadata.items()}
 
     assert metadata("inserts")["dagster/row_count"] == 2000
     assert metadata("updates")["dagster/row_count"] == 4000
@@ -97,10 +118,8 @@ def test_seed_scenario_full_load(spark, warehouse, tmp_path, seed_data):
     assert current_metadata["path"].endswith("synthetic/current_table/business_date=2019-06-19")
 
 
-def test_output_schema_and_history_as_one_dataset(spark, warehouse, tmp_path, seed_data):
-    defs = definitions_for(_config(tmp_path, seed_data))
-    run_dates(defs, [DAY1, DAY2])
-
+def test_output_schema_and_history_as_one_dataset(spark, day_by_day):
+    warehouse = day_by_day.warehouse
     current = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "current_table", DAY2)))
     expected = [f"key_{i}" for i in range(1, 6)] + [f"nonkey_{i}" for i in range(1, 11)]
     assert current.columns == [*expected, "key_hash", "non_key_hash", "operation", "eff_start_date", "process_id", "processed_at"]
@@ -114,13 +133,15 @@ def test_output_schema_and_history_as_one_dataset(spark, warehouse, tmp_path, se
     history_root = warehouse / "synthetic" / "history_partition"
     history = spark.read.parquet(str(history_root))
     by_date = {(row[0].isoformat(), row[1]): row[2] for row in history.groupBy("business_date", "operation").count().collect()}
-    assert by_date == {(DAY1, "I"): 10000, (DAY2, "I"): 2000, (DAY2, "U"): 4000, (DAY2, "D"): 2000}
+    assert by_date == {
+        (DAY1, "I"): 10000, (DAY2, "I"): 2000, (DAY2, "U"): 4000, (DAY2, "D"): 2000, (DAY3, "I"): 700, (DAY3, "U"): 1000, (DAY3, "D"): 500,
+    }  # fmt: skip
     # The same folder read outside Spark, as a hive-partitioned dataset.
     duck = duckdb.sql(
         f"select cast(business_date as varchar), count(*) from read_parquet('{history_root}/*/*.parquet', hive_partitioning=true) "
         "group by 1 order by 1"
     ).fetchall()
-    assert duck == [(DAY1, 10000), (DAY2, 8000)]
+    assert duck == [(DAY1, 10000), (DAY2, 8000), (DAY3, 2200)]
 
 
 def test_seed_scenario_delta_load(spark, warehouse, tmp_path, seed_data):
@@ -157,10 +178,38 @@ def _writers(spark, warehouse: Path, asset: str, day: str) -> set[tuple[str, str
     return {(row[0], row[1]) for row in frame.select("operation", "process_id").distinct().collect()}
 
 
-def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, warehouse, tmp_path, seed_data):
-    defs = definitions_for(_config(tmp_path, seed_data))
+def test_range_in_one_run_equals_day_by_day(spark, tmp_path, day_by_day, monkeypatch):
+    config = day_by_day.config
+    by_day, by_range = day_by_day.warehouse, tmp_path / "by_range"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(by_range))
     instance = DagsterInstance.ephemeral()
-    first = run_dates(defs, [DAY1, DAY2, DAY3], instance)
+    result = run_range(definitions_for(config), DAY1, DAY3, instance)
+    assert result.success
+
+    assert _snapshot(spark, by_range, "synthetic") == _snapshot(spark, by_day, "synthetic")
+    # One materialization per date, each with that date's own counts.
+    records = instance.fetch_materializations(AssetKey(["synthetic", "history_partition"]), limit=10).records
+    counts = {r.asset_materialization.partition: r.asset_materialization.metadata["dagster/row_count"].value for r in records}
+    assert counts == {DAY1: 10000, DAY2: 8000, DAY3: 2200}
+    # Each date's preview shows that date's rows: a history row's eff_start_date is its business date.
+    for record in records:
+        day, preview = record.asset_materialization.partition, record.asset_materialization.metadata["preview"].value
+        assert preview.count("\n") == 1 + 5
+        assert day in preview and not any(other in preview for other in {DAY1, DAY2, DAY3} - {day}), day
+
+    # A range that starts from the state an earlier, separate run stored, not from nothing.
+    after_day1 = tmp_path / "after_day1"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(after_day1))
+    run_dates(definitions_for(config), [DAY1], instance)
+    assert run_range(definitions_for(config), DAY2, DAY3, instance).success
+    assert _snapshot(spark, after_day1, "synthetic") == _snapshot(spark, by_day, "synthetic")
+
+
+def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, monkeypatch):
+    """Last of the tests that read ``day_by_day``: it re-runs DAY2 there."""
+    warehouse, instance, first = day_by_day.warehouse, day_by_day.instance, day_by_day.results
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    defs = definitions_for(day_by_day.config)
 
     assert operation_counts(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY3)) == {
         "D": 500,
@@ -200,35 +249,6 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, warehouse, tm
     # Re-running day 2 rewrote day 2 only: day 3's files are the very same files.
     assert sorted(p.name for p in partition_dir(warehouse, "synthetic", "current_table", DAY3).iterdir()) == day3_files
     assert not any((warehouse / "synthetic" / "_staging").rglob("*.parquet")), "no staging leftovers after a clean run"
-
-
-def test_range_in_one_run_equals_day_by_day(spark, tmp_path, seed_data, monkeypatch):
-    config = _config(tmp_path, seed_data)
-    by_day, by_range = tmp_path / "by_day", tmp_path / "by_range"
-    monkeypatch.setenv("CDC_WAREHOUSE", str(by_day))
-    run_dates(definitions_for(config), [DAY1, DAY2, DAY3])
-    monkeypatch.setenv("CDC_WAREHOUSE", str(by_range))
-    instance = DagsterInstance.ephemeral()
-    result = run_range(definitions_for(config), DAY1, DAY3, instance)
-    assert result.success
-
-    assert _snapshot(spark, by_range, "synthetic") == _snapshot(spark, by_day, "synthetic")
-    # One materialization per date, each with that date's own counts.
-    records = instance.fetch_materializations(AssetKey(["synthetic", "history_partition"]), limit=10).records
-    counts = {r.asset_materialization.partition: r.asset_materialization.metadata["dagster/row_count"].value for r in records}
-    assert counts == {DAY1: 10000, DAY2: 8000, DAY3: 2200}
-    # Each date's preview shows that date's rows: a history row's eff_start_date is its business date.
-    for record in records:
-        day, preview = record.asset_materialization.partition, record.asset_materialization.metadata["preview"].value
-        assert preview.count("\n") == 1 + 5
-        assert day in preview and not any(other in preview for other in {DAY1, DAY2, DAY3} - {day}), day
-
-    # A range that starts from the state an earlier, separate run stored, not from nothing.
-    after_day1 = tmp_path / "after_day1"
-    monkeypatch.setenv("CDC_WAREHOUSE", str(after_day1))
-    run_dates(definitions_for(config), [DAY1], instance)
-    assert run_range(definitions_for(config), DAY2, DAY3, instance).success
-    assert _snapshot(spark, after_day1, "synthetic") == _snapshot(spark, by_day, "synthetic")
 
 
 def test_a_date_whose_previous_state_is_missing_fails_clearly(spark, warehouse, tmp_path, seed_data):

@@ -153,23 +153,15 @@ def _land(source: Path, day: str, header: list[str], rows: list[tuple]) -> None:
         writer.writerows(rows)
 
 
-def _refused(tmp_path, monkeypatch, second_keys, second_non_keys) :
-    warehouse, source, configs = tmp_path / "warehouse", tmp_path / "source", tmp_path / "configs"
-    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
-    instance = DagsterInstance.ephemeral()
-    _land(source, "2024-05-01", ["id", "region", "amount"], [(1, "eu", 5), (2, "us", 7)])
-    first = write_table_config(configs, "refused", str(source / "{date}.csv"), start_date="2024-05-01",
-                               keys=[{"name": "id", "type": "int"}],
-                               non_keys=[{"name": "region", "type": "string"}, {"name": "amount", "type": "bigint"}])  # fmt: skip
-    assert run_dates(definitions_for(first), ["2024-05-01"], instance=instance)[0].success
-    _land(source, "2024-05-02", ["id", "region", "amount"], [(1, "eu", 5), (2, "us", 8)])
-    second = write_table_config(configs, "refused", str(source / "{date}.csv"), start_date="2024-05-01", keys=second_keys,
-                                non_keys=second_non_keys)  # fmt: skip
-    (result,) = run_dates(definitions_for(second), ["2024-05-02"], instance=instance, raise_on_error=False)
+def _refusal(configs: Path, source: Path, instance, keys, non_keys):
+    """Run date 2 under a config of ``keys`` and ``non_keys``; the intake's error message, and the config."""
+    config = write_table_config(configs, "refused", str(source / "{date}.csv"), start_date="2024-05-01", keys=keys,
+                                non_keys=non_keys)  # fmt: skip
+    (result,) = run_dates(definitions_for(config), ["2024-05-02"], instance=instance, raise_on_error=False)
     assert not result.success
     failure = next(event for event in result.all_events if event.event_type_value == "STEP_FAILURE")
     assert failure.step_key == "refused__hashed_incoming"  # the intake refuses it: it writes first
-    return failure.step_failure_data.error.cause.message, configs / "refused.yaml", WarehouseStorage(str(warehouse)), (second, instance)
+    return failure.step_failure_data.error.cause.message, config
 
 
 def _nothing_written(storage: WarehouseStorage) -> None:
@@ -177,11 +169,40 @@ def _nothing_written(storage: WarehouseStorage) -> None:
         assert storage.stored_dates("refused", asset) == ["2024-05-01"], asset
 
 
-def test_a_key_change_is_refused_before_anything_is_written(spark, tmp_path, monkeypatch):
-    message, config_file, storage, (config, instance) = _refused(
-        tmp_path, monkeypatch,
-        second_keys=[{"name": "id", "type": "int"}, {"name": "region", "type": "string"}],
-        second_non_keys=[{"name": "amount", "type": "bigint"}],
+def test_a_narrowing_and_a_key_change_are_refused_before_anything_is_written(spark, tmp_path, monkeypatch):
+    """One table, date 1 stored; date 2 refused under a narrowed column, then under changed keys (nothing
+    written either time: each refusal meets the state as of date 1), then re-baselined under the new keys."""
+    warehouse, source, configs = tmp_path / "warehouse", tmp_path / "source", tmp_path / "configs"
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    storage, config_file = WarehouseStorage(str(warehouse)), configs / "refused.yaml"
+    instance = DagsterInstance.ephemeral()
+    _land(source, "2024-05-01", ["id", "region", "amount"], [(1, "eu", 5), (2, "us", 7)])
+    first = write_table_config(configs, "refused", str(source / "{date}.csv"), start_date="2024-05-01",
+                               keys=[{"name": "id", "type": "int"}],
+                               non_keys=[{"name": "region", "type": "string"}, {"name": "amount", "type": "bigint"}])  # fmt: skip
+    assert run_dates(definitions_for(first), ["2024-05-01"], instance=instance)[0].success
+    _land(source, "2024-05-02", ["id", "region", "amount"], [(1, "eu", 5), (2, "us", 8)])
+
+    message, _ = _refusal(
+        configs, source, instance,
+        keys=[{"name": "id", "type": "int"}],
+        non_keys=[{"name": "region", "type": "string"}, {"name": "amount", "type": "int"}],
+    )  # fmt: skip
+    assert message == (
+        f"cdc_assets.core.schema.SchemaChangeError: {config_file}: table refused: field 'non_keys.1.type' (amount) "
+        "changed from bigint to int: the state as of 2024-05-01 holds amount as bigint, and bigint -> int is not a "
+        "widening that reads every stored value as an equal one (allowed: tinyint -> smallint -> int -> bigint, "
+        "float -> double, decimal(p,s) -> decimal(p',s) with p' > p); nothing was written. Keep bigint, or add the "
+        "column under a new name. Either define a new table (a new name) with the new definition, or re-baseline this "
+        "one: run this date with run config ops: {refused__cdc: {config: {rebaseline: true}}}, which compares every key "
+        "under the new definition (docs/schema-changes.md, Re-baseline).\n"
+    )
+    _nothing_written(storage)
+
+    message, config = _refusal(
+        configs, source, instance,
+        keys=[{"name": "id", "type": "int"}, {"name": "region", "type": "string"}],
+        non_keys=[{"name": "amount", "type": "bigint"}],
     )  # fmt: skip
     assert message == (
         f"cdc_assets.core.schema.SchemaChangeError: {config_file}: table refused: field 'keys' changed: the state as of "
@@ -202,21 +223,3 @@ def test_a_key_change_is_refused_before_anything_is_written(spark, tmp_path, mon
     history = storage.read_one(spark, "refused", HISTORY, "2024-05-02")
     assert sorted((row["id"], row["operation"]) for row in history.collect()) == [(2, "U")]
     assert instance.get_run_by_id(result.run_id).tags["cdc/rebaseline"] == "true"
-
-
-def test_a_narrowing_is_refused_before_anything_is_written(spark, tmp_path, monkeypatch):
-    message, config_file, storage, _ = _refused(
-        tmp_path, monkeypatch,
-        second_keys=[{"name": "id", "type": "int"}],
-        second_non_keys=[{"name": "region", "type": "string"}, {"name": "amount", "type": "int"}],
-    )  # fmt: skip
-    assert message == (
-        f"cdc_assets.core.schema.SchemaChangeError: {config_file}: table refused: field 'non_keys.1.type' (amount) "
-        "changed from bigint to int: the state as of 2024-05-01 holds amount as bigint, and bigint -> int is not a "
-        "widening that reads every stored value as an equal one (allowed: tinyint -> smallint -> int -> bigint, "
-        "float -> double, decimal(p,s) -> decimal(p',s) with p' > p); nothing was written. Keep bigint, or add the "
-        "column under a new name. Either define a new table (a new name) with the new definition, or re-baseline this "
-        "one: run this date with run config ops: {refused__cdc: {config: {rebaseline: true}}}, which compares every key "
-        "under the new definition (docs/schema-changes.md, Re-baseline).\n"
-    )
-    _nothing_written(storage)
