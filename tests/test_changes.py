@@ -204,7 +204,6 @@ def test_delta_load_then_key_supplied_again(spark):
 
     day2 = date(2024, 1, 3)
     incoming2 = incoming_frame(spark, [(3, "c", "n3"), (2, "B", "n2")])
-    classification2 = classify_changes(incoming2, current1, day2, LoadType.delta)
     current2 = rows_by_id(build_current(classify_changes(incoming2, current1, day2, LoadType.delta, PAYLOAD)))
     assert {key: (row[OPERATION], row[EFF_START_DATE]) for key, row in current2.items()} == {
         1: ("X", date(2024, 1, 1)),

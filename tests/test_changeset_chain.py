@@ -7,7 +7,6 @@ The table: flag (I/U/D, not a configured column), key ``id``, tracked ``value``,
 from __future__ import annotations
 
 import csv
-import json
 import random
 import re
 from datetime import date, datetime, time, timedelta

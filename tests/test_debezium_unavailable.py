@@ -9,7 +9,6 @@ is set aside in late_changes with its reason, and counted.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import yaml
 from dagster import DagsterInstance
