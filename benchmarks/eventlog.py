@@ -14,6 +14,7 @@ executor).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -129,3 +130,31 @@ def summarize(files: list[Path]) -> dict:
         "peak_jvm_heap_bytes": peaks.get("JVMHeapMemory", 0),
         "complete": ended and not truncated,
     }
+
+
+def sql_executions(files: list[Path], table: str) -> tuple[float | None, list[dict]]:
+    """The application's start (epoch seconds) and each SQL execution: start, seconds, whether it wrote, and
+    the asset of ``table`` its plan reads or writes (from the paths in it; None when it names none)."""
+    asset_path = re.compile(rf"/{re.escape(table)}/(?:_versions/|_staging/)?([a-z][a-z0-9_]*)")
+    app_start, started, ended = None, {}, {}
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if '"SparkListenerApplicationStart"' not in line and "SQLExecution" not in line:
+                    continue
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                kind = event.get("Event", "")
+                if kind == "SparkListenerApplicationStart":
+                    app_start = event["Timestamp"] / 1000
+                elif kind.endswith("SparkListenerSQLExecutionStart"):
+                    plan = event.get("physicalPlanDescription", "")
+                    assets = asset_path.findall(plan)
+                    started[event["executionId"]] = {"start": event["time"] / 1000, "write": "InsertIntoHadoopFsRelationCommand" in plan,
+                                                     "asset": assets[0] if assets else None, "description": event.get("description", "")}
+                elif kind.endswith("SparkListenerSQLExecutionEnd"):
+                    ended[event["executionId"]] = event["time"] / 1000
+    executions = [{**e, "seconds": round(ended[i] - e["start"], 3)} for i, e in sorted(started.items()) if i in ended]
+    return app_start, executions
