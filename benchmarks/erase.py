@@ -180,12 +180,8 @@ def measure_erase(result: dict, bench, state: dict) -> None:
                          "materializations": int(told[1].group(1)), "check_evaluations": int(told[1].group(2)),
                          "checks": told[1].group(3).strip(", ")}
     result["phases"] = phases(figures, lines, folder)
-    [ledger_file] = sorted((stored / "_erasures").glob("*/request.json"))
-    ledger = result["ledger"] = {k: v for k, v in json.loads(ledger_file.read_text()).items() if k in ("status", "keys", "rows_removed", "bytes_rewritten")}
-    ledger["partitions"] = len(json.loads(ledger_file.read_text())["partitions"])
-    by_asset = {}
-    for name, n in json.loads(ledger_file.read_text())["partitions"].items():
-        by_asset[name.split("/")[0]] = by_asset.get(name.split("/")[0], 0) + n
+    ledger, by_asset = read_ledger(stored / "_erasures")
+    result["ledger"] = ledger
     after = {asset: stored_rows(stored, asset, dates) for asset in ASSETS}
     lost = {asset: sum(n or 0 for n in before[asset].values()) - sum(n or 0 for n in after[asset].values()) for asset in ASSETS}
     result["rows_removed_by_asset"] = {a: n for a, n in lost.items() if n}
@@ -196,8 +192,7 @@ def measure_erase(result: dict, bench, state: dict) -> None:
         + ", ".join(f"{k} {v}s" for k, v in result["phases"]["seconds"].items()))
     tasks = result["phases"]["task_run_and_cpu_seconds_by_asset"]
     log("erase: Spark SQL seconds (tasks' run / CPU seconds): " + ", ".join(
-        f"{asset} {kind} {seconds} ({'/'.join(map(str, tasks[f'{asset} {kind}']))})" for (asset, kind), seconds in result["phases"]["spark_by_asset"].items()))
-    result["phases"]["spark_by_asset"] = {f"{a} {k}": s for (a, k), s in result["phases"]["spark_by_asset"].items()}
+        f"{name} {seconds} ({'/'.join(map(str, tasks[name]))})" for name, seconds in result["phases"]["spark_by_asset"].items()))
     wrong = []
     per_date = {asset: data["erased_keys"] * len(dates) for asset in ("hashed_incoming", "current_table")}
     if {a: lost[a] for a in per_date} != per_date:
@@ -224,6 +219,18 @@ def measure_verify(result: dict, bench, state: dict) -> None:
 
 
 # helpers ------------------------------------------------------------------------------------------------------
+def read_ledger(erasures: Path) -> tuple[dict, dict[str, int]]:
+    """The newest request.json's figures (status, keys, rows, bytes, partitions) and its rows removed per asset."""
+    record = json.loads(sorted(erasures.glob("*/request.json"))[-1].read_text())  # the request id starts with its UTC time
+    figures = {k: v for k, v in record.items() if k in ("status", "keys", "rows_removed", "bytes_rewritten")}
+    figures["partitions"] = len(record["partitions"])
+    by_asset: dict[str, int] = {}
+    for name, rows in record["partitions"].items():  # "asset/date": rows
+        asset = name.split("/")[0]
+        by_asset[asset] = by_asset.get(asset, 0) + rows
+    return figures, by_asset
+
+
 def stored_rows(table_root: Path, asset: str, dates: list[str]) -> dict[str, int | None]:
     """Rows of each date's stored version (Parquet footers), None for a date the asset has no partition of."""
     found = {}
@@ -237,20 +244,20 @@ def stored_rows(table_root: Path, asset: str, dates: list[str]) -> dict[str, int
 def run_timed(name: str, command: list, env: dict, logs: Path) -> tuple[dict, list[tuple[float, str]]]:
     """Like harness.run_process, but a non-zero exit is returned, and each line of output comes with the
     seconds since the start at which it appeared (the command must not buffer its output: PYTHONUNBUFFERED)."""
-    child, lines, seen = Child(name, command, env, logs), [], 0
+    child, lines, pending = Child(name, command, env, logs), [], ""
     try:
-        while True:
-            done = not child.alive()
-            text = child.tail(chars=10**9)
-            now = round(time.perf_counter() - child.started, 2)
-            complete = text[:text.rfind("\n") + 1] if not done else text
-            for line in complete[seen:].splitlines():
-                lines.append((now, line))
-            seen = len(complete)
-            if done:
-                break
-            time.sleep(0.1)
-        seconds = time.perf_counter() - child.started
+        with open(child.log_path, errors="replace") as output:
+            while True:
+                done, ended = not child.alive(), time.perf_counter()
+                pending += output.read()
+                now = round(time.perf_counter() - child.started, 2)
+                *complete, pending = pending.split("\n")
+                lines += [(now, line) for line in complete]
+                if done:
+                    lines += [(now, pending)] if pending else []
+                    break
+                time.sleep(0.1)
+        seconds = ended - child.started
     finally:
         figures = child.stop(kill=child.alive())
     return {"seconds": round(seconds, 2), **figures, "returncode": child.proc.returncode, "log": str(child.log_path),
@@ -268,12 +275,14 @@ def phases(figures: dict, lines: list[tuple[float, str]], folder: Path) -> dict:
     log_ = ev.read(folder, Path(figures["log"]))
     app, executions = ev.sql_executions(sorted(p for p in folder.iterdir() if p.is_file()), TABLE) if folder.is_dir() else (None, [])
     start = figures["started_epoch"]
-    by_asset: dict[tuple[str, str], float] = {}
-    tasks: dict[tuple[str, str], list[float]] = {}
+    by_asset: dict[str, float] = {}
+    tasks: dict[str, list[float]] = {}
     erase_sql = dagster_sql = 0.0
     for e in executions:
-        kind = "rewrite" if e["write"] else "scan"
-        key = (e["asset"], kind) if e["asset"] else ("ledger" if e["write"] else "keys file", "write" if e["write"] else "read")
+        if e["asset"]:
+            key = f"{e['asset']} {'rewrite' if e['write'] else 'scan'}"
+        else:
+            key = "ledger write" if e["write"] else "keys file read"
         if e["start"] - start < summary_at:
             by_asset[key] = round(by_asset.get(key, 0.0) + e["seconds"], 2)
             run, cpu = tasks.get(key, [0.0, 0.0])
@@ -290,7 +299,7 @@ def phases(figures: dict, lines: list[tuple[float, str]], folder: Path) -> dict:
         seconds["erase"] = summary_at
     seconds.update({"Dagster told": round(told_at - summary_at, 1), "exit": round(figures["seconds"] - told_at, 1)})
     return {"seconds": seconds, "summary_line_at": summary_at, "spark_sql_seconds_dagster": round(dagster_sql, 1),
-            "sql_executions": len(executions), "spark_by_asset": by_asset, "task_run_and_cpu_seconds_by_asset": {f"{a} {k}": v for (a, k), v in tasks.items()},
+            "sql_executions": len(executions), "spark_by_asset": by_asset, "task_run_and_cpu_seconds_by_asset": tasks,
             "eventlog": {k: v for k, v in log_.items() if k in ("tasks", "executor_cpu_seconds", "shuffle_write_bytes", "complete")}}
 
 

@@ -160,3 +160,14 @@ def test_sql_executions_are_timed_and_named_by_the_asset_their_plan_reads_or_wri
 
     assert app_start == 1.0
     assert [(e["asset"], e["write"], e["seconds"]) for e in executions] == [("current_table", False, 0.5), ("history_partition", True, 1.25)]
+
+
+def test_a_timed_run_gives_each_line_the_time_it_appeared_and_returns_a_failed_exit(tmp_path):
+    from benchmarks import erase
+
+    figures, lines = erase.run_timed("timed", ["sh", "-c", "echo first; sleep 1; echo second; exit 1"], dict(os.environ), tmp_path)
+
+    said = {text: at for at, text in lines}
+    assert figures["returncode"] == 1
+    assert said["second"] - said["first"] >= 0.9
+    assert said["second"] <= figures["seconds"]
