@@ -19,7 +19,7 @@ Checked: after the load, each date's current_table holds --rows rows and the las
 the data's; after the erase, each asset lost exactly the rows the ledger (`_erasures/*/request.json`)
 says, hashed_incoming and current_table --keys rows per date, the checks evaluated again all pass and
 --verify finds no file holding the keys. At the defaults about 7 minutes on the idle 2-core machine (the
-load about 4.5 of them) and about 2 GB of disk in the workdir. Small check (about 4 minutes):
+load about 4.5 of them) and about 2 GB of disk in the workdir. Small check (about 2 minutes idle):
     python -m benchmarks erase --rows 10000 --dates 5
 """
 
