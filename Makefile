@@ -84,11 +84,13 @@ ui: install $(DAGSTER_HOME)/dagster.yaml
 
 # The benchmarks (benchmarks/README.md): one harness, `python -m benchmarks SCENARIO`, each run a fresh process
 # group; JSON results in benchmarks/results/. Compared with ../shared/bench/plain_cdc.py when a clone has it.
-# Every target of issues 10, 11 and 23, then issue 25's schema-change date at 1M rows (about 30-40 min idle
-# at the defaults); small: make benchmark BENCH_ARGS='--rows 20000 --range-days 3 --range-rows 2000' SCHEMA_ARGS='--rows 100000'
+# Every target of issues 10, 11 and 23, then issue 25's schema-change date at 1M rows, then issue 26's erase of
+# 100 keys from 30 dates x 100,000 rows (about 45-55 min idle at the defaults); small: make benchmark
+# BENCH_ARGS='--rows 20000 --range-days 3 --range-rows 2000' SCHEMA_ARGS='--rows 100000' ERASE_ARGS='--rows 10000 --dates 5'
 benchmark: install
 	$(BIN)/python -m benchmarks targets $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks schema $(SCHEMA_ARGS)
+	$(BIN)/python -m benchmarks erase $(ERASE_ARGS)
 
 # Issue 13's scale target: day 2 at 1M and 10M rows (about 35 min and 40 GB of disk idle); small: SCALE_ARGS='--rows 20000,100000'
 .PHONY: benchmark-scale

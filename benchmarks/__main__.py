@@ -1,6 +1,6 @@
 """python -m benchmarks SCENARIO [options]: run one benchmark scenario (benchmarks/README.md).
 
-Scenarios: targets and schema (make benchmark), scale (make benchmark-scale), state (make benchmark-state), many
+Scenarios: targets, schema and erase (make benchmark), scale (make benchmark-scale), state (make benchmark-state), many
 (make benchmark-many). `python -m benchmarks SCENARIO --help` lists a scenario's measurements and options.
 Run it from the repository's root with the project's .venv.
 """
@@ -14,7 +14,7 @@ import sys
 from benchmarks.harness import RESULTS, run
 
 SCENARIOS = {"targets": "benchmarks.targets", "scale": "benchmarks.scale", "state": "benchmarks.state", "many": "benchmarks.many_tables",
-             "schema": "benchmarks.schema"}
+             "schema": "benchmarks.schema", "erase": "benchmarks.erase"}
 
 
 def main(argv: list[str] | None = None) -> int:

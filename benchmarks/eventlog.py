@@ -14,6 +14,7 @@ executor).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -129,3 +130,42 @@ def summarize(files: list[Path]) -> dict:
         "peak_jvm_heap_bytes": peaks.get("JVMHeapMemory", 0),
         "complete": ended and not truncated,
     }
+
+
+def sql_executions(files: list[Path], table: str) -> tuple[float | None, list[dict]]:
+    """The application's start (epoch seconds) and each SQL execution: start, seconds, whether it wrote, the
+    asset of ``table`` its plan reads or writes (from the paths in it; None when it names none), and its
+    tasks' summed run time and CPU seconds (run time above CPU: waiting for a core, GC, I/O)."""
+    asset_path = re.compile(rf"/{re.escape(table)}/(?:_versions/|_staging/)?([a-z][a-z0-9_]*)")
+    app_start, started, ended, stage_execution = None, {}, {}, {}
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if not any(kind in line for kind in ('"SparkListenerApplicationStart"', "SQLExecution", '"SparkListenerJobStart"',
+                                                     '"SparkListenerTaskEnd"')):
+                    continue
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                kind = event.get("Event", "")
+                if kind == "SparkListenerApplicationStart":
+                    app_start = event["Timestamp"] / 1000
+                elif kind.endswith("SparkListenerSQLExecutionStart"):
+                    plan = event.get("physicalPlanDescription", "")
+                    assets = asset_path.findall(plan)
+                    started[event["executionId"]] = {"start": event["time"] / 1000, "write": "InsertIntoHadoopFsRelationCommand" in plan,
+                                                     "asset": assets[0] if assets else None, "description": event.get("description", ""),
+                                                     "task_seconds": 0.0, "task_cpu_seconds": 0.0}
+                elif kind.endswith("SparkListenerSQLExecutionEnd"):
+                    ended[event["executionId"]] = event["time"] / 1000
+                elif kind == "SparkListenerJobStart":
+                    execution = (event.get("Properties") or {}).get("spark.sql.execution.id")
+                    for stage in event.get("Stage IDs", []) if execution is not None else []:
+                        stage_execution[stage] = int(execution)
+                elif kind == "SparkListenerTaskEnd" and stage_execution.get(event.get("Stage ID")) in started:
+                    metrics, execution = event.get("Task Metrics") or {}, started[stage_execution[event["Stage ID"]]]
+                    execution["task_seconds"] += metrics.get("Executor Run Time", 0) / 1000
+                    execution["task_cpu_seconds"] += metrics.get("Executor CPU Time", 0) / 1e9
+    executions = [{**e, "seconds": round(ended[i] - e["start"], 3)} for i, e in sorted(started.items()) if i in ended]
+    return app_start, executions

@@ -91,3 +91,83 @@ def test_the_event_log_figures_sum_over_tasks_and_take_the_largest_action_and_br
     assert figures["broadcast_max_bytes"] == 4096
     assert figures["peak_jvm_heap_bytes"] == 7
     assert figures["complete"] and figures["closed_by_jvm"] and figures["events_dropped"]
+
+
+def test_the_erase_scenario_refuses_more_keys_than_the_dates_keep_on_every_date():
+    from benchmarks.__main__ import main
+
+    # 1,000 rows lose 5 keys a date: 29 later dates leave 855 keys present on all 30.
+    with pytest.raises(SystemExit) as refused:
+        main(["erase", "--rows", "1000", "--dates", "30", "--keys", "856"])
+    assert refused.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["erase", "--dates", "1"])
+
+
+def test_the_erase_scenario_data_puts_every_erased_key_on_every_date(tmp_path):
+    import argparse
+
+    import duckdb
+
+    from benchmarks import erase
+
+    args = argparse.Namespace(rows=1000, dates=4, keys=20, seed=7)
+    data = erase.make_data(tmp_path, args, erase.business_dates(args.dates))
+
+    per_date = [duckdb.sql(f"select * from read_csv('{tmp_path / day}/*.csv', all_varchar=true)") for day in erase.business_dates(4)]
+    assert [len(rows) for rows in (d.fetchall() for d in per_date)] == [1000] * 4
+    keys = duckdb.sql(f"select * from read_csv('{data['keys_file']}', all_varchar=true)")
+    assert keys.columns == erase.KEYS and len(keys.fetchall()) == 20
+    for day in erase.business_dates(4):
+        found = duckdb.sql(f"select count(*) from read_csv('{tmp_path / day}/*.csv', all_varchar=true) "
+                           f"join read_csv('{data['keys_file']}', all_varchar=true) using ({', '.join(erase.KEYS)})").fetchall()[0][0]
+        assert found == 20, day
+    first, last = (set(duckdb.sql(f"select key_1 from read_csv('{tmp_path / day}/*.csv', all_varchar=true)").fetchall())
+                   for day in erase.business_dates(4)[::3])
+    assert len(first - last) == 3 * data["churn_per_date"] == 15  # 0.5% deleted (and as many inserted) a date
+
+
+def test_the_erase_scenario_reads_the_line_cdc_erase_prints():
+    from benchmarks import erase
+    from cdc_assets.config import TableConfig
+    from cdc_assets.erasure import ErasureResult
+    from cdc_assets.erasure_events import describe
+
+    config = TableConfig.model_validate({"name": "t", "start_date": "2024-01-01", "load_type": "full",
+                                         "source": {"path": "/d/{date}/", "format": "csv"},
+                                         "keys": [{"name": "k", "type": "string"}], "non_keys": [{"name": "v", "type": "double"}]})
+    result = ErasureResult(request_id="r1", keys=2, resumed=False, removed={("current_table", "2024-01-01"): 2, ("hashed_incoming", "2024-01-01"): 2},
+                           bytes_rewritten=300, bytes_stored=4000)
+
+    found = erase.ERASED_LINE.search(f"cdc-erase: {describe(config, result)}")
+
+    assert found and tuple(map(int, found.groups())) == (4, 2, 300, 4000)
+
+
+def test_sql_executions_are_timed_and_named_by_the_asset_their_plan_reads_or_writes(tmp_path):
+    start = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart"
+    end = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd"
+    events = [{"Event": "SparkListenerApplicationStart", "Timestamp": 1000},
+              {"Event": start, "executionId": 0, "time": 2000, "physicalPlanDescription": "Scan parquet [file:/w/t/_versions/current_table/x]"},
+              {"Event": end, "executionId": 0, "time": 2500},
+              {"Event": start, "executionId": 1, "time": 3000,
+               "physicalPlanDescription": "Execute InsertIntoHadoopFsRelationCommand file:/w/t/_staging/history_partition/w1"},
+              {"Event": end, "executionId": 1, "time": 4250},
+              {"Event": start, "executionId": 2, "time": 5000, "physicalPlanDescription": "LocalTableScan"}]
+    (tmp_path / "local-1").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+    app_start, executions = eventlog.sql_executions([tmp_path / "local-1"], "t")
+
+    assert app_start == 1.0
+    assert [(e["asset"], e["write"], e["seconds"]) for e in executions] == [("current_table", False, 0.5), ("history_partition", True, 1.25)]
+
+
+def test_a_timed_run_gives_each_line_the_time_it_appeared_and_returns_a_failed_exit(tmp_path):
+    from benchmarks import erase
+
+    figures, lines = erase.run_timed("timed", ["sh", "-c", "echo first; sleep 1; echo second; exit 1"], dict(os.environ), tmp_path)
+
+    said = {text: at for at, text in lines}
+    assert figures["returncode"] == 1
+    assert said["second"] - said["first"] >= 0.9
+    assert said["second"] <= figures["seconds"]
