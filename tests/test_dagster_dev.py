@@ -42,6 +42,7 @@ ORDERS_ASSETS = [
 ORDERS_CHECKS = {
     ("hashed_incoming", "rows_read_reconcile"),
     ("hashed_incoming", "keys_unique"),
+    ("hashed_incoming", "no_erased_keys_in_extract"),
     ("hash_join_classification", "incoming_reconciles"),
     ("hash_join_classification", "previous_state_reconciles"),
     ("current_table", "row_count_reconciles"),
@@ -62,6 +63,7 @@ ORDERS_EXPECTED = {
 # multi-asset; the UI's backfill of every asset must still launch as one single run.
 ACCOUNTS_CHECKS = {
     ("hashed_incoming", "rows_read_reconcile"),
+    ("hashed_incoming", "no_erased_keys_in_extract"),
     ("hash_join_classification", "records_reconcile"),
     ("hash_join_classification", "previous_state_reconciles"),
     ("current_table", "previous_plus_changes"),

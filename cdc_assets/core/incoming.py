@@ -8,6 +8,7 @@ rows read = rows accepted + rows rejected.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import date
 from functools import reduce
@@ -72,6 +73,20 @@ def _erased_records(validated: DataFrame, erased: DataFrame, drop: bool) -> tupl
     if not (drop and counts):
         return validated, counts
     return marked.filter(~F.col(flag)).drop(flag), counts
+
+
+@contextmanager
+def _header_mismatch_explained(config: TableConfig, cached: DataFrame):
+    """Around the first read of the files, where Spark checks each file's header: a mismatch is raised
+    as the error that names the file (the cache released)."""
+    try:
+        yield
+    except Exception as error:
+        mismatch = header_mismatch(config, error)
+        cached.unpersist()
+        if mismatch is None:
+            raise
+        raise mismatch from None
 
 
 def _hash_specs(config: TableConfig):
@@ -204,7 +219,8 @@ def prepare_incoming_dates(
     validated = add_hashes(cached, keys, non_keys)
     erased_by_date: dict[str, int] = {}
     if erased is not None:
-        validated, erased_by_date = _erased_records(validated, erased, drop=config.erased_keys is ErasedKeys.drop)
+        with _header_mismatch_explained(config, cached):  # this job reads the files first
+            validated, erased_by_date = _erased_records(validated, erased, drop=config.erased_keys is ErasedKeys.drop)
     # One job fills the cache and yields every date's figures: rows read, rows rejected, and the keys
     # that occur more than once among the date's accepted rows (with their rows); for a change set,
     # its tombstone lines instead (several records per key are its point).
@@ -228,14 +244,8 @@ def prepare_incoming_dates(
             F.count(F.when(duplicated_group, F.lit(1))).alias("duplicate_keys"),
             F.sum(F.when(duplicated_group, F.col("count"))).alias("duplicate_rows"),
         )
-    try:
+    with _header_mismatch_explained(config, cached):
         totals = totals_query.collect()  # a row per date
-    except Exception as error:  # the first read of the files: Spark checks each file's header here
-        mismatch = header_mismatch(config, error)
-        cached.unpersist()
-        if mismatch is None:
-            raise
-        raise mismatch from None
     figures = {day: DateFigures() for day in days}
     duplicate_rows: dict[str, int] = {}
     for row in totals:
