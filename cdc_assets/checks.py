@@ -1,4 +1,5 @@
-"""Blocking asset checks that reconcile each date's stored outputs (rules in ``core/reconcile.py``).
+"""Asset checks that reconcile each date's stored outputs (rules in ``core/reconcile.py``): blocking, but
+the erased-keys warning (``WARNING_CHECKS``).
 
 Two check steps per table. The intake checks run after ``hashed_incoming`` and, being blocking, stop
 the CDC step of the same run when rows were lost or a key is duplicated. The CDC checks run after the
