@@ -49,9 +49,8 @@ def erasure_materializations(instance: DagsterInstance, config: TableConfig, sto
     for (stored_as, day), rows in result.removed.items():
         asset = CURRENT if stored_as == state_changes_asset(CURRENT) else stored_as
         removed[(asset, day)] += rows
-    days = sorted({day for _, day in removed} | set(_not_supplied_removed(result)))
     events = []
-    for day in days:
+    for day in touched_days(result):
         intake_changed = any(removed.get((asset, day)) for asset in _INTAKE)
         cdc_changed = any(removed.get((asset, day)) for asset in (*CDC_OUTPUTS, *CHANGESET_OUTPUTS)) or _not_supplied_removed(result).get(day)
         for asset in (*_INTAKE, *CDC_OUTPUTS, *CHANGESET_OUTPUTS):
@@ -86,6 +85,7 @@ def erasure_check_evaluations(instance: DagsterInstance, io_manager: Partitioned
 
 
 def touched_days(result: ErasureResult) -> list[str]:
+    """The dates whose partitions or recorded figures the erase changed."""
     return sorted({day for _, day in result.removed} | set(_not_supplied_removed(result)))
 
 
