@@ -42,17 +42,21 @@ def _extract(rows: int) -> str:
 
 
 class LandingSensor:
-    """The table's landing sensor, built by the project's builder, evaluated tick by tick against a real
-    instance as the sensor daemon does: each tick gets the cursor the last one left, and a run request
-    whose run key was launched before launches nothing. The clock is the test's (``now``, epoch s)."""
+    """The table's landing sensor evaluated tick by tick against a real instance as the sensor daemon
+    does: each tick gets the cursor the last one left, and a run request whose run key was launched
+    before launches nothing. With ``settable_clock`` the sensor is built by the project's builder on the
+    test's clock (``now``, epoch seconds); without, it is the definitions' own, on the real clock."""
 
-    def __init__(self, config):
+    def __init__(self, config, settable_clock: bool = True):
         self.config = config
         self.defs = definitions_for(config)
         self.job = self.defs.resolve_job_def(f"{config.name}_job")
-        partitions_def = build_table_definitions(config).partitions_def
         self.now = 1_700_000_000.0
-        self.sensor = build_landing_sensor(config, self.job, partitions_def, clock=lambda: self.now)
+        if settable_clock:
+            partitions_def = build_table_definitions(config).partitions_def
+            self.sensor = build_landing_sensor(config, self.job, partitions_def, clock=lambda: self.now)
+        else:
+            self.sensor = self.defs.get_sensor_def(f"{config.name}_landing_sensor")
         self.instance = DagsterInstance.ephemeral()
         self.cursor = None
 
@@ -77,8 +81,14 @@ class LandingSensor:
             tags = {RUN_KEY_TAG: request.run_key, SENSOR_NAME_TAG: self.sensor.name}
             if self.instance.get_runs(RunsFilter(tags=tags)):
                 continue
-            runs.append(self.job.execute_in_process(instance=self.instance, tags={**request.tags, **tags},
-                                                    partition_key=request.partition_key, raise_on_error=False))
+            runs.append(
+                self.job.execute_in_process(
+                    instance=self.instance,
+                    tags={**request.tags, **tags},
+                    partition_key=request.partition_key,
+                    raise_on_error=False,
+                )
+            )
         return runs
 
     def materialized(self) -> list[str]:
@@ -102,40 +112,13 @@ def test_sensor_requests_landed_dates_as_one_run_and_recovers_after_a_bad_extrac
         start_date="2024-01-01",
         source={"path": f"{source}/{{date}}/", "format": "csv", "options": {"header": True}, "settle_seconds": 0},
     )
-    defs = definitions_for(config)
-    sensor = defs.get_sensor_def("synthetic_landing_sensor")
-    job = defs.resolve_job_def("synthetic_job")
-    instance = DagsterInstance.ephemeral()
-    cursor = None
-
-    def evaluate():
-        """One tick, given the cursor the last tick left (as the daemon does)."""
-        nonlocal cursor
-        result = sensor.evaluate_tick(build_sensor_context(instance=instance, definitions=defs, cursor=cursor))
-        cursor = result.cursor if result.cursor is not None else cursor
-        return result
+    sensor = LandingSensor(config, settable_clock=False)
 
     def requested_dates() -> list[tuple[str, str]]:
-        """Each run request as (first date, last date)."""
-        requests = evaluate().run_requests or []
-        return [
-            (r.partition_key, r.partition_key) if r.partition_key else (r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG])
-            for r in requests
-        ]
+        return sensor.requested_dates(sensor.tick())
 
     def launch():
-        """What the sensor daemon does with the evaluation: a run key it has launched before is skipped,
-        any other request becomes a run of the sensor's job, tagged with the key. Returns the runs."""
-        results = []
-        for request in evaluate().run_requests or []:
-            if instance.get_runs(RunsFilter(tags={RUN_KEY_TAG: request.run_key, SENSOR_NAME_TAG: sensor.name})):
-                continue
-            tags = {**request.tags, RUN_KEY_TAG: request.run_key, SENSOR_NAME_TAG: sensor.name}
-            results.append(job.execute_in_process(instance=instance, tags=tags, raise_on_error=False))
-        return results
-
-    def materialized() -> list[str]:
-        return sorted(instance.get_materialized_partitions(asset_key(config, CURRENT)))
+        return sensor.launch(sensor.tick())
 
     assert requested_dates() == []
     _write_day(source, "2024-01-01", header=HEADER[:-1])  # a bad extract: its header lacks nonkey_10
@@ -144,20 +127,20 @@ def test_sensor_requests_landed_dates_as_one_run_and_recovers_after_a_bad_extrac
     assert requested_dates() == [("2024-01-01", "2024-01-02")]
 
     [failed] = launch()
-    assert not failed.success and materialized() == []
+    assert not failed.success and sensor.materialized() == []
     # Nothing changed: the same run key, so the daemon launches nothing (no retry loop on a bad extract).
     assert requested_dates() == [("2024-01-01", "2024-01-02")] and launch() == []
 
     _write_day(source, "2024-01-01")  # the extract is replaced
     [recovered] = launch()
-    assert recovered.success and materialized() == ["2024-01-01", "2024-01-02"]
-    assert evaluate().skip_message == "synthetic: no new extract has landed"
+    assert recovered.success and sensor.materialized() == ["2024-01-01", "2024-01-02"]
+    assert sensor.tick().skip_message == "synthetic: no new extract has landed"
 
     _write_day(source, "2024-01-03")
-    running = instance.create_run_for_job(job_def=job, status=DagsterRunStatus.STARTED)
-    result = evaluate()
+    running = sensor.instance.create_run_for_job(job_def=sensor.job, status=DagsterRunStatus.STARTED)
+    result = sensor.tick()
     assert not result.run_requests and running.run_id in result.skip_message  # waits for the table's run
-    instance.report_run_canceled(running)
+    sensor.instance.report_run_canceled(running)
     assert requested_dates() == [("2024-01-03", "2024-01-04")]
     # A backlog goes SENSOR_MAX_DATES_PER_RUN dates at a time.
     backlog = [(date(2024, 1, 3) + timedelta(days=n)).isoformat() for n in range(SENSOR_MAX_DATES_PER_RUN + 2)]
