@@ -7,6 +7,7 @@ and the field that is wrong.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from datetime import date
@@ -288,6 +289,21 @@ class Source(BaseModel):
     path: Annotated[str, Field(description="File, folder or glob with a {date} placeholder (YYYY-MM-DD).")]
     format: SourceFormat = SourceFormat.csv
     options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    # When a date's extract counts as complete, for the landing sensor (cdc_assets/automation.py).
+    ready_marker: str | None = Field(
+        default=None,
+        description="A file name, in the date's folder, that the producer writes once the date's files are complete "
+        "(e.g. _SUCCESS, or {date}.done when one folder holds every date's files): the landing sensor requests a date "
+        "only once its marker exists. Never read as data.",
+    )
+    settle_seconds: int = Field(
+        default=60,
+        ge=0,
+        strict=True,
+        description="Without a ready_marker: the landing sensor requests a date once the size and modification time "
+        "of each of its files have stayed the same across sensor ticks at least this many seconds apart (0: at first "
+        "sight, for producers that move complete files into place).",
+    )
 
     @field_validator("path")
     @classmethod
@@ -300,9 +316,68 @@ class Source(BaseModel):
             raise ValueError(f"path may contain only the {{date}} placeholder: {error}") from None
         return value
 
+    @model_validator(mode="after")
+    def _marker_is_not_data(self) -> "Source":
+        if self.ready_marker is None:
+            return self
+        if "settle_seconds" in self.model_fields_set:
+            raise ValueError(
+                "settle_seconds applies without a ready_marker only: with one, the marker says when a date is complete"
+            )
+        marker = self.ready_marker
+        try:
+            sample = marker.format(date="2000-01-01")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ValueError(f"ready_marker may contain only the {{date}} placeholder: {error}") from None
+        if not sample or "/" in marker or "\\" in marker or sample in (".", ".."):
+            raise ValueError(f"ready_marker {marker!r} must be a file name (no folder): it is looked for in the date's folder")
+        folder = self.marker_folder
+        if any(character in folder.format(date="2000-01-01") for character in "*?["):
+            raise ValueError(
+                f"ready_marker needs a source.path whose folder has no wildcards, so the marker has one place "
+                f"(the folder is {folder!r})"
+            )
+        if "{date}" not in folder and "{date}" not in marker:
+            raise ValueError(
+                f"ready_marker {marker!r} would be one file for every date: the folder {folder!r} holds every date's "
+                "files, so put {date} in the marker's name, e.g. '{date}.done' (a source.path that names a folder per "
+                "date ends with /)"
+            )
+        # Spark (and so the intake) skips files whose names start with _ or .; any other marker must not
+        # match the files the intake reads.
+        hidden = sample.startswith(("_", "."))
+        if not hidden and self.path.endswith("/"):
+            raise ValueError(
+                f"ready_marker {marker!r} would be read as data from the date's folder: start its name with _ or . "
+                "(files the readers skip), e.g. _SUCCESS"
+            )
+        if not hidden and fnmatch.fnmatchcase(sample, self.path.rsplit("/", 1)[-1].format(date="2000-01-01")):
+            raise ValueError(
+                f"ready_marker {marker!r} matches source.path {self.path!r}, so it would be read as data: start its "
+                "name with _ or ., or give it a name the path does not match"
+            )
+        return self
+
+    @property
+    def marker_folder(self) -> str:
+        """The folder of a date's files, as a template: source.path itself when it ends with /, else the
+        folder that holds the file or glob it names."""
+        if self.path.endswith("/"):
+            return self.path
+        return self.path.rsplit("/", 1)[0] + "/" if "/" in self.path else ""
+
+    def ready_marker_for(self, business_date: str) -> str | None:
+        """Where the date's ready marker is, or None when the table has none."""
+        if self.ready_marker is None:
+            return None
+        return self._resolve(self.marker_folder.format(date=business_date) + self.ready_marker.format(date=business_date))
+
     def path_for(self, business_date: str) -> str:
         """The source location for one business date; relative paths resolve against ``CDC_DATA_ROOT``."""
-        resolved = self.path.format(date=business_date)
+        return self._resolve(self.path.format(date=business_date))
+
+    @staticmethod
+    def _resolve(resolved: str) -> str:
         if "://" in resolved or os.path.isabs(resolved):
             return resolved
         return str(Path(os.environ.get("CDC_DATA_ROOT", ".")).resolve() / resolved)
