@@ -11,9 +11,14 @@ entry once that time is older than the look-back: an event can be sent only whil
 look-back, and it is remembered for as long as it is. So repeated ticks send nothing twice, and a second
 failure of a date already alerted within the window is not sent again (the key has no run in it).
 
-An alert the webhook does not take is logged (with its content) and left unsent, so the next tick tries
-it again, and so on for as long as its event is inside the look-back (then it is dropped, as every
-memory is). The rest of that tick's alerts wait too: a dead webhook costs one timeout per tick.
+An alert the webhook does not take is logged (its table, cause and dates, not its content) and left
+unsent, so the next tick tries it again, and so on for as long as its event is inside the look-back
+(then it is dropped, as every memory is). The rest of that tick's alerts wait too: a dead webhook costs
+one timeout per tick.
+
+An alert leaves the instance, so it carries no row values: of a failed run, only the failed step and
+the summary of a :class:`~cdc_assets.core.errors.SummarizedError` (else the error's type), never the
+error's message, which may name keys (it stays in the run's own log).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from dagster import (
     AssetCheckKey,
@@ -41,9 +47,13 @@ from dagster import (
 
 from cdc_assets.automation import RANGE_END_TAG, RANGE_START_TAG
 from cdc_assets.config import TableConfig
+from cdc_assets.core.errors import MESSAGE_WITHHELD, summarized_error_names
 from cdc_assets.freshness import Clock, late, utc_now
 from cdc_assets.names import CURRENT, asset_key
 from resources.alerts import AlertDeliveryError, AlertWebhook
+
+if TYPE_CHECKING:
+    from dagster._utils.error import SerializableErrorInfo
 
 ALERT_SENSOR_NAME = "cdc_alerts"
 ALERT_SENSOR_INTERVAL_SECONDS = 60
@@ -129,9 +139,11 @@ def build_alert_sensor(tables: list[WatchedTable], clock: Clock = utc_now) -> Se
                 try:
                     webhook.send(payload)
                 except AlertDeliveryError as error:
+                    # Not the payload: the log is kept as long as the instance keeps the tick.
                     context.log.warning(
-                        f"Alert not delivered ({error}); it and {len(pending) - delivered - 1} more are tried again "
-                        f"next tick: {json.dumps(payload)}"
+                        f"Alert not delivered ({error}); it ({payload['table']}, {payload['cause']}, "
+                        f"{', '.join(payload['business_dates'])}) and {len(pending) - delivered - 1} more are tried "
+                        "again next tick"
                     )
                     break
             else:
@@ -201,18 +213,26 @@ def _run_dates(run: DagsterRun) -> tuple[str, ...]:
 
 
 def _run_failure(instance: DagsterInstance, run_id: str | None) -> str:
-    """The run's first failed step and the first line of its error, else the run's failure message."""
+    """The run's first failed step and what its error says without row values (:func:`failure_summary`)."""
     if run_id is None:
         return ""
     for entry in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
-        error = entry.dagster_event.step_failure_data.error
-        while error is not None and error.cause is not None:  # Dagster's wrapper, then what the step raised
-            error = error.cause
-        first_line = (error.message if error else "").strip().splitlines()[:1]
-        return f"step {entry.dagster_event.step_key} failed: {first_line[0] if first_line else 'no message'}"
-    for entry in instance.all_logs(run_id, of_type=DagsterEventType.RUN_FAILURE):
-        return entry.dagster_event.message or "the run failed"
-    return "the run failed"
+        return f"step {entry.dagster_event.step_key} failed: {failure_summary(entry.dagster_event.step_failure_data.error)}"
+    return "the run failed before any step did (the reason is in the run's log)"
+
+
+def failure_summary(error: SerializableErrorInfo | None) -> str:
+    """Of an error as Dagster recorded it (by class name and message, with its causes), the summary of
+    the first :class:`~cdc_assets.core.errors.SummarizedError` in the chain (its message's first line),
+    else the type of what the step raised alone: the message may hold row values."""
+    summarized = summarized_error_names()
+    innermost = None
+    while error is not None:  # Dagster's wrapper, then what the step raised, then what that was raised from
+        if error.cls_name in summarized:
+            return (error.message.strip().splitlines() or ["no message"])[0]
+        innermost, error = error, error.cause
+    name = innermost.cls_name if innermost is not None and innermost.cls_name else "an error"
+    return f"{name} {MESSAGE_WITHHELD}"
 
 
 def _failed_checks(instance: DagsterInstance, tables: Iterable[WatchedTable], since: datetime) -> list[Event]:

@@ -5,6 +5,10 @@ when the run does not include the CDC step). Each append is one small Parquet fi
 ``<warehouse>/_runs/``, so the log reads as one dataset (``read_runs_log``, or DuckDB's
 ``read_parquet('<warehouse>/_runs/*.parquet')``) and concurrent runs never write the same file. A
 process killed outright (kill -9) appends nothing: Dagster's own run record is then the only trace.
+
+The log outlives the run and an erase does not rewrite it, so a failure's ``error`` holds no row
+values: only the summary a :class:`~cdc_assets.core.errors.SummarizedError` gives (counts, a
+``key_hash``, names, paths), else the error's type; the full message is in the run's own log.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pyarrow as pa
 from dagster import AssetExecutionContext
 
 from cdc_assets.config import TableConfig
+from cdc_assets.core.errors import error_summary
 from cdc_assets.names import CURRENT, asset_key
 from resources.storage import WarehouseStorage
 
@@ -45,7 +50,7 @@ RUNS_LOG_SCHEMA = pa.schema(
         pa.field("started_at", pa.timestamp("us", tz="UTC"), nullable=False),  # = processed_at in the outputs
         pa.field("finished_at", pa.timestamp("us", tz="UTC"), nullable=False),
         *(pa.field(name, pa.int64()) for name in COUNT_COLUMNS.values()),  # NULL: failed before counting
-        pa.field("error", pa.string()),
+        pa.field("error", pa.string()),  # the error's type and key-free summary (error_summary), never its message
         pa.field("code_version", pa.string(), nullable=False),
         pa.field("git_commit", pa.string()),
         pa.field("config_hash", pa.string(), nullable=False),
@@ -97,10 +102,11 @@ def runs_log_rows(
     status: str,
     step: str,
     counts: Mapping[str, Mapping[str, int]] | None = None,
-    error: str | None = None,
+    error: BaseException | None = None,
     schema_change: Mapping[str, str] | None = None,
 ) -> pa.Table:
-    """One row per date of the run; ``counts`` by date and operation (I/U/D/X/N), when known."""
+    """One row per date of the run; ``counts`` by date and operation (I/U/D/X/N), when known; of
+    ``error``, what :func:`logged_error` says (never its message)."""
     dates = [date.fromisoformat(day) for day in business_dates]
     finished_at = datetime.now(timezone.utc)
     rows = []
@@ -118,7 +124,7 @@ def runs_log_rows(
                 "started_at": started_at,
                 "finished_at": finished_at,
                 **{name: (by_operation[op] if by_operation else None) for op, name in COUNT_COLUMNS.items()},
-                "error": error,
+                "error": logged_error(error) if error is not None else None,
                 "code_version": code_version(),
                 "git_commit": git_commit(),
                 "config_hash": config_hash(config),
@@ -128,10 +134,12 @@ def runs_log_rows(
     return pa.Table.from_pylist(rows, schema=RUNS_LOG_SCHEMA)
 
 
-def first_line(error: BaseException) -> str:
-    """What a runs-log row says of a failure: the exception's type and the first line of its message."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+def logged_error(error: BaseException) -> str:
+    """What a runs-log row says of a failure: the error's type and key-free summary (see
+    :func:`~cdc_assets.core.errors.error_summary`); of a step Dagster stopped, that it stopped."""
+    if isinstance(error, GeneratorExit):
+        return "the step stopped while its outputs were stored (see the run's log)"
+    return error_summary(error)
 
 
 @dataclass
@@ -160,10 +168,8 @@ def runs_logged(
     try:
         yield entry
     except BaseException as error:
-        stopped = "the step stopped while its outputs were stored (see the run's log)"
-        reason = stopped if isinstance(error, GeneratorExit) else first_line(error)
         try:
-            _append(context, table, storage, days, FAILED, step, entry, reason)
+            _append(context, table, storage, days, FAILED, step, entry, error)
         except Exception as log_error:  # noqa: BLE001 - the run's own failure is what must surface
             context.log.warning(f"{table.name}: the runs log could not be written: {log_error}")
         raise
@@ -171,7 +177,7 @@ def runs_logged(
         _append(context, table, storage, days, SUCCEEDED, step, entry, None)
 
 
-def _append(context, table, storage, days, status, step, entry: RunsLogEntry, error) -> None:
+def _append(context, table, storage, days, status, step, entry: RunsLogEntry, error: BaseException | None) -> None:
     rows = runs_log_rows(table, context.run_id, run_started_at(context), days, status, step, entry.counts, error, entry.schema_change)
     storage.append_to_runs_log(rows, table.name)
 

@@ -450,6 +450,13 @@ def test_a_late_tie_is_late_and_a_tie_fails_the_run_naming_key_and_sequence(spar
     assert re.search(r"2018-01-03[ T]10:00:00", message), message
     assert "id=3" not in message  # key 3's records are late, not tied
     assert not partition_dir(warehouse, TABLE, CURRENT, D3.isoformat()).exists()
+    # The runs log, kept beyond the run and out of an erase's reach, has the count and a key_hash: no key, no sequence.
+    (logged,) = [row["error"] for row in spark.read.parquet(str(warehouse / "_runs")).collect() if row["run_id"] == failed.run_id]
+    assert re.fullmatch(
+        rf"DuplicateKeysError: table {TABLE}, 2018-01-03: 1 key\(s\) have different records with the same greatest sequence, "
+        r"so their last change is unknown, e\.g\. key_hash [0-9a-f]{32}\. No CDC output was written .*\(to late_changes, reason tied\)\.",
+        logged,
+    ), logged
 
 
 def test_a_tie_is_set_aside_and_the_key_left_unchanged(spark, warehouse, tmp_path):

@@ -7,7 +7,8 @@ applied to its key on an earlier date (a deleted key's last sequence is kept as 
 Of the rest, per key, the record with the greatest sequence wins. Two different records sharing
 it are a *tie* (only records that would be applied can tie): ``ChangeSetRules.quarantine_ties``
 sets all of the key's remaining records of the day aside (reason ``tied``, the key is left as it
-was), else the date fails with :class:`DuplicateKeysError` naming the key and the sequence.
+was), else the date fails with :class:`DuplicateKeysError`: their count and a ``key_hash``, and in
+the detail, for the run's own log only, the keys and the sequence.
 
 The winner is compared with the previous ``current_table`` on the hashes only:
 
@@ -254,7 +255,8 @@ def apply_change_set(
 def _tie_error(ranked: DataFrame, rules: ChangeSetRules, business_date: date, tied_keys: int) -> DuplicateKeysError:
     samples = (
         ranked.filter(F.col(_TIED) & (F.col(_RANK) == 1))
-        .select(*rules.key_columns, F.col(CHANGE_SEQUENCE).cast("string").alias("_sequence"))
+        .select(KEY_HASH, *rules.key_columns, F.col(CHANGE_SEQUENCE).cast("string").alias("_sequence"))
+        .orderBy(KEY_HASH)
         .limit(SAMPLE_SIZE)
         .collect()
     )
@@ -262,11 +264,13 @@ def _tie_error(ranked: DataFrame, rules: ChangeSetRules, business_date: date, ti
         "{" + ", ".join(f"{name}={row[name]!r}" for name in rules.key_columns) + f"}} at sequence {row['_sequence']}"
         for row in samples
     )
+    example = f", e.g. key_hash {samples[0][KEY_HASH]}" if samples else ""
     return DuplicateKeysError(
         f"table {rules.table}, {business_date}: {tied_keys} key(s) have different records with the same greatest "
-        f"sequence, so their last change is unknown, e.g. {shown}. No CDC output was written (hashed_incoming "
+        f"sequence, so their last change is unknown{example}. No CDC output was written (hashed_incoming "
         "holds the records as read); fix the change set, or set duplicate_keys: quarantine to set such keys' "
-        "records of the day aside (to late_changes, reason tied)."
+        "records of the day aside (to late_changes, reason tied).",
+        f"The keys, e.g. {shown}.",
     )
 
 

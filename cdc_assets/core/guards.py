@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from cdc_assets.config import LoadType, TableConfig
 from cdc_assets.core.changes import DELETE, INSERT, NOT_SUPPLIED, UNCHANGED, UPDATE
+from cdc_assets.core.errors import SummarizedError
 
 
-class MassDeleteError(RuntimeError):
+class MassDeleteError(SummarizedError, RuntimeError):
     """A full load that would delete more of the current state than the table allows."""
 
 

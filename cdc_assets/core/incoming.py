@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from cdc_assets.config import INTERNAL_PREFIX, BadRecordPolicy, DuplicateKeyPolicy, ErasedKeys, LoadType, TableConfig
 from cdc_assets.core.caching import persist
+from cdc_assets.core.errors import SummarizedError
 from cdc_assets.core.hashing import KEY_HASH, add_hashes
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.source import (
@@ -36,12 +37,13 @@ from cdc_assets.core.source import (
 SAMPLE_SIZE = 5
 
 
-class BadRecordsError(ValueError):
-    """Bad records in a table whose policy is ``bad_records: fail``."""
+class BadRecordsError(SummarizedError, ValueError):
+    """Bad records in a table whose policy is ``bad_records: fail``; the records only in the detail."""
 
 
-class DuplicateKeysError(ValueError):
-    """Keys that occur more than once in one day's input, with ``duplicate_keys: fail``."""
+class DuplicateKeysError(SummarizedError, ValueError):
+    """Keys that occur more than once in one day's input, with ``duplicate_keys: fail`` (or a change
+    set's ties); the summary gives their count and a ``key_hash``, the key values only the detail."""
 
 
 @dataclass
@@ -95,7 +97,7 @@ def _hash_specs(config: TableConfig):
     return keys, non_keys
 
 
-def _describe_bad_records(validated: DataFrame, config: TableConfig, business_date: date, count: int) -> str:
+def _bad_records_error(validated: DataFrame, config: TableConfig, business_date: date, count: int) -> BadRecordsError:
     # Record numbers are only worked out on this failure path: a window over the whole input is too
     # dear for every run. Within one file the scan emits records in file order, so the rank of the
     # record id is the record's position (1-based, header not counted).
@@ -109,30 +111,36 @@ def _describe_bad_records(validated: DataFrame, config: TableConfig, business_da
         .limit(SAMPLE_SIZE)
         .collect()
     )
-    lines = [f"table {config.name}, {business_date}: {count} bad record(s); nothing was written for this date."]
-    for row in samples:
-        lines.append(
-            f"  {row[SOURCE_FILE]} record {row['_record_number']}: {row[REJECT_REASON]} (raw: {row[RAW_RECORD]})"
-        )
+    summary = f"table {config.name}, {business_date}: {count} bad record(s); nothing was written for this date."
+    lines = [
+        f"  {row[SOURCE_FILE]} record {row['_record_number']}: {row[REJECT_REASON]} (raw: {row[RAW_RECORD]})"
+        for row in samples
+    ]
     lines.append("Fix the extract, or set bad_records: quarantine to set such rows aside.")
-    return "\n".join(lines)
+    return BadRecordsError(summary, "\n".join(lines))
 
 
-def _describe_duplicates(duplicates: DataFrame, accepted: DataFrame, config: TableConfig, business_date: date, count: int) -> str:
+def _duplicate_keys_error(
+    duplicates: DataFrame, accepted: DataFrame, config: TableConfig, business_date: date, count: int
+) -> DuplicateKeysError:
     sample_keys = duplicates.orderBy(F.desc("count"), KEY_HASH).limit(SAMPLE_SIZE)
     rows = (
         accepted.join(sample_keys, on=KEY_HASH, how="inner")
-        .select(*config.key_names, "count")
-        .dropDuplicates(config.key_names)
+        .select(KEY_HASH, *config.key_names, "count")
+        .dropDuplicates([KEY_HASH])
+        .orderBy(F.desc("count"), KEY_HASH)
         .collect()
     )
     shown = "; ".join(
         "{" + ", ".join(f"{name}={row[name]!r}" for name in config.key_names) + f"}} x{row['count']}" for row in rows
     )
-    return (
+    first = rows[0] if rows else None
+    example = f", e.g. key_hash {first[KEY_HASH]} x{first['count']}" if first else ""
+    return DuplicateKeysError(
         f"table {config.name}, {business_date}: {count} key(s) occur more than once in the input "
-        f"(identical rows count too), e.g. {shown}. Nothing was written for this date; deduplicate the "
-        "extract, or set duplicate_keys: quarantine to set such rows aside."
+        f"(identical rows count too){example}. Nothing was written for this date; deduplicate the "
+        "extract, or set duplicate_keys: quarantine to set such rows aside.",
+        f"The keys, e.g. {shown}.",
     )
 
 
@@ -261,11 +269,11 @@ def prepare_incoming_dates(
 
     failing = next((day for day in days if figures[day].rows_rejected), None)
     if failing and config.bad_records is BadRecordPolicy.fail:
-        message = _describe_bad_records(
+        error = _bad_records_error(
             validated.filter(on(failing)), config, date.fromisoformat(failing), figures[failing].rows_rejected
         )
         cached.unpersist()
-        raise BadRecordsError(message)
+        raise error
 
     dated = validated.withColumn(BUSINESS_DATE, F.col(BUSINESS_DATE).cast("date"))
     accepted = accepted_records(dated)
@@ -276,7 +284,7 @@ def prepare_incoming_dates(
     if duplicated_day:
         duplicates = accepted.groupBy(BUSINESS_DATE, KEY_HASH).count().filter(F.col("count") > 1)
         if config.duplicate_keys is DuplicateKeyPolicy.fail:
-            message = _describe_duplicates(
+            error = _duplicate_keys_error(
                 duplicates.filter(on(duplicated_day)).drop(BUSINESS_DATE),
                 accepted.filter(on(duplicated_day)),
                 config,
@@ -284,7 +292,7 @@ def prepare_incoming_dates(
                 figures[duplicated_day].duplicate_keys,
             )
             cached.unpersist()
-            raise DuplicateKeysError(message)
+            raise error
         duplicate_ids = duplicates.select(BUSINESS_DATE, KEY_HASH)
         duplicated = dated.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_semi")
         rejected = rejected.unionByName(

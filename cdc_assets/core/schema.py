@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 
 from cdc_assets.core.changes import AUDIT_COLUMNS, EFF_START_DATE, OPERATION
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.errors import SummarizedError
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH, add_hashes
 
 # The hash encoding of core/hashing.py; a new encoding would get a new version and a migration.
@@ -123,7 +124,7 @@ def stored_spec(stored_fields: Sequence[Mapping], config_spec: HashSpec) -> Hash
     return HashSpec(present(config_spec.keys), present(config_spec.non_keys), present(config_spec.untracked) + leftovers)
 
 
-class SchemaChangeError(ValueError):
+class SchemaChangeError(SummarizedError, ValueError):
     """A change of a table's columns that cannot be applied between dates; raised before anything is written."""
 
 

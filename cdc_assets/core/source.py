@@ -16,6 +16,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc_assets.config import DEBEZIUM_OPERATIONS, INTERNAL_PREFIX, SourceFormat, TableConfig
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.errors import SummarizedError
 
 SOURCE_FILE = "_source_file"
 RAW_RECORD = "_raw_record"
@@ -26,8 +27,11 @@ _CORRUPT = "_corrupt_record"
 CSV_DEFAULTS = {"header": "true", "escape": '"', "mode": "PERMISSIVE"}
 
 
-class SourceError(RuntimeError):
-    """The day's input cannot be used as a whole: missing, or its columns do not match the config."""
+class SourceError(SummarizedError, RuntimeError):
+    """The day's input cannot be used as a whole: missing, or its columns do not match the config.
+
+    What a file's header says goes in the detail only: a file landed without a header has a record there.
+    """
 
 
 def _options(config: TableConfig) -> dict[str, str]:
@@ -108,10 +112,10 @@ def _check_each_header(spark: SparkSession, config: TableConfig, path: str, foun
     if _header_fields(spark, config, path, len(found)) == found:
         return True  # the header really says these names
     raise SourceError(
-        f"table {config.name}: input {path}: the header has empty or duplicate column names (Spark names "
-        f"them {made_up}), so Spark cannot check that the {len(files)} files share one header, and a file "
-        "whose columns are in another order would be read wrongly. Give every column a distinct, non-empty "
-        "name, or land the date as one file."
+        f"table {config.name}: input {path}: the header has empty or duplicate column names, so Spark cannot "
+        f"check that the {len(files)} files share one header, and a file whose columns are in another order "
+        "would be read wrongly. Give every column a distinct, non-empty name, or land the date as one file.",
+        f"Spark names them {made_up} ({len(files)} files).",
     )
 
 
@@ -146,8 +150,9 @@ def header_mismatch(config: TableConfig, error: BaseException) -> SourceError | 
             f"it has {match['length']} column(s) where the header the date was read with has {match['size']}"
         )
     return SourceError(
-        f"table {config.name}: input file {unquote(file)} does not have the header its date was read with: "
-        f"{detail}. The files of one date must list the same columns in the same order."
+        f"table {config.name}: input file {unquote(file)} does not have the header its date was read with. "
+        "The files of one date must list the same columns in the same order.",
+        f"The file: {detail}.",
     )
 
 
@@ -187,13 +192,17 @@ def check_columns(config: TableConfig, found: list[str], path: str) -> None:
     missing = [name for name in configured if name.lower() not in found_lower]
     configured_lower = {name.lower() for name in configured}
     extra = [name for name in found if name.lower() not in configured_lower]
-    problems = []
+    problems, details = [], []
     if missing:
         problems.append(f"missing configured column(s) {missing}")
     if extra and not config.allow_extra_columns:
-        problems.append(f"unexpected column(s) {extra} (set allow_extra_columns: true to ignore them)")
+        problems.append(f"{len(extra)} unexpected column(s) (set allow_extra_columns: true to ignore them)")
+        details.append(f"unexpected column(s) {extra}")
     if problems:
-        raise SourceError(f"table {config.name}: input {path}: " + "; ".join(problems) + f"; found columns {found}")
+        raise SourceError(
+            f"table {config.name}: input {path}: " + "; ".join(problems),
+            "The header: " + "; ".join([*details, f"found columns {found}"]) + ".",
+        )
 
 
 def read_source(spark: SparkSession, config: TableConfig, business_date: str) -> DataFrame:

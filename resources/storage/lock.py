@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO
 
+from cdc_assets.core.errors import SummarizedError
+
 LOCK_TIMEOUT_ENV = "CDC_WRITER_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_SECONDS = 900.0
 _log = logging.getLogger(__name__)
 
 
-class WriterLockTimeout(RuntimeError):
+class WriterLockTimeout(SummarizedError, RuntimeError):
     """Another run held the table's writer lock for longer than this run was willing to wait."""
 
 

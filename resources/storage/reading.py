@@ -20,12 +20,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.errors import SummarizedError
 from resources.storage.files import list_names
 from resources.storage.layout import EARLIER_RELEASE_ASIDE_SUFFIX, VERSION_KEY, WarehouseLayout, state_changes_asset
 from resources.storage.retention import dropped_partition
 
 
-class MissingPartitionError(RuntimeError):
+class MissingPartitionError(SummarizedError, RuntimeError):
     """An upstream partition the step needs has never been written."""
 
 
