@@ -83,7 +83,16 @@ def _report_verification(table: str, found: Verification) -> int:
         return 0
     print(f"cdc-erase: {table}: {len(found.holding)} stored version(s) still hold the keys{note}:")
     for asset, day, folder, current, rows in found.holding:
-        print(f"  {asset} {day or '(staged)'}: {rows} row(s) in {'the current' if current else 'a replaced'} version {folder}")
+        by_value = found.by_value_only.get(folder)
+        print(
+            f"  {asset} {day or '(staged)'}: {rows} row(s) in {'the current' if current else 'a replaced'} version {folder}"
+            + (f" ({by_value} of them found by key value only)" if by_value else "")
+        )
+    if found.by_value_only:
+        print(
+            "cdc-erase: rows found by key value only hold a key_hash other than the one the intake computes for the "
+            "key (stored under an earlier key definition?): an erase, which matches key hashes, does not remove them"
+        )
     return 1
 
 
