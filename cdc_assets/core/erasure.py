@@ -4,11 +4,10 @@ An erased key is known by its ``key_hash``, computed from the request's key valu
 intake computes it (``core/hashing.add_hashes`` over ``try_cast(text AS type)`` of the text as read,
 nothing trimmed or case-folded: ``'C001  '``, ``'C001'`` and ``'c001'`` are three keys), so the ledger of
 erased keys holds no key value and every stored dataset that carries ``key_hash`` is matched by one
-broadcast join. The rejects hold a raw
-record instead: its key is parsed out of it where the record says which value is which (the JSON the
-intake writes for a record that failed a cast or a duplicate key, or a Debezium event); a record whose
-key cannot be parsed (a malformed CSV line, a key that does not cast) is *unverifiable*, counted and
-reported, never silently taken for clean.
+broadcast join. The rejects hold a raw record instead: its key is parsed out of it where the record
+says which value is which (the JSON the intake writes for a record that failed a cast or a duplicate
+key, or a Debezium event); a record whose key cannot be parsed (a malformed CSV line, a key that does
+not cast) is *unverifiable*, counted and reported, never silently taken for clean.
 """
 
 from __future__ import annotations
