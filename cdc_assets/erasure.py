@@ -24,15 +24,26 @@ from pyspark.sql.types import StringType, StructField, StructType
 from cdc_assets.config import LoadType, TableConfig
 from cdc_assets.core.changes import OPERATION
 from cdc_assets.core.columns import BUSINESS_DATE
-from cdc_assets.core.erasure import RAW_KEY_HASH, RAW_RECORD, erased_key_hashes, without, with_raw_key_hash
+from cdc_assets.core.erasure import (
+    RAW_KEY_HASH,
+    RAW_RECORD,
+    erased_key_values,
+    key_hashes_of,
+    keys_file_options,
+    with_raw_key_hash,
+    with_raw_key_values,
+    without,
+)
 from cdc_assets.core.hashing import KEY_HASH
 from cdc_assets.names import CLASSIFICATION, CURRENT, REJECTS
 from resources.state import state_rows
 from resources.storage import MissingPartitionError, WarehouseStorage, folder_schema, state_changes_asset
+from resources.storage.erasure import TORN
 
 ERASING, COMPLETE = "erasing", "complete"
 _ERASED = "__cdc_erased"
 _FILE = "__cdc_file"
+_BY_VALUE = "__cdc_erased_by_value"
 
 
 @dataclass
@@ -62,23 +73,32 @@ class ErasureResult:
 @dataclass
 class Verification:
     """Where the keys still are: (asset, date, folder, current, rows) per version holding them, and the
-    rejects that name no parseable key, per date."""
+    rejects that name no parseable key, per date. ``by_value_only``: per folder of ``holding``, the rows
+    found by their key values alone, their ``key_hash`` not the one the keys hash to (a hash computed
+    otherwise, e.g. under an earlier key definition): an erase, which matches hashes, leaves them."""
 
     holding: list[tuple[str, str, str, bool, int]]
     unverifiable_rejects: dict[str, int]
+    by_value_only: dict[str, int] = field(default_factory=dict)
 
 
 def key_columns(config: TableConfig) -> list[tuple[str, str]]:
     return [(column.name, column.type) for column in config.keys]
 
 
-def read_keys_file(spark: SparkSession, config: TableConfig, path: str) -> DataFrame:
-    """The keys file (CSV with a header naming the key columns) as their ``key_hash`` values."""
+def read_key_values(spark: SparkSession, config: TableConfig, path: str) -> DataFrame:
+    """The keys file (CSV with a header naming the key columns) as its distinct keys, typed as the intake
+    types them (:func:`cdc_assets.core.erasure.erased_key_values`)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"keys file {path} does not exist (a CSV with a header naming the key columns of {config.name})")
-    # Every value as text (no inference), RFC 4180 quoting; a Connect server resolves the absolute path.
-    keys = spark.read.option("header", True).option("escape", '"').option("inferSchema", False).csv(os.path.abspath(path))
-    return erased_key_hashes(keys, key_columns(config), config.name, path)
+    # Every value as text, exactly as written (keys_file_options); a Connect server resolves the absolute path.
+    keys = spark.read.options(**keys_file_options(config)).csv(os.path.abspath(path))
+    return erased_key_values(keys, key_columns(config), config.name, path)
+
+
+def read_keys_file(spark: SparkSession, config: TableConfig, path: str) -> DataFrame:
+    """The keys file (CSV with a header naming the key columns) as their ``key_hash`` values."""
+    return key_hashes_of(read_key_values(spark, config, path), key_columns(config))
 
 
 def erased_keys(spark: SparkSession, storage: WarehouseStorage, table: str) -> DataFrame | None:
@@ -103,28 +123,40 @@ def erase_keys(
         F.md5(F.concat_ws(",", F.array_sort(F.collect_list(KEY_HASH)))), F.count(F.lit(1))
     ).first()
     storage.hold_writer_lock(table)
-    unfinished = [r for r in storage.erasure_requests(table) if r.get("fingerprint") == fingerprint and r.get("status") == ERASING]
+    # A request of the same keys not finished, or torn (its key hashes lost or damaged): this erase completes it.
+    unfinished = [
+        r for r in storage.erasure_requests(table) if _same_keys(r, fingerprint) and (r.get(TORN) or r.get("status") == ERASING)
+    ]
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    fresh = {
+        "table": table,
+        "status": ERASING,
+        "fingerprint": fingerprint,
+        "keys": count,
+        "requested_at": now,
+        "requested_by": requested_by,
+        "host": socket.gethostname(),
+        "reason": reason,
+        "partitions": {},
+    }
     if unfinished:
-        record = {key: value for key, value in unfinished[-1].items() if key not in ("request_id", "key_hashes")}
-        request_id = unfinished[-1]["request_id"]
+        previous = unfinished[-1]
+        request_id = previous["request_id"]
+        record = {key: value for key, value in previous.items() if key not in ("request_id", "key_hashes", TORN)}
         record["resumed_at"] = [*record.get("resumed_at", []), now]
         record["resumed_by"] = [*record.get("resumed_by", []), requested_by]
-        storage.record_erasure(table, request_id, record)
+        if previous.get(TORN):
+            # What an unreadable record lost is filled in; a complete request is erased again, as it
+            # may have been complete on a disk that lost the key hashes it recorded.
+            record = {**fresh, **record, "status": ERASING, "repaired_at": [*record.get("repaired_at", []), now]}
+            storage.repair_erasure(hashes, table, request_id, record)
+        else:
+            storage.record_erasure(table, request_id, record)
     else:
-        record = {
-            "table": table,
-            "status": ERASING,
-            "fingerprint": fingerprint,
-            "keys": count,
-            "requested_at": now,
-            "requested_by": requested_by,
-            "host": socket.gethostname(),
-            "reason": reason,
-            "partitions": {},
-        }
-        request_id = storage.start_erasure(hashes, table, fingerprint, record)
-    erased = spark.read.parquet(next(r["key_hashes"] for r in storage.erasure_requests(table) if r["request_id"] == request_id))
+        request_id = storage.start_erasure(hashes, table, fingerprint, fresh)
+    stored = next(r for r in storage.erasure_requests(table) if r["request_id"] == request_id)
+    record = {key: value for key, value in stored.items() if key not in ("request_id", "key_hashes")}
+    erased = spark.read.parquet(stored["key_hashes"])
     result = ErasureResult(request_id=request_id, keys=count, resumed=bool(unfinished))
     rewritten_before = record.get("bytes_rewritten", 0)  # by an attempt that was killed
     tracks_state = config.load_type is not LoadType.full and CURRENT in storage.stored_assets(table)
@@ -163,14 +195,27 @@ def erase_keys(
     return result
 
 
+def _same_keys(request: dict, fingerprint: str) -> bool:
+    """Whether a ledger request is of the keys with ``fingerprint``; a request whose record cannot be read
+    is known by its folder's name, which ends with the fingerprint's first 16 digits."""
+    if "fingerprint" in request:
+        return request["fingerprint"] == fingerprint
+    return bool(request.get(TORN)) and request["request_id"].endswith(f"-{fingerprint[:16]}")
+
+
 def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableConfig, keys_path: str) -> Verification:
-    """Scan every stored file of the table, replaced versions and staged writes included, for the keys.
+    """Scan every stored file of the table, replaced versions and staged writes included, for the keys:
+    by ``key_hash`` and by the key values themselves, so a row whose hash was computed otherwise is
+    found too. Rejects are matched by the key parsed from their raw record.
 
     Reads only: takes no lock and writes nothing.
     """
-    erased = read_keys_file(spark, config, keys_path)
+    columns = key_columns(config)
+    values = read_key_values(spark, config, keys_path)
+    erased = key_hashes_of(values, columns)
     holding: list[tuple[str, str, str, bool, int]] = []
     unverifiable: dict[str, int] = {}
+    by_value_only: dict[str, int] = {}
     by_asset: dict[str, list[tuple[str, str, bool]]] = defaultdict(list)
     for asset, day, folder, current in storage.version_folders(config.name):
         by_asset[asset].append((day, folder, current))
@@ -178,25 +223,60 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
         files = {path: (day, folder, current) for day, folder, current in versions for path in _parquet_files(folder)}
         if not files:
             continue
-        column = RAW_RECORD if asset == REJECTS else KEY_HASH
-        read = spark.read.schema(StructType([StructField(column, StringType())])).parquet(*files)
-        read = read.withColumn(_FILE, F.col("_metadata.file_path"))
-        if asset == REJECTS:
-            read = with_raw_key_hash(read, key_columns(config)).withColumnRenamed(RAW_KEY_HASH, KEY_HASH)
-        marked = read.join(F.broadcast(erased.withColumn(_ERASED, F.lit(True))), on=KEY_HASH, how="left")
+        read = _keys_as_stored(spark, config, asset, versions)
+        marked = read.join(F.broadcast(erased.withColumn(_ERASED, F.lit(True))), on=KEY_HASH, how="left").join(
+            F.broadcast(values.withColumn(_BY_VALUE, F.lit(True))), on=[name for name, _ in columns], how="left"
+        )
+        by_hash, by_value = F.coalesce(F.col(_ERASED), F.lit(False)), F.coalesce(F.col(_BY_VALUE), F.lit(False))
         counts = marked.groupBy(_FILE).agg(
-            F.count_if(F.col(_ERASED)).alias("erased"), F.count_if(F.col(KEY_HASH).isNull()).alias("unparsed")
+            F.count_if(by_hash | by_value).alias("erased"),
+            F.count_if(by_value & ~by_hash).alias("by_value_only"),
+            F.count_if(F.col(KEY_HASH).isNull()).alias("unparsed"),
         )
         per_folder: dict[str, int] = defaultdict(int)
         for row in counts.collect():  # a row per file
             day, folder, current = files[_local_path(row[_FILE])]
             per_folder[folder] += row["erased"]
+            if row["by_value_only"]:
+                by_value_only[folder] = by_value_only.get(folder, 0) + row["by_value_only"]
             if asset == REJECTS and current and row["unparsed"]:
                 unverifiable[day] = unverifiable.get(day, 0) + row["unparsed"]
         for day, folder, current in versions:
             if per_folder.get(folder):
                 holding.append((asset, day, folder, current, per_folder[folder]))
-    return Verification(holding=sorted(holding), unverifiable_rejects=unverifiable)
+    return Verification(holding=sorted(holding), unverifiable_rejects=unverifiable, by_value_only=by_value_only)
+
+
+def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, versions: list[tuple[str, str, bool]]) -> DataFrame:
+    """Every row of the asset's ``versions`` as its ``key_hash``, its key columns (NULL where a version does
+    not store them with their configured types) and its file. Rejects: the key parsed from the raw record."""
+    columns = key_columns(config)
+    if asset == REJECTS:
+        files = [path for _, folder, _ in versions for path in _parquet_files(folder)]
+        read = spark.read.schema(StructType([StructField(RAW_RECORD, StringType())])).parquet(*files)
+        read = with_raw_key_values(read.withColumn(_FILE, F.col("_metadata.file_path")), columns)
+        return with_raw_key_hash(read, columns).withColumnRenamed(RAW_KEY_HASH, KEY_HASH).drop(RAW_RECORD)
+    with_keys, without_keys = [], []
+    for _, folder, _ in versions:
+        found = _parquet_files(folder)
+        if found:
+            (with_keys if _stores_keys(found[0], columns) else without_keys).extend(found)
+    parts = []
+    if with_keys:
+        schema = ", ".join([f"`{KEY_HASH}` string", *(f"`{name}` {spark_type}" for name, spark_type in columns)])
+        parts.append(spark.read.schema(schema).parquet(*with_keys))
+    if without_keys:
+        read = spark.read.schema(StructType([StructField(KEY_HASH, StringType())])).parquet(*without_keys)
+        parts.append(read.withColumns({name: F.lit(None).cast(spark_type) for name, spark_type in columns}))
+    # The file of each row is taken before the union, where a scan's metadata column resolves.
+    parts = [part.withColumn(_FILE, F.col("_metadata.file_path")) for part in parts]
+    return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+
+
+def _stores_keys(parquet_file: str, columns: list[tuple[str, str]]) -> bool:
+    """Whether the Parquet file's schema holds every key column with its configured type (a footer read)."""
+    stored = {field.name: field.dataType.simpleString() for field in folder_schema(os.path.dirname(parquet_file)).fields}
+    return all(stored.get(name) == spark_type for name, spark_type in columns)
 
 
 def _state_rows(storage: WarehouseStorage, table: str, days: list[str]) -> dict[str, int]:

@@ -155,8 +155,14 @@ def test_a_keys_file_that_is_not_the_tables_keys_is_refused_naming_the_lines(spa
     bad_value = spark.createDataFrame([("LON", "1001"), ("PAR", "x12")], ["store_code", "order_id"])
     with pytest.raises(KeysFileError, match=r"1 line\(s\) .*order_id='x12'.*Nothing was erased"):
         erased_key_hashes(bad_value, columns, "orders", "keys.csv")
-    hashes = erased_key_hashes(spark.createDataFrame([(" LON", "1001"), ("LON", "1001")], ["ORDER_ID", "store_code"][::-1]), columns, "orders", "k")
-    assert hashes.count() == 1  # trimmed, cast, deduplicated, header in any order and case
+    blank = spark.createDataFrame([("   ", "1001")], ["store_code", "order_id"])
+    with pytest.raises(KeysFileError, match=r"1 line\(s\) .*store_code='   '"):  # the intake rejects a blank key
+        erased_key_hashes(blank, columns, "orders", "keys.csv")
+    rows = [(" LON", "1001"), ("LON", "1001"), ("LON", " 1001 "), ("lon", "1001")]
+    hashes = erased_key_hashes(spark.createDataFrame(rows, ["ORDER_ID", "store_code"][::-1]), columns, "orders", "k")
+    # A string's spaces and case are the key's (as the intake hashes it); a number is cast as the
+    # intake casts it (Spark ignores the spaces around it); deduplicated; header in any order and case.
+    assert hashes.count() == 3
 
 
 def test_a_rejects_key_is_parsed_from_its_raw_record_or_counted_unverifiable(spark):

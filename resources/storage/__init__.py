@@ -11,6 +11,7 @@
 """
 
 from resources.storage.commit import as_stored
+from resources.storage.erasure import TornLedgerError
 from resources.storage.layout import (
     DEFAULT_WAREHOUSE,
     LOCK_FILE,
@@ -39,6 +40,7 @@ __all__ = [
     "DroppedPartitionError",
     "MissingPartitionError",
     "StateLayout",
+    "TornLedgerError",
     "UnsupportedWarehouseError",
     "WarehouseLayout",
     "WarehouseStorage",

@@ -7,24 +7,41 @@ as the erase goes on, so a request without it is one whose erase was killed befo
 intake applies every request that has it (``status`` "erasing" or "complete"): a key being erased is
 already erased for the runs that follow.
 
+Durability: the key hash files and their folders are synced to disk before ``request.json`` first
+names them, and ``request.json`` records each file's size and SHA-256 (``key_hash_files``), so a ledger
+torn all the same (a key hash file missing, cut short or altered: a disk that lied, a hand that
+deleted) is told from a whole one. :func:`requests` marks such a request ``torn`` with what is
+wrong, and :func:`torn_ledger_error` says which request it is and how to repair it: the intake stops
+with that error rather than run without the request's keys, or fail on a Spark read of a broken file.
+
 An erase is final when it commits: the versions its commits replaced are deleted at once, not after
 the readers' grace period (:func:`purge_replaced_versions`), since they hold the keys.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame
 
-from resources.storage.files import delete, fsync_folder, list_names
+from resources.storage.files import delete, fsync_folder, fsync_tree, list_names
 from resources.storage.layout import WarehouseLayout
 from resources.storage.retention import sweep_retired
 
 REQUEST_FILE = "request.json"
 KEY_HASHES_FOLDER = "key_hashes"
+# request.json's record of the key hash files as written: {file name: {"bytes": n, "sha256": hex}}.
+KEY_HASH_FILES = "key_hash_files"
+# A request's record gets this field when its key hashes cannot be trusted: what is wrong with them.
+TORN = "torn"
+_PARQUET_MAGIC = b"PAR1"  # a Parquet file begins and ends with it: a file cut short has lost its end
+
+
+class TornLedgerError(RuntimeError):
+    """A request of a table's erase ledger whose key hashes are missing or damaged (see :func:`torn_ledger_error`)."""
 
 
 def new_request_id(fingerprint: str) -> str:
@@ -33,7 +50,9 @@ def new_request_id(fingerprint: str) -> str:
 
 
 def requests(layout: WarehouseLayout, table: str) -> list[dict]:
-    """Every recorded erase request of ``table``, oldest first, each with its ``request_id`` and ``key_hashes`` folder."""
+    """Every recorded erase request of ``table``, oldest first, each with its ``request_id`` and ``key_hashes``
+    folder, and :data:`TORN` (what is wrong) when its record or key hashes are damaged. Reads no Parquet
+    with Spark: a few bytes of each key hash file, or all of them where the record has their SHA-256."""
     found = []
     for request_id in sorted(list_names(layout.erasures_path(table))):
         folder = layout.erasures_path(table, request_id)
@@ -42,24 +61,92 @@ def requests(layout: WarehouseLayout, table: str) -> list[dict]:
                 record = json.load(stream)
         except FileNotFoundError:
             continue  # killed before its record was written: it erased nothing
-        found.append({**record, "request_id": request_id, "key_hashes": f"{folder}/{KEY_HASHES_FOLDER}"})
+        except (ValueError, OSError) as error:  # written atomically, so damaged after the fact
+            record = {TORN: f"its {REQUEST_FILE} cannot be read ({error})"}
+        paths = {"request_id": request_id, "key_hashes": f"{folder}/{KEY_HASHES_FOLDER}"}
+        problem = record.get(TORN) or _key_hashes_problem(f"{folder}/{KEY_HASHES_FOLDER}", record.get(KEY_HASH_FILES))
+        found.append({**record, **paths, **({TORN: problem} if problem else {})})
     return found
 
 
-def store_key_hashes(hashes: DataFrame, layout: WarehouseLayout, table: str, request_id: str) -> str:
-    """Write the request's key hashes (one ``key_hash`` column) into its folder; returns the folder.
+def _key_hashes_problem(folder: str, recorded: dict | None) -> str | None:
+    """What is wrong with a request's ``key_hashes`` folder, or None when it is whole.
 
-    Written beside and renamed in, so a ``key_hashes`` folder is always whole. A folder left by a
-    killed attempt is replaced.
+    Checked against the record's sizes and SHA-256 where it has them; a request recorded before they
+    were (an earlier release) needs at least one Parquet file, each beginning and ending as one does.
+    """
+    if not os.path.isdir(folder):
+        return f"its {KEY_HASHES_FOLDER} folder is missing"
+    if recorded is not None:
+        for name, written in sorted(recorded.items()):
+            path = f"{folder}/{name}"
+            if not os.path.isfile(path):
+                return f"{KEY_HASHES_FOLDER}/{name} is missing"
+            size = os.path.getsize(path)
+            if size != written["bytes"]:
+                return f"{KEY_HASHES_FOLDER}/{name} holds {size} bytes where {written['bytes']} were written"
+            if _sha256(path) != written["sha256"]:
+                return f"{KEY_HASHES_FOLDER}/{name} is not the file that was written (its SHA-256 differs)"
+        return None
+    names = sorted(name for name in list_names(folder) if name.endswith(".parquet"))
+    if not names:
+        return f"its {KEY_HASHES_FOLDER} folder holds no Parquet file"
+    for name in names:
+        path = f"{folder}/{name}"
+        with open(path, "rb") as stream:
+            head = stream.read(len(_PARQUET_MAGIC))
+            stream.seek(max(0, os.path.getsize(path) - len(_PARQUET_MAGIC)))
+            tail = stream.read()
+        if os.path.getsize(path) < 3 * len(_PARQUET_MAGIC) or head != _PARQUET_MAGIC or tail != _PARQUET_MAGIC:
+            return f"{KEY_HASHES_FOLDER}/{name} is not a whole Parquet file (cut short?)"
+    return None
+
+
+def torn_ledger_error(layout: WarehouseLayout, table: str, request: dict) -> TornLedgerError:
+    """The error for a torn request of ``table``'s ledger: which, what is wrong, and the two ways to repair it."""
+    folder = layout.erasures_path(table, request["request_id"])
+    return TornLedgerError(
+        f"table {table}: the erase ledger's request {folder} is damaged: {request[TORN]}. Its keys cannot be "
+        f"told, so no run of {table} goes on (it would bring those keys back). To repair it, run the erase again "
+        f"with the same keys file: cdc-erase {table} --keys FILE (it stores the request's key hashes again and "
+        "completes it). If the keys file is lost, remove the request's folder: the rows it erased stay erased, "
+        "but extracts that bring its keys back are no longer set aside."
+    )
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def store_key_hashes(hashes: DataFrame, layout: WarehouseLayout, table: str, request_id: str) -> dict[str, dict]:
+    """Write the request's key hashes (one ``key_hash`` column) into its folder, synced to disk; returns
+    each file's size and SHA-256, for the record (:data:`KEY_HASH_FILES`).
+
+    Written beside, synced, and renamed in, so a ``key_hashes`` folder is always whole; the rename is
+    synced too, and the request's folder in the ledger's, before this returns: only then may a
+    ``request.json`` name them (a power loss must not leave a record of hashes that never reached
+    the disk). A folder left by a killed attempt is replaced.
     """
     folder = layout.erasures_path(table, request_id)
     final, staged = f"{folder}/{KEY_HASHES_FOLDER}", f"{folder}/.{KEY_HASHES_FOLDER}.staged"
     delete(staged)
     hashes.coalesce(1).write.parquet(staged)
+    fsync_tree(staged)  # Spark's local writes are not synced
     delete(final)
     os.rename(staged, final)
     fsync_folder(folder)
-    return final
+    # The request's folder (and the ledger's, on a table's first erase) are new entries too.
+    fsync_folder(layout.erasures_path(table))
+    fsync_folder(os.path.dirname(layout.erasures_path(table)))
+    return {
+        name: {"bytes": os.path.getsize(f"{final}/{name}"), "sha256": _sha256(f"{final}/{name}")}
+        for name in sorted(list_names(final))
+        if name.endswith(".parquet")
+    }
 
 
 def write_request(layout: WarehouseLayout, table: str, request_id: str, record: dict) -> None:

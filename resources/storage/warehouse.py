@@ -141,15 +141,22 @@ class WarehouseStorage:
     def start_erasure(self, hashes: DataFrame, table: str, fingerprint: str, record: dict) -> str:
         """Record a new erase request of the keys ``hashes`` (a ``key_hash`` column); returns its id.
 
-        Holds the table's writer lock. The hashes are stored first and the record last, so the ledger
-        never names keys it does not hold.
+        Holds the table's writer lock. The hashes are stored and synced first and the record last, with
+        the hash files' sizes and SHA-256, so the ledger never names keys it does not hold.
         """
         self.hold_writer_lock(table)
         erasure.discard_unrecorded(self.layout, table)
         request_id = erasure.new_request_id(fingerprint)
-        erasure.store_key_hashes(hashes, self.layout, table, request_id)
-        erasure.write_request(self.layout, table, request_id, record)
+        files = erasure.store_key_hashes(hashes, self.layout, table, request_id)
+        erasure.write_request(self.layout, table, request_id, {**record, erasure.KEY_HASH_FILES: files})
         return request_id
+
+    def repair_erasure(self, hashes: DataFrame, table: str, request_id: str, record: dict) -> None:
+        """Store a torn request's key hashes again (``hashes``: the same keys, by their fingerprint) and
+        replace its record with ``record``. Holds the table's writer lock."""
+        self.hold_writer_lock(table)
+        files = erasure.store_key_hashes(hashes, self.layout, table, request_id)
+        erasure.write_request(self.layout, table, request_id, {**record, erasure.KEY_HASH_FILES: files})
 
     def record_erasure(self, table: str, request_id: str, record: dict) -> None:
         """Replace the request's record (progress, then completion). Holds the table's writer lock."""
@@ -157,8 +164,16 @@ class WarehouseStorage:
         erasure.write_request(self.layout, table, request_id, record)
 
     def erased_key_folders(self, table: str) -> list[str]:
-        """The ``key_hashes`` folders of every recorded erase request of ``table`` (read with Spark)."""
-        return [request["key_hashes"] for request in self.erasure_requests(table)]
+        """The ``key_hashes`` folders of every recorded erase request of ``table`` (read with Spark).
+
+        Raises :class:`TornLedgerError` for a request whose key hashes are missing or damaged: a run
+        must not go on without an erased key, nor fail on the broken file with a Spark error.
+        """
+        requests = self.erasure_requests(table)
+        torn = next((request for request in requests if request.get(erasure.TORN)), None)
+        if torn is not None:
+            raise erasure.torn_ledger_error(self.layout, table, torn)
+        return [request["key_hashes"] for request in requests]
 
     def purge_replaced_versions(self, table: str) -> None:
         """Delete every replaced or dropped version of ``table`` now, whatever the grace period (an erase is
