@@ -348,3 +348,16 @@ def test_staging_days_drops_old_staging_outputs_and_a_rerun_inside_or_outside_th
     )
     assert erased.success
     assert 2 not in {row["id"] for row in spark.read.parquet(str(partition_dir(warehouse, "staged", "history_partition", D1))).collect()}
+
+
+@pytest.mark.parametrize(
+    ("staging_days", "expected"),
+    [(0, "greater than or equal to 1"), ("1", "valid integer"), (True, "valid integer"), (1.5, "valid integer")],
+)
+def test_invalid_staging_days_names_the_file_and_the_field(tmp_path, staging_days, expected):
+    with pytest.raises(TableConfigError) as error:
+        _write_config(tmp_path, "orders", tmp_path, retention={"staging_days": staging_days})
+    message = str(error.value)
+    assert str(tmp_path / "orders.yaml") in message
+    assert "field 'retention.staging_days': " in message and expected in message
+    assert _write_config(tmp_path, "orders", tmp_path, retention={"staging_days": 1}).retention.staging_days == 1
