@@ -46,8 +46,8 @@ FORMATS = ("parquet", "csv")
 EXPORT_MARKER = "_cdc_export.json"
 OVERWRITE_HELP = (
     "replace --out even if it is a file, or a folder that is not an earlier export of this command and table "
-    "(everything in it is deleted); the current or home directory, the warehouse, the table config folder, the "
-    "data root and a folder holding any of them are refused even so"
+    "(everything in it is deleted); the current or home directory, the warehouse or a folder in it, the table "
+    "config folder, the data root and a folder holding any of them are refused even so"
 )
 OUT_HELP = "output folder; an earlier export of the same command and table there is replaced, anything else needs --overwrite"
 
@@ -156,7 +156,7 @@ def _run(
         # refuses a folder that exists, unless --overwrite.
         write_output(frame, args.out, args.format, replace=local is not None or args.overwrite)
     except AnalysisException as error:
-        if local is not None:
+        if local is not None or "already exists" not in str(error).lower():
             raise
         print(f"{parser.prog}: error: --out {args.out} exists, and a URI is not looked into: pass --overwrite to replace it "
               f"({str(error).splitlines()[0]})", file=sys.stderr)
