@@ -194,7 +194,8 @@ class Scd2(BaseModel):
 
 
 class Retention(BaseModel):
-    """How many stored states of the table to keep (``resources.storage.WarehouseStorage.drop_outside_retention``)."""
+    """How many dates of stored states and of staging outputs the table keeps
+    (``resources.storage.WarehouseStorage.drop_outside_retention``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -207,6 +208,16 @@ class Retention(BaseModel):
         description="Keep current_table (and a change set's applied_sequences) for the newest N business dates "
         "(the newest stored date and the N-1 calendar days before it); older partitions are dropped. null keeps "
         "every date. History is never dropped.",
+    )
+    # Strict and at least 1: no later date reads a date's staging outputs, so keeping the newest date's only is sound.
+    staging_days: int | None = Field(
+        default=None,
+        ge=1,
+        strict=True,
+        description="Keep the staging outputs (hashed_incoming, rejects, hash_join_classification and a change "
+        "set's late_changes) for the newest N business dates (the newest stored date and the N-1 calendar days "
+        "before it); older partitions are dropped. null keeps every date. A run of a dropped date writes them "
+        "again from its extract.",
     )
 
 

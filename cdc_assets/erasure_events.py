@@ -30,7 +30,9 @@ from cdc_assets.checks import cdc_outcomes, evaluation, intake_outcomes
 from cdc_assets.config import TableConfig
 from cdc_assets.core.changes import DELETE, INSERT, UNCHANGED, UPDATE
 from cdc_assets.erasure import ErasureResult, erase_keys
-from cdc_assets.names import CDC_OUTPUTS, CHANGESET_OUTPUTS, CLASSIFICATION, CURRENT, HASHED_INCOMING, HISTORY, REJECTS, asset_key, pool_name
+from cdc_assets.names import (
+    CDC_OUTPUTS, CHANGESET_OUTPUTS, CLASSIFICATION, CURRENT, HASHED_INCOMING, HISTORY, LATE_CHANGES, REJECTS, asset_key, pool_name,
+)
 from resources.parquet_io_manager import PartitionedParquetIOManager
 from resources.storage import state_changes_asset
 
@@ -75,7 +77,13 @@ def erasure_materializations(instance: DagsterInstance, config: TableConfig, sto
 
 
 def erasure_check_evaluations(instance: DagsterInstance, io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]):
-    """The table's checks of ``days``, evaluated again on what is stored and recorded now."""
+    """The table's checks of ``days``, evaluated again on what is stored and recorded now.
+
+    A date whose staging outputs ``retention.staging_days`` dropped cannot be checked again (the checks
+    count hashed_incoming, rejects and the classification): its earlier evaluations stand."""
+    storage = io_manager.storage
+    staging = (HASHED_INCOMING, REJECTS, CLASSIFICATION, *((LATE_CHANGES,) if config.changes is not None else ()))
+    days = [day for day in days if all(storage.has_partition(config.name, asset, day) for asset in staging)]
     if not days:
         return []
     evaluations = [evaluation(config, day, outcome) for day, outcome in intake_outcomes(instance, io_manager, config, days)]

@@ -202,9 +202,11 @@ def _read_incoming(
                 + (f", {figures.erased_records} of erased keys ({config.erased_keys.value})" if figures.erased_records else "")
             )
         context.log.info("\n".join(summary))
+        staging_days = config.retention.staging_days if config.retention else None
         for key, rows in ((hashed_key, prepared.accepted), (rejects_key, prepared.rejected)):
             with _timed(context, config.name, f"write {key.path[-1]}", _span(days)):
-                yield Output(DatedRows(rows), output_name=context.assets_def.get_output_name_for_asset_key(key))
+                output = DatedRows(rows, retention_staging_days=staging_days)
+                yield Output(output, output_name=context.assets_def.get_output_name_for_asset_key(key))
     finally:
         prepared.release()
 
@@ -336,14 +338,17 @@ def _apply_changes(
             LATE_CHANGES: plan.late,
             APPLIED_SEQUENCES: plan.sequences,
         }
-        # Retention drops current_table and, beside it, a change set's applied_sequences (both are a whole
-        # state per date, read as of the day before): history is never dropped, nor late_changes.
+        # retention.current_days drops current_table and, beside it, a change set's applied_sequences (both
+        # are a whole state per date, read as of the day before); retention.staging_days the classification
+        # and late_changes, which no later date reads. History is never dropped, nor inserts/updates/deletes.
         current_days = table.retention.current_days if table.retention else None
+        staging_days = table.retention.staging_days if table.retention else None
         for name in keys:
             dropped = current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
             # current_table carries the columns its hashes cover, for the next date to compare with.
             frame = with_hash_spec(outputs[name], spec) if name == CURRENT else outputs[name]
-            rows = DatedRows(frame, retention_current_days=dropped)
+            staging = staging_days if name in (CLASSIFICATION, LATE_CHANGES) else None
+            rows = DatedRows(frame, retention_current_days=dropped, retention_staging_days=staging)
             if name == CURRENT and incremental:
                 rows = state = _incremental_state(
                     context, table, storage, plan, days, previous_state is not None, previous_rows, dropped, spec, changed_schema

@@ -57,12 +57,14 @@ class DatedRows:
 
     Written with one partitioned write and committed date by date; a date without rows still gets a
     partition (with no rows). With ``retention_current_days`` (the table's ``retention.current_days``,
-    for ``current_table``), the asset's partitions older than that many newest dates are dropped once
-    the write is committed (``WarehouseStorage.drop_outside_retention``).
+    for ``current_table``) or ``retention_staging_days`` (``retention.staging_days``, for the staging
+    outputs), the asset's partitions older than that many newest dates are dropped once the write is
+    committed (``WarehouseStorage.drop_outside_retention``).
     """
 
     frame: DataFrame
     retention_current_days: int | None = None
+    retention_staging_days: int | None = None
 
 
 @dataclass(frozen=True)
@@ -276,19 +278,24 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=day)
 
     def _apply_retention(self, context: OutputContext, table: str, asset: str, obj: DataFrame | DatedRows) -> dict:
-        """Drop what ``retention.current_days`` no longer keeps; metadata for each date this run wrote."""
-        current_days = obj.retention_current_days if isinstance(obj, DatedRows) else None
-        if current_days is None:
+        """Drop what ``retention.current_days`` or ``retention.staging_days`` no longer keeps; metadata for
+        each date this run wrote (``retention_<setting>``, ``dropped_<current|staging>_partitions``)."""
+        if not isinstance(obj, DatedRows):
             return {}
-        dropped = self.storage.drop_outside_retention(table, asset, current_days)
-        context.log.info(
-            f"{table}/{asset}: retention.current_days={current_days} dropped "
-            + (f"{len(dropped)} partition(s): {', '.join(dropped)}" if dropped else "nothing")
-        )
-        return {
-            "retention_current_days": MetadataValue.int(current_days),
-            "dropped_current_partitions": MetadataValue.json(dropped),
-        }
+        metadata = {}
+        for setting, days, dropped_key in (
+            ("current_days", obj.retention_current_days, "dropped_current_partitions"),
+            ("staging_days", obj.retention_staging_days, "dropped_staging_partitions"),
+        ):
+            if days is None:
+                continue
+            dropped = self.storage.drop_outside_retention(table, asset, days, setting)
+            context.log.info(
+                f"{table}/{asset}: retention.{setting}={days} dropped "
+                + (f"{len(dropped)} partition(s): {', '.join(dropped)}" if dropped else "nothing")
+            )
+            metadata.update({f"retention_{setting}": MetadataValue.int(days), dropped_key: MetadataValue.json(dropped)})
+        return metadata
 
     def _previews(self, table: str, asset: str, rows: dict[str, int]) -> dict[str, list[tuple]]:
         """Up to ``PREVIEW_ROWS`` stored rows of each date, read back from the committed partitions.

@@ -15,6 +15,7 @@ untracked, the sequence):
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from decimal import Decimal
 from pathlib import Path
@@ -263,3 +264,84 @@ def test_runs_log_records_a_run_that_failed_storing_an_output(spark, tmp_path, m
     runs = spark.read.parquet(str(warehouse / "_runs")).collect()
     assert [(r["run_id"], r["status"], r["step"], r["inserts"]) for r in runs] == [(result.run_id, "failed", "cdc", 4)]
     assert "outputs were stored" in runs[0]["error"]
+
+
+# -- where --out may write (cdc-current, cdc-scd2 and cdc-changes share it) ------------------------------
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its content (None for a folder)."""
+    return {str(path.relative_to(root)): None if path.is_dir() else path.read_bytes() for path in sorted(root.rglob("*"))}
+
+
+def _a_project_folder(folder: Path) -> Path:
+    (folder / "src").mkdir(parents=True)
+    (folder / "notes.txt").write_text("not an export\n")
+    (folder / "src" / "job.py").write_text("print('mine')\n")
+    return folder
+
+
+def test_out_refuses_a_folder_that_is_not_an_export_and_deletes_nothing(chain, tmp_path, capsys):
+    project = _a_project_folder(tmp_path / "project")
+    before = _tree(project)
+    assert cli.current_main([TABLE, "--out", str(project)]) == 2
+    assert capsys.readouterr().err == (
+        f"cdc-current: error: --out {project} is a folder that is not empty and is not an earlier cdc-current export of "
+        f"{TABLE} (it has no _cdc_export.json): nothing was written; pass --overwrite to replace the folder and everything in it\n"
+    )
+    assert _tree(project) == before
+    # A file is not replaced either.
+    notes = project / "notes.txt"
+    assert cli.changes_main([TABLE, "--from", D1, "--to", D3, "--out", str(notes)]) == 2
+    assert f"--out {notes} is a file, not a folder: nothing was written; pass --overwrite" in capsys.readouterr().err
+    assert _tree(project) == before
+
+
+def test_out_refuses_the_current_directory_its_parents_and_the_warehouse_even_with_overwrite(chain, tmp_path, monkeypatch, capsys):
+    project = _a_project_folder(tmp_path / "project")
+    monkeypatch.chdir(project / "src")
+    before = _tree(tmp_path)
+    warehouse = chain["warehouse"]
+    refused = {
+        ".": f"the current directory ({project / 'src'})",
+        "..": f"a folder holding the current directory ({project / 'src'})",
+        str(warehouse): f"the warehouse ({warehouse}) or inside it",
+        str(warehouse / TABLE / "current_table"): f"the warehouse ({warehouse}) or inside it",
+        str(warehouse.parent): f"a folder holding the warehouse ({warehouse})",
+        "/": "the root of the file system",
+    }
+    for out, what in refused.items():
+        assert cli.scd2_main([TABLE, "--out", out, "--overwrite"]) == 2, out
+        err = capsys.readouterr().err
+        assert f"is {what}: an export replaces its folder and everything in it, so this one is refused, even with --overwrite" in err
+    assert _tree(tmp_path) == before
+    assert (warehouse / TABLE / "current_table" / f"business_date={D4}").is_dir()
+
+
+def test_out_replaces_an_earlier_export_of_the_same_command_and_table_only(spark, chain, tmp_path, capsys):
+    out = tmp_path / "exports" / "members"
+    assert cli.current_main([TABLE, "--as-of", D1, "--out", str(out)]) == 0
+    marker = json.loads((out / "_cdc_export.json").read_text())
+    assert (marker["command"], marker["table"], marker["format"]) == ("cdc-current", TABLE, "parquet")
+    assert marker["files"] and all((out / name).exists() for name in marker["files"])
+    assert spark.read.parquet(str(out)).count() == 4  # the marker is not read as data
+    # An earlier export of the same command and table: replaced.
+    assert cli.current_main([TABLE, "--as-of", D2, "--out", str(out), "--format", "csv"]) == 0
+    assert spark.read.option("header", True).csv(str(out)).count() == 4  # day 2: 1, 3, 4, 5
+    assert sorted(int(r["id"]) for r in spark.read.option("header", True).csv(str(out)).collect()) == [1, 3, 4, 5]
+    assert json.loads((out / "_cdc_export.json").read_text())["format"] == "csv"
+    capsys.readouterr()
+    # Another command's: refused, and left as it was.
+    before = _tree(out)
+    assert cli.changes_main([TABLE, "--from", D1, "--to", D3, "--out", str(out)]) == 2
+    assert f"(it holds an export of cdc-current {TABLE}): nothing was written; pass --overwrite" in capsys.readouterr().err
+    assert _tree(out) == before
+    # The same command's export with a file of someone else's added: refused.
+    (out / "README.txt").write_text("what these files are\n")
+    assert cli.current_main([TABLE, "--out", str(out)]) == 2
+    assert "it holds files the export did not write: README.txt" in capsys.readouterr().err
+    # --overwrite: replaced, README included, and marked as the new command's.
+    assert cli.changes_main([TABLE, "--from", D1, "--to", D3, "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "README.txt").exists()
+    assert json.loads((out / "_cdc_export.json").read_text())["command"] == "cdc-changes"
+    assert spark.read.parquet(str(out)).count() == 6

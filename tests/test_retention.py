@@ -268,3 +268,96 @@ def test_retention_is_optional(tmp_path):
     path = tmp_path / "orders.yaml"
     path.write_text(path.read_text() + "retention:\n  current_days: 30\n")
     assert load_table_config(path).retention.current_days == 30
+
+
+# -- retention.staging_days: the staging outputs ----------------------------------------------------------
+
+STAGING = ("hashed_incoming", "rejects", "hash_join_classification")
+KEPT_WHOLE = ("inserts", "deletes", "updates", "current_table", "history_partition")
+
+
+def _checks_passed(result) -> bool:
+    evaluations = result.get_asset_check_evaluations()
+    return bool(evaluations) and all(evaluation.passed for evaluation in evaluations)
+
+
+def _staging_metadata(instance, day: str) -> dict:
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(["staged", "hashed_incoming"]), asset_partitions=[day]), limit=1
+    ).records
+    return records[0].asset_materialization.metadata
+
+
+def test_staging_days_drops_old_staging_outputs_and_a_rerun_inside_or_outside_the_window_works(spark, tmp_path, monkeypatch):
+    """``staging_days: 1`` over days 1 to 3, one run per date; then a re-run of day 1 (outside the window)
+    and of day 3 (inside), and an erase of a key that the dropped dates held."""
+    source, warehouse = tmp_path / "source", tmp_path / "warehouse"
+    source.mkdir()
+    for day in (D1, D2, D3):
+        (source / f"{day}.csv").write_text("\n".join([HEADER, *DAYS[day]]) + "\n")
+    staged = _write_config(tmp_path / "configs", "staged", source, retention={"staging_days": 1})
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(tmp_path / "configs"))
+    defs, instance = definitions_for(staged), DagsterInstance.ephemeral()
+    results = run_dates(defs, [D1, D2, D3], instance)
+    assert all(result.success and _checks_passed(result) for result in results)
+
+    for asset in STAGING:
+        assert _stored(warehouse, "staged", asset) == [D3], asset
+    for asset in KEPT_WHOLE:
+        assert _stored(warehouse, "staged", asset) == [D1, D2, D3], asset
+    assert {day: _staging_metadata(instance, day)["dropped_staging_partitions"].value for day in (D1, D2, D3)} == {
+        D1: [], D2: [D1], D3: [D2]
+    }
+    assert _staging_metadata(instance, D3)["retention_staging_days"].value == 1
+    storage = WarehouseStorage(str(warehouse))
+    assert storage.dropped_partition("staged", "hash_join_classification", D1)["setting"] == "staging_days"
+    with pytest.raises(DroppedPartitionError, match=rf"staged/rejects has no partition for {D1}: retention.staging_days \(1, in the table config of staged\)"):
+        storage.read_one(spark, "staged", "rejects", D1)
+    history = {day: sorted_rows(spark, partition_dir(warehouse, "staged", "history_partition", day)) for day in (D1, D2, D3)}
+    current_d1 = sorted_rows(spark, partition_dir(warehouse, "staged", "current_table", D1))
+    # Consumers read current_table and history, which staging_days leaves alone.
+    assert cli.changes_main(["staged", "--from", D1, "--to", D3, "--out", str(tmp_path / "changes")]) == 0
+    assert report.main(["staged"]) == 0
+
+    # Day 1, outside the window: its extract is read again and its staging outputs are back, its CDC
+    # outputs the same rows; the run drops nothing it wrote (its checks read them), the next run does.
+    [rerun] = run_dates(defs, [D1], instance)
+    assert rerun.success and _checks_passed(rerun)
+    assert _stored(warehouse, "staged", "hashed_incoming") == [D1, D3]
+    assert storage.row_counts("staged", "hashed_incoming", [D1]) == {D1: 3}
+    assert storage.dropped_partition("staged", "hashed_incoming", D1) is None
+    assert sorted_rows(spark, partition_dir(warehouse, "staged", "history_partition", D1)) == history[D1]
+    assert sorted_rows(spark, partition_dir(warehouse, "staged", "current_table", D1)) == current_d1
+
+    # Day 3, inside the window: as without retention, and day 1's staging outputs go again.
+    [rerun] = run_dates(defs, [D3], instance)
+    assert rerun.success and _checks_passed(rerun)
+    assert _staging_metadata(instance, D3)["dropped_staging_partitions"].value == [D1]
+    for asset in STAGING:
+        assert _stored(warehouse, "staged", asset) == [D3], asset
+    for asset in KEPT_WHOLE:
+        assert _stored(warehouse, "staged", asset) == [D1, D2, D3], asset
+    assert sorted_rows(spark, partition_dir(warehouse, "staged", "history_partition", D3)) == history[D3]
+
+    # An erase scans what is stored and checks again the dates it can: the dropped ones keep their checks.
+    keys = tmp_path / "erase.csv"
+    keys.write_text("id\n2\n")
+    erased = defs.get_job_def("staged_erase").execute_in_process(
+        run_config={"ops": {"staged__erase": {"config": {"keys_file": str(keys)}}}}, instance=instance
+    )
+    assert erased.success
+    assert 2 not in {row["id"] for row in spark.read.parquet(str(partition_dir(warehouse, "staged", "history_partition", D1))).collect()}
+
+
+@pytest.mark.parametrize(
+    ("staging_days", "expected"),
+    [(0, "greater than or equal to 1"), ("1", "valid integer"), (True, "valid integer"), (1.5, "valid integer")],
+)
+def test_invalid_staging_days_names_the_file_and_the_field(tmp_path, staging_days, expected):
+    with pytest.raises(TableConfigError) as error:
+        _write_config(tmp_path, "orders", tmp_path, retention={"staging_days": staging_days})
+    message = str(error.value)
+    assert str(tmp_path / "orders.yaml") in message
+    assert "field 'retention.staging_days': " in message and expected in message
+    assert _write_config(tmp_path, "orders", tmp_path, retention={"staging_days": 1}).retention.staging_days == 1

@@ -4,7 +4,7 @@
   which version a date's pointer names, and :func:`warehouse_root`, the one reading of ``CDC_WAREHOUSE``;
 - ``commit``: stage a write, commit each date by swapping its pointer, recover after a kill;
 - ``lock``: the per-table writer lock;
-- ``retention``: dropping partitions outside ``retention.current_days``, the retired versions' grace period;
+- ``retention``: dropping partitions outside ``retention.current_days`` / ``staging_days``, the retired versions' grace period;
 - ``reading``: stored dates, a date's current version and its rows (no lock, no write);
 - ``files``: the POSIX operations underneath;
 - ``fault_injection``: the one test seam, pausing a commit so a fault test can kill the run there.

@@ -23,7 +23,7 @@ from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.errors import SummarizedError
 from resources.storage.files import list_names
 from resources.storage.layout import EARLIER_RELEASE_ASIDE_SUFFIX, VERSION_KEY, WarehouseLayout, state_changes_asset
-from resources.storage.retention import dropped_partition
+from resources.storage.retention import STAGING_DAYS, dropped_partition
 
 
 class MissingPartitionError(SummarizedError, RuntimeError):
@@ -31,7 +31,8 @@ class MissingPartitionError(SummarizedError, RuntimeError):
 
 
 class DroppedPartitionError(MissingPartitionError):
-    """The partition was stored, then dropped by the table's retention setting (``retention.current_days``)."""
+    """The partition was stored, then dropped by the table's retention setting (``retention.current_days``,
+    or ``retention.staging_days`` for a staging output)."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def stored_path(layout: WarehouseLayout, table: str, asset: str, business_date: 
     """The folder of the date's current version, resolved once.
 
     Raises :class:`MissingPartitionError` if the date was never written, and
-    :class:`DroppedPartitionError` (naming ``retention.current_days``) if retention dropped it. A date
+    :class:`DroppedPartitionError` (naming the retention setting) if retention dropped it. A date
     that a killed commit of an earlier release left without a folder is read where that commit left
     it (the next writer puts it back).
     """
@@ -58,10 +59,19 @@ def stored_path(layout: WarehouseLayout, table: str, asset: str, business_date: 
         return retired
     dropped = dropped_partition(layout, table, asset, business_date)
     if dropped is not None:
+        setting = dropped["setting"]
+        dropped_it = (
+            f"{table}/{asset} has no partition for {business_date}: retention.{setting} "
+            f"({dropped[setting]}, in the table config of {table}) dropped it when the newest stored date "
+            f"was {dropped['newest']} (run {dropped['run_id']})."
+        )
+        if setting == STAGING_DAYS:
+            raise DroppedPartitionError(
+                f"{dropped_it} A run of {business_date} writes it again from the date's extract; raise "
+                "retention.staging_days to keep more dates."
+            )
         raise DroppedPartitionError(
-            f"{table}/{asset} has no partition for {business_date}: retention.current_days "
-            f"({dropped['current_days']}, in the table config of {table}) dropped it when the newest stored date "
-            f"was {dropped['newest']} (run {dropped['run_id']}). What needs the state as of {business_date}, "
+            f"{dropped_it} What needs the state as of {business_date}, "
             "such as a run of the date after it, cannot run; raise retention.current_days to keep more dates."
         )
     raise MissingPartitionError(

@@ -1,4 +1,5 @@
-"""What the warehouse lets go of: partitions outside ``retention.current_days``, and replaced versions.
+"""What the warehouse lets go of: partitions outside ``retention.current_days`` or ``retention.staging_days``,
+and replaced versions.
 
 Dropping a partition records why under ``_retention`` (so a later read can tell "dropped" from "never
 written"), removes its pointer and retires its version. A retired version, dropped or replaced by a
@@ -23,9 +24,15 @@ RETIRED_GRACE_ENV = "CDC_RETIRED_VERSION_GRACE_SECONDS"
 DEFAULT_RETIRED_GRACE_SECONDS = 3600.0
 
 
-def check_current_days(table: str, asset: str, current_days: int) -> None:
-    if current_days < 1:
-        raise ValueError(f"{table}/{asset}: retention.current_days must be at least 1, got {current_days}")
+# The settings a drop is recorded under (the table config's ``retention.<setting>``): current_table's
+# states, or the staging outputs (hashed_incoming, rejects, the classification, late_changes).
+CURRENT_DAYS = "current_days"
+STAGING_DAYS = "staging_days"
+
+
+def check_days(table: str, asset: str, days: int, setting: str = CURRENT_DAYS) -> None:
+    if days < 1:
+        raise ValueError(f"{table}/{asset}: retention.{setting} must be at least 1, got {days}")
 
 
 def oldest_kept(newest: str, current_days: int) -> str:
@@ -106,13 +113,15 @@ def sweep_retired(layout: WarehouseLayout, table: str, grace: float) -> None:
 
 
 def dropped_partition(layout: WarehouseLayout, table: str, asset: str, business_date: str) -> dict | None:
-    """What retention recorded when it dropped the partition (``current_days``, ``newest``, ``run_id``,
-    ``dropped_at``), or None if it never dropped it. Reads one small file; no lock, no Spark."""
+    """What retention recorded when it dropped the partition (``setting``, the setting's value under its
+    name, ``newest``, ``run_id``, ``dropped_at``), or None if it never dropped it. A record written
+    before ``setting`` existed is a ``current_days`` one. Reads one small file; no lock, no Spark."""
     try:
         with open(layout.dropped_marker_path(table, asset, business_date), encoding="utf-8") as stream:
-            return json.load(stream)
+            record = json.load(stream)
     except FileNotFoundError:
         return None
+    return {"setting": CURRENT_DAYS, **record}
 
 
 def record_dropped(layout: WarehouseLayout, table: str, asset: str, business_date: str, record: dict, write_id: str) -> None:

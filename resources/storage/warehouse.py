@@ -191,25 +191,26 @@ class WarehouseStorage:
         return erasure.version_folders(self.layout, table)
 
     # -- retention -------------------------------------------------------------------------------------
-    def drop_outside_retention(self, table: str, asset: str, current_days: int) -> list[str]:
-        """Apply ``retention.current_days``: drop the asset's partitions older than its newest ``current_days``
-        business dates; returns the dates dropped, oldest first.
+    def drop_outside_retention(self, table: str, asset: str, days: int, setting: str = retention.CURRENT_DAYS) -> list[str]:
+        """Apply ``retention.current_days`` (or, with ``setting="staging_days"``, ``retention.staging_days``):
+        drop the asset's partitions older than its newest ``days`` business dates; returns the dates
+        dropped, oldest first.
 
-        The window is counted in calendar days back from the newest stored date: it keeps that date and
-        the ``current_days - 1`` days before it (dates are materialized in order, so these are the
-        newest ``current_days`` partitions). A partition this run has read or committed stays whatever
+        The window is counted in calendar days back from the asset's newest stored date: it keeps that
+        date and the ``days - 1`` days before it (dates are materialized in order, so these are the
+        newest ``days`` partitions). A partition this run has read or committed stays whatever
         its date, because the run's later writes and its checks may still scan it; the table's next run
         drops it. Each date is first recorded under ``_retention`` (so that a later read can say why it
-        is missing), then its pointer is removed (readers see the partition or nothing, never part of
-        it) and its version retired, to be deleted by a writer after ``retired_grace`` seconds. Holds
-        the table's writer lock.
+        is missing, naming ``setting``), then its pointer is removed (readers see the partition or
+        nothing, never part of it) and its version retired, to be deleted by a writer after
+        ``retired_grace`` seconds. Holds the table's writer lock.
         """
-        retention.check_current_days(table, asset, current_days)
+        retention.check_days(table, asset, days, setting)
         self.hold_writer_lock(table)
         stored = self.stored_dates(table, asset)
-        expired = self._not_in_use(table, asset, retention.outside_window(stored, current_days))
+        expired = self._not_in_use(table, asset, retention.outside_window(stored, days))
         if expired:
-            self._drop(table, asset, expired, current_days, stored[-1])
+            self._drop(table, asset, expired, days, stored[-1], setting)
         return expired
 
     def drop_state_outside_retention(self, table: str, asset: str, current_days: int) -> list[str]:
@@ -217,7 +218,7 @@ class WarehouseStorage:
         keep what the states of the newest ``current_days`` dates need, the full copy the oldest of them
         is read from included; drop the rest of both. Returns the dates whose full copy or changes were
         dropped, oldest first."""
-        retention.check_current_days(table, asset, current_days)
+        retention.check_days(table, asset, current_days)
         self.hold_writer_lock(table)
         changes_asset = state_changes_asset(asset)
         fulls, changes, newest = retention.state_outside_window(
@@ -232,13 +233,16 @@ class WarehouseStorage:
     def _not_in_use(self, table: str, asset: str, days: list[str]) -> list[str]:
         return [day for day in days if (table, asset, day) not in self._in_use]
 
-    def _drop(self, table: str, asset: str, expired: list[str], current_days: int, newest: str | None) -> None:
-        record = {"current_days": current_days, "newest": newest, "run_id": self.run_id}
+    def _drop(
+        self, table: str, asset: str, expired: list[str], days: int, newest: str | None, setting: str = retention.CURRENT_DAYS
+    ) -> None:
+        record = {"setting": setting, setting: days, "newest": newest, "run_id": self.run_id}
         retention.drop(self.layout, table, asset, expired, record, self._token)
 
     def dropped_partition(self, table: str, asset: str, business_date: str) -> dict | None:
-        """What retention recorded when it dropped the partition (``current_days``, ``newest``, ``run_id``,
-        ``dropped_at``), or None if it never dropped it. Reads one small file; no lock, no Spark."""
+        """What retention recorded when it dropped the partition (``setting``, its value under the setting's
+        name, ``newest``, ``run_id``, ``dropped_at``), or None if it never dropped it. Reads one small
+        file; no lock, no Spark."""
         return retention.dropped_partition(self.layout, table, asset, business_date)
 
     # -- reading: no lock, no write ---------------------------------------------------------------------
@@ -247,7 +251,7 @@ class WarehouseStorage:
         commit that replaces the date meanwhile changes nothing under the reader.
 
         Raises :class:`MissingPartitionError` if the date was never written, and
-        :class:`DroppedPartitionError` (naming ``retention.current_days``) if retention dropped it.
+        :class:`DroppedPartitionError` (naming the retention setting) if retention dropped it.
         Takes no lock and changes nothing: a date that a killed commit of an earlier release left
         without a folder is read where that commit left it, and put back by the next writer.
         """
