@@ -34,9 +34,32 @@ RESERVED_COLUMNS = {
     # Columns the consumer views add: the SCD type 2 view and the changes between two dates.
     "valid_from", "valid_to", "is_current", "is_deleted", "_change_type", "_from_date", "_to_date",
 }
-# Working columns of the intake stage (core/source.py, core/hashing.py); a source column may not shadow them.
-INTERNAL_COLUMNS = {"_source_file", "_raw_record", "_reject_reason", "_record_id", "_corrupt_record"}
+# The intake's own columns on the frame a source is read into (core/source.py), and Spark's hidden file
+# metadata column it reads the source file from: a source column of such a name, even one
+# allow_extra_columns lets through, would be taken for the intake's own (core/source.py check_columns).
+INTAKE_COLUMNS = {"_source_file", "_raw_record", "_reject_reason", "_record_id", "_corrupt_record", "_metadata", "business_date"}
 INTERNAL_PREFIX = "__cdc_"
+# Every name the pipeline uses for itself besides RESERVED_COLUMNS, the one list of them: the intake's
+# columns; the storage's version folder key (resources/storage/layout.py VERSION_KEY: a stored column of
+# that name would be replaced by the folder's value on read); the columns other outputs put beside a
+# table's own (hashed_incoming's unavailable_columns, late_changes' reason and applied_sequence); and the
+# working columns of the later stages (core/incoming.py, core/changes.py, core/changeset.py), some of
+# them a prefix and a configured column's name or position (``_in_3``, ``_before_amount``).
+INTERNAL_COLUMNS = INTAKE_COLUMNS | {
+    "_cdc_version", "unavailable_columns", "reason", "applied_sequence",
+    "_record_number", "_day_before", "_hash_before", "_day_after", "_sequence", "_filled", "_unfillable",
+}
+INTERNAL_PREFIXES = (INTERNAL_PREFIX, "_in_", "_held_", "_val_", "_earlier_", "_stored_", "_before_")
+
+
+def reserved_name_problem(name: str) -> str | None:
+    """Why ``name`` may not be a table's column (any case: Spark resolves names case-insensitively), or None."""
+    lowered = name.lower()
+    if lowered in RESERVED_COLUMNS:
+        return f"{name!r} is reserved for a column the pipeline adds"
+    if lowered in INTERNAL_COLUMNS or lowered.startswith(INTERNAL_PREFIXES):
+        return f"{name!r} is reserved for the pipeline's own columns (docs/configuration.md, reserved names)"
+    return None
 
 
 class LoadType(str, Enum):
@@ -79,6 +102,9 @@ class Column(BaseModel):
         for name in names:
             if not isinstance(name, str) or not _COLUMN.match(name):
                 raise ValueError(f"renamed_from: {name!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+            problem = reserved_name_problem(name)
+            if problem:  # a former name is a stored column's name
+                raise ValueError(f"renamed_from: {problem}")
         return names
 
     @field_validator("name")
@@ -86,10 +112,9 @@ class Column(BaseModel):
     def _valid_name(cls, value: str) -> str:
         if not _COLUMN.match(value):
             raise ValueError(f"column name {value!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
-        if value.lower() in RESERVED_COLUMNS:
-            raise ValueError(f"column name {value!r} is reserved for a column the pipeline adds")
-        if value.lower() in INTERNAL_COLUMNS or value.lower().startswith(INTERNAL_PREFIX):
-            raise ValueError(f"column name {value!r} is reserved for the pipeline's working columns")
+        problem = reserved_name_problem(value)
+        if problem:
+            raise ValueError(f"column name {problem}")
         return value
 
     @field_validator("type")
@@ -157,6 +182,9 @@ class Changes(BaseModel):
     def _plain_column(cls, value: str | None) -> str | None:
         if value is not None and not _COLUMN.match(value):
             raise ValueError(f"column name {value!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        problem = reserved_name_problem(value) if value is not None else None
+        if problem:  # the flag is a source column, read beside the table's own
+            raise ValueError(f"column name {problem}")
         return value
 
     @model_validator(mode="after")

@@ -128,6 +128,22 @@ def test_extra_column_is_an_error_unless_allowed(spark, tmp_path):
     assert [(r["id"], r["name"], r["qty"]) for r in accepted.collect()] == [(1, "alpha", 3)]
 
 
+def test_source_column_named_like_the_intakes_own_is_refused_even_as_an_extra(spark, tmp_path):
+    """Extra columns are dropped once validated, so one named like an output column changes nothing; one
+    named like a column the intake uses on the same frame would (``__cdc_tombstone`` made rows vanish
+    uncounted), so the date fails naming the input and the column."""
+    config = make_config(tmp_path, allow_extra_columns=True)
+    land(tmp_path, "id,name,qty,Business_Date,__CDC_tombstone,_metadata,key_hash\n1,alpha,3,2020-01-01,true,x,h\n")
+    with pytest.raises(SourceError) as raised:
+        read_source(spark, config, DAY_TEXT)
+    message = str(raised.value)
+    assert str(tmp_path / "landing" / DAY_TEXT) in message
+    assert "['Business_Date', '__CDC_tombstone', '_metadata']" in message and "uses for its own columns" in message
+    land(tmp_path, "id,name,qty,key_hash,operation\n1,alpha,3,h,I\n")
+    accepted = accepted_records(read_validated(spark, config))
+    assert [(r["id"], r["name"], r["qty"]) for r in accepted.collect()] == [(1, "alpha", 3)]
+
+
 def test_missing_input_path_names_the_resolved_path(spark, tmp_path):
     config = make_config(tmp_path)
     expected = str(tmp_path / "landing" / "2024-01-09") + "/"

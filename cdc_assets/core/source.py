@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from cdc_assets.config import DEBEZIUM_OPERATIONS, INTERNAL_PREFIX, SourceFormat, TableConfig
+from cdc_assets.config import DEBEZIUM_OPERATIONS, INTAKE_COLUMNS, INTERNAL_PREFIX, SourceFormat, TableConfig
 from cdc_assets.core.columns import BUSINESS_DATE
 
 SOURCE_FILE = "_source_file"
@@ -180,14 +180,39 @@ def _source_columns(config: TableConfig) -> list[str]:
     return names
 
 
+def _taken_for_the_intakes_own(name: str) -> bool:
+    """Whether a source column of this name would be taken for one of the intake's own columns.
+
+    Only these are refused in a source's columns: an extra column (``allow_extra_columns``) is dropped
+    once the records are validated, so one named like an output column (``key_hash``, ``operation``...)
+    changes nothing, while one named like a column the intake reads or writes on the same frame does
+    (``__cdc_tombstone`` would make rows vanish uncounted, ``business_date`` would be carried along,
+    ``_metadata`` would hide the file name, ``_source_file`` would be overwritten).
+    """
+    lowered = name.lower()
+    return lowered in INTAKE_COLUMNS or lowered.startswith(INTERNAL_PREFIX)
+
+
 def check_columns(config: TableConfig, found: list[str], path: str) -> None:
-    """Configured columns must be present (matched by name); unexpected extra columns are an error."""
+    """Configured columns must be present (matched by name); unexpected extra columns are an error, and
+    so is any column named like one of the intake's own (:func:`_taken_for_the_intakes_own`)."""
     found_lower = {name.lower() for name in found}
     configured = _source_columns(config)
     missing = [name for name in configured if name.lower() not in found_lower]
     configured_lower = {name.lower() for name in configured}
-    extra = [name for name in found if name.lower() not in configured_lower]
+    # A JSON reader's _corrupt_record is Spark's own: the text of a line it could not parse.
+    sparks_own = {_CORRUPT} if config.source.format is SourceFormat.json else set()
+    reserved = [
+        name for name in found
+        if name.lower() not in configured_lower and name not in sparks_own and _taken_for_the_intakes_own(name)
+    ]
+    extra = [name for name in found if name.lower() not in configured_lower and name not in reserved]
     problems = []
+    if reserved:
+        problems.append(
+            f"column(s) {reserved} have names the pipeline uses for its own columns (not even allow_extra_columns "
+            "admits them): rename them in the extract"
+        )
     if missing:
         problems.append(f"missing configured column(s) {missing}")
     if extra and not config.allow_extra_columns:
