@@ -7,6 +7,7 @@ and the field that is wrong.
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 from datetime import date
@@ -310,12 +311,63 @@ class StateStorage(BaseModel):
         return self.current is StateForm.incremental
 
 
+def encoding_bytes(name: str) -> tuple[str, ...] | None:
+    """What each byte 0x80..0xFF is in encoding ``name``: its character, or '' where the encoding leaves
+    the byte undefined; None for UTF-8. A ValueError for a name Python's codecs do not know, and for an
+    encoding that is not UTF-8 nor single-byte with ASCII as is (the readers split records and fields
+    on ASCII bytes before decoding, core/encoding.py)."""
+    try:
+        codec = codecs.lookup(name)
+    except LookupError:
+        raise ValueError(f"unknown encoding {name!r}; use UTF-8 or a single-byte encoding such as ISO-8859-1 or windows-1252") from None
+    if codec.name == "utf-8":
+        return None
+    unsupported = ValueError(
+        f"encoding {name!r} is not supported: use UTF-8 or a single-byte encoding that keeps ASCII as is "
+        "(ISO-8859-1 to -16, windows-1250 to -1258, ...)"
+    )
+    characters = []
+    for byte in range(0x100):
+        decoder = codecs.getincrementaldecoder(codec.name)()
+        try:
+            character = decoder.decode(bytes([byte]), final=False)
+        except UnicodeDecodeError:
+            character = ""  # undefined in this encoding
+        else:
+            if len(character) != 1:  # waiting for more bytes (multi-byte), or several characters
+                raise unsupported
+        if byte < 0x80 and character != chr(byte):
+            raise unsupported
+        characters.append(character)
+    return tuple(characters[0x80:])
+
+
 class Source(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: Annotated[str, Field(description="File, folder or glob with a {date} placeholder (YYYY-MM-DD).")]
     format: SourceFormat = SourceFormat.csv
     options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    encoding: str = Field(
+        default="UTF-8",
+        description="The text encoding of a csv or debezium source: UTF-8, or a single-byte encoding such as "
+        "ISO-8859-1 or windows-1252. A record with bytes that are not valid in it is a bad record (invalid_encoding).",
+    )
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        encoding_bytes(value)
+        return value
+
+    @model_validator(mode="after")
+    def _encoding_fits_the_format(self) -> "Source":
+        given = sorted(key for key in self.options if key.lower() in ("encoding", "charset"))
+        if given and self.format in (SourceFormat.csv, SourceFormat.json):
+            raise ValueError(f"source.options.{given[0]}: set source.encoding instead (it is checked record by record)")
+        if encoding_bytes(self.encoding) is not None and self.format not in (SourceFormat.csv, SourceFormat.debezium):
+            raise ValueError(f"source.encoding {self.encoding!r} applies to csv and debezium sources; a {self.format.value} source is read as UTF-8")
+        return self
 
     @field_validator("path")
     @classmethod

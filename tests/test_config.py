@@ -167,6 +167,11 @@ INVALID = {
         variant(load_type="changeset", changes={"operation_column": "__cdc_tombstone", "sequence_columns": ["placed_at"]}),
         "changes.operation_column",
     ),
+    "unknown encoding": (variant(source__encoding="klingon-8"), "source.encoding"),
+    "multi-byte encoding other than UTF-8": (variant(source__encoding="shift_jis"), "source.encoding"),
+    "encoding that is not ASCII as is": (variant(source__encoding="utf-16"), "source.encoding"),
+    "encoding as a reader option": (variant(source__options={"header": True, "encoding": "latin1"}), "source.options.encoding"),
+    "encoding of a parquet source": (variant(source__format="parquet", source__encoding="latin-1"), "source.encoding"),
     "column name not an identifier": (variant(non_keys=[{"name": "amount usd", "type": "double"}]), "non_keys.0.name"),
     "max_delete_fraction above 1": (variant(max_delete_fraction=1.5), "max_delete_fraction"),
     "max_delete_fraction negative": (variant(max_delete_fraction=-0.1), "max_delete_fraction"),
@@ -188,6 +193,12 @@ def test_invalid_config_names_file_and_field(tmp_path, case):
     message = str(raised.value)
     assert str(path) in message
     assert field in message, message
+
+
+def test_source_encoding_defaults_to_utf8_and_takes_single_byte_encodings(tmp_path):
+    assert load_table_config(write_config(tmp_path, VALID)).source.encoding == "UTF-8"
+    for name in ("latin-1", "ISO-8859-15", "windows-1252", "cp1250"):
+        assert load_table_config(write_config(tmp_path, variant(source__encoding=name))).source.encoding == name
 
 
 def test_duplicate_column_message_names_the_column(tmp_path):

@@ -228,7 +228,7 @@ def land_bytes(tmp_path: Path, contents: bytes, file_name: str = "part-0.csv", d
 
 
 def read_columns(frame) -> list[str]:
-    return [name for name in frame.columns if name not in (SOURCE_FILE, RECORD_ID)]
+    return [name for name in frame.columns if name not in (SOURCE_FILE, RECORD_ID) and not name.startswith("__cdc_")]
 
 
 @pytest.mark.parametrize("case", sorted(HEADER_CASES))
@@ -643,3 +643,71 @@ def test_several_dates_fail_on_the_oldest_date_that_breaks_a_policy(spark, tmp_p
         prepare_incoming_dates(config, _sources(spark, config, days))
     assert days[1] in str(raised.value) and "'one'" in str(raised.value)
     assert days[2] not in str(raised.value)
+
+
+# --- encodings (source.encoding) --------------------------------------------------------------------
+
+
+def land_raw(tmp_path: Path, contents: bytes) -> None:
+    land(tmp_path, "").write_bytes(contents)
+
+
+def _raw_fields(raw_record: str) -> dict[str, bytes]:
+    """A rejected record's fields as the source's bytes: its raw record holds them as ISO-8859-1."""
+    return {name: value.encode("latin-1") for name, value in json.loads(raw_record).items()}
+
+
+def test_bytes_that_are_not_utf8_are_bad_records_not_replacement_characters(spark, tmp_path):
+    """Spark alone reads both b'ab\\xffc' and b'ab\\xfec' as 'ab\\ufffdc': one key. Here each is a bad
+    record whose raw record holds its own bytes; a U+FFFD the source sent (EF BF BD) is accepted."""
+    config = make_config(tmp_path, keys=[{"name": "code", "type": "string"}])
+    land_raw(
+        tmp_path,
+        b"code,name,qty\n"
+        b"caf\xc3\xa9,ok,1\n"  # valid UTF-8
+        b"ab\xffc,first,2\n"  # two keys that differ only in an invalid byte
+        b"ab\xfec,second,3\n"
+        b"gen\xef\xbf\xbdu,sent,4\n"  # a replacement character the source did send
+        b"plain,bad \xe9 name,5\n"  # an invalid byte in a non-key
+        b"x\xff,too,many,fields\n",  # malformed and not UTF-8
+    )
+    batch = prepare_incoming(spark, config, DAY)
+    try:
+        assert (batch.rows_read, batch.rows_accepted, batch.rows_rejected) == (6, 2, 4)
+        accepted = {row["code"]: row["name"] for row in batch.accepted.collect()}
+        assert accepted == {"café": "ok", "gen\ufffdu": "sent"}
+        rejected = batch.rejected.collect()
+        assert all(row["reason"].startswith("invalid_encoding: ") for row in rejected), rejected
+        assert not any("\ufffd" in row["raw_record"] for row in rejected)
+        fields = {
+            (row["reason"].split(" has ")[0], _raw_fields(row["raw_record"])["code"]): _raw_fields(row["raw_record"])
+            for row in rejected if row["raw_record"].startswith("{")
+        }
+        assert sorted(fields) == [
+            ("invalid_encoding: column code", b"ab\xfec"),
+            ("invalid_encoding: column code", b"ab\xffc"),
+            ("invalid_encoding: column name", b"plain"),
+        ]
+        assert fields["invalid_encoding: column name", b"plain"]["name"] == b"bad \xe9 name"
+        (malformed,) = [row for row in rejected if not row["raw_record"].startswith("{")]
+        assert malformed["raw_record"].encode("latin-1") == b"x\xff,too,many,fields"
+        assert "the record has bytes that are not valid UTF-8" in malformed["reason"]
+    finally:
+        batch.release()
+
+
+def test_single_byte_encodings_are_decoded_and_their_undefined_bytes_rejected(spark, tmp_path):
+    latin1 = make_config(tmp_path, source={"path": str(tmp_path / "landing" / "{date}") + "/", "encoding": "latin-1"})
+    land_raw(tmp_path, b"id,name,qty\n1,caf\xe9,1\n2,\xff\x80,2\n")
+    assert {row["id"]: row["name"] for row in accepted_records(read_validated(spark, latin1)).collect()} == {
+        1: "café", 2: "ÿ\x80"
+    }
+    windows = make_config(
+        tmp_path, source={"path": str(tmp_path / "landing" / "{date}") + "/", "encoding": "windows-1252", "options": {"sep": "¦"}}
+    )
+    land_raw(tmp_path, b"id\xa6name\xa6qty\n1\xa6\x80 5\xa61\n2\xa6a\x81b\xa62\n")  # ¦ is byte A6; 0x81 is undefined
+    validated = read_validated(spark, windows)
+    assert [(row["id"], row["name"]) for row in accepted_records(validated).collect()] == [(1, "€ 5")]
+    (rejected,) = validated.filter(F.col(REJECT_REASON).isNotNull()).collect()
+    assert rejected[REJECT_REASON].startswith("invalid_encoding: column name has bytes that are not valid windows-1252")
+    assert _raw_fields(rejected["_raw_record"])["name"] == b"a\x81b"

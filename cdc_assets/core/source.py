@@ -16,6 +16,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc_assets.config import DEBEZIUM_OPERATIONS, INTAKE_COLUMNS, INTERNAL_PREFIX, SourceFormat, TableConfig
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.encoding import LOSSLESS, SourceEncoding, reason
 
 SOURCE_FILE = "_source_file"
 RAW_RECORD = "_raw_record"
@@ -31,8 +32,13 @@ class SourceError(RuntimeError):
 
 
 def _options(config: TableConfig) -> dict[str, str]:
-    options = {**CSV_DEFAULTS, **config.source.options} if config.source.format is SourceFormat.csv else config.source.options
-    return {key: str(value) for key, value in options.items()}
+    if config.source.format is not SourceFormat.csv:
+        return {key: str(value) for key, value in config.source.options.items()}
+    # A CSV source is read as ISO-8859-1, every byte one character, and decoded from source.encoding
+    # afterwards (core/encoding.py); an option's text is matched against the text as read.
+    encoding = SourceEncoding(config.source.encoding)
+    options = {key: str(value) for key, value in {**CSV_DEFAULTS, **config.source.options}.items()}
+    return {**{key: encoding.option_as_read(value) for key, value in options.items()}, "encoding": LOSSLESS}
 
 
 def _reader(spark: SparkSession, config: TableConfig):
@@ -235,7 +241,10 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
 
         return read_debezium(spark, config, business_date)
     path = config.source.path_for(business_date)
-    found = _header_columns(spark, config, path)
+    found = _header_columns(spark, config, path)  # a CSV header as read: ISO-8859-1, see _options
+    csv = config.source.format is SourceFormat.csv
+    encoding = SourceEncoding(config.source.encoding)
+    shown = [encoding.name_as_read(name) for name in found] if csv else found
     # Columns come out named as configured (headers match case-insensitively), so several dates'
     # extracts line up by name even when their headers' case differs. A changeset's flag column
     # comes out as the working column FLAG.
@@ -245,23 +254,69 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     if config.source.format is SourceFormat.csv:
         reader = _reader(spark, config).option("columnNameOfCorruptRecord", _CORRUPT)
         if _has_header(config):
-            check_columns(config, found, path)
+            check_columns(config, shown, path)
             # The schema carries the header's own names, which is what Spark's check compares (case
             # as spark.sql.caseSensitive says); the corrupt-record column is left out of the check.
             reader = reader.option("enforceSchema", str(not _check_each_header(spark, config, path, found)).lower())
         else:
             # Without a header the fields are positional, in config order; a record with another
             # number of fields is malformed.
-            found = _source_columns(config)
+            found = shown = _source_columns(config)
         schema = StructType([StructField(name, StringType()) for name in (*found, _CORRUPT)])
         frame = reader.schema(schema).load(path)
     else:
         check_columns(config, found, path)
         frame = _reader(spark, config).load(path)
-    renamed = {name: as_configured[name.lower()] for name in found if as_configured.get(name.lower(), name) != name}
+    names = [as_configured.get(name.lower(), name) for name in shown]
+    renamed = {name: new for name, new in zip(found, names) if new != name}
     if renamed:
         frame = frame.withColumnsRenamed(renamed)
-    return frame.withColumns({SOURCE_FILE: F.col("_metadata.file_path"), RECORD_ID: F.monotonically_increasing_id()})
+    frame = frame.withColumns({SOURCE_FILE: F.col("_metadata.file_path"), RECORD_ID: F.monotonically_increasing_id()})
+    if csv:
+        frame = _decoded(frame, config, names, encoding, headerless=not _has_header(config))
+    return frame
+
+
+def _decoded(frame: DataFrame, config: TableConfig, names: list[str], encoding: SourceEncoding, headerless: bool) -> DataFrame:
+    """A CSV source's columns (``names`` and the corrupt record's), read as ISO-8859-1, decoded from
+    ``source.encoding`` (core/encoding.py). A record with a value that does not decode gets its reason
+    in ``READER_PROBLEM`` (and its values NULL); ``RAW_LINE`` holds its fields as read, or a malformed
+    record's text as read, so that the raw record shows the source's bytes, never a replacement."""
+    if encoding.is_lossless:
+        return frame
+    if headerless and encoding.is_utf8:  # each file's first record starts with the file's byte order mark, if any
+        frame = frame.withColumn(names[0], encoding.without_byte_order_mark(F.col(names[0])))
+    texts = [*names, _CORRUPT]
+    prepared = {name: f"{INTERNAL_PREFIX}prepared_{index}" for index, name in enumerate(texts)}
+    undecodable = {name: f"{INTERNAL_PREFIX}undecodable_{index}" for index, name in enumerate(texts)}
+    if encoding.is_utf8:
+        frame = frame.withColumns({prepared[name]: encoding.prepared(F.col(name)) for name in texts})
+
+    def prepared_of(name: str) -> F.Column | None:
+        return F.col(prepared[name]) if encoding.is_utf8 else None
+
+    frame = frame.withColumns({undecodable[name]: encoding.undecodable(F.col(name), prepared_of(name)) for name in texts})
+    shown = {FLAG: config.changes.operation_column} if config.changes is not None and config.changes.operation_column else {}
+    as_read = F.coalesce(F.col(_CORRUPT), F.to_json(F.struct(*(F.col(name).alias(shown.get(name, name)) for name in names))))
+    what = {name: f"column {shown.get(name, name)}" for name in names}
+    problem = F.lit(None).cast("string")
+    for name in reversed([_CORRUPT, *names]):  # the malformed record's text first, then the columns in order
+        problem = F.when(F.col(undecodable[name]), F.lit(reason(what.get(name, "the record"), encoding))).otherwise(problem)
+    any_undecodable = F.lit(False)
+    for name in texts:
+        any_undecodable = any_undecodable | F.col(undecodable[name])
+
+    def decoded(name: str) -> F.Column:
+        return F.when(~F.col(undecodable[name]), encoding.decoded(F.col(name), prepared_of(name)))
+
+    frame = frame.withColumns(
+        {
+            **{name: decoded(name) for name in texts},
+            READER_PROBLEM: problem,
+            RAW_LINE: F.when(any_undecodable, as_read).otherwise(decoded(_CORRUPT)),
+        }
+    )
+    return frame.drop(*prepared.values(), *undecodable.values()) if encoding.is_utf8 else frame.drop(*undecodable.values())
 
 
 def _first_reason(candidates: list[tuple[F.Column, F.Column]]) -> F.Column:
