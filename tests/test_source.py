@@ -711,3 +711,46 @@ def test_single_byte_encodings_are_decoded_and_their_undefined_bytes_rejected(sp
     (rejected,) = validated.filter(F.col(REJECT_REASON).isNotNull()).collect()
     assert rejected[REJECT_REASON].startswith("invalid_encoding: column name has bytes that are not valid windows-1252")
     assert _raw_fields(rejected["_raw_record"])["name"] == b"a\x81b"
+
+
+def test_a_json_line_with_bytes_that_are_not_utf8_is_an_invalid_encoding(spark, tmp_path):
+    source = {"path": str(tmp_path / "landing" / "{date}") + "/", "format": "json"}
+    config = make_config(tmp_path, source=source, allow_extra_columns=True)  # Spark's _corrupt_record is a column
+    bad_line = b'{"id":2,"name":"ab\xffc","qty":2}'
+    land(tmp_path, "", "part-0.json").write_bytes(b'{"id":1,"name":"caf\xc3\xa9","qty":1}\n' + bad_line + b"\n")
+    batch = prepare_incoming(spark, config, DAY)
+    try:
+        assert (batch.rows_read, batch.rows_accepted, batch.rows_rejected) == (2, 1, 1)
+        assert [row["name"] for row in batch.accepted.collect()] == ["café"]
+        (rejected,) = batch.rejected.collect()
+        assert rejected["reason"].startswith("invalid_encoding: the record has bytes that are not valid UTF-8")
+        assert rejected["raw_record"].encode("latin-1") == bad_line
+    finally:
+        batch.release()
+
+
+def test_a_run_quarantines_keys_that_differ_only_in_bytes_that_are_not_utf8(spark, tmp_path, warehouse):
+    """End to end through the asset graph: the two keys are not collapsed into one 'ab\\ufffdc' in
+    current_table; they are in rejects with their own bytes, and the counts reconcile."""
+    from tests.pipeline import definitions_for, partition_dir, run_dates, write_table_config
+
+    day = "2019-06-18"
+    (tmp_path / "extracts" / day).mkdir(parents=True)
+    (tmp_path / "extracts" / day / "part-0.csv").write_bytes(b"code,name\nab\xffc,first\nab\xfec,second\ncaf\xc3\xa9,ok\n")
+    config = write_table_config(
+        tmp_path / "configs", "coded", f"{tmp_path}/extracts/{{date}}/",
+        keys=[{"name": "code", "type": "string"}], non_keys=[{"name": "name", "type": "string"}],
+    )
+    (result,) = run_dates(definitions_for(config), [day])
+    assert result.success
+    current = spark.read.parquet(str(partition_dir(warehouse, "coded", "current_table", day))).collect()
+    assert [(row["code"], row["name"], row["operation"]) for row in current] == [("café", "ok", "I")]
+    rejects = spark.read.parquet(str(partition_dir(warehouse, "coded", "rejects", day))).collect()
+    assert sorted(_raw_fields(row["raw_record"])["code"] for row in rejects) == [b"ab\xfec", b"ab\xffc"]
+    assert all(row["reason"].startswith("invalid_encoding: column code") for row in rejects)
+    (read,) = [
+        event.event_specific_data.materialization.metadata["rows_read"].value
+        for event in result.get_asset_materialization_events()
+        if event.asset_key.path[-1] == "hashed_incoming"
+    ]
+    assert read == len(current) + len(rejects) == 3

@@ -274,6 +274,16 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     frame = frame.withColumns({SOURCE_FILE: F.col("_metadata.file_path"), RECORD_ID: F.monotonically_increasing_id()})
     if csv:
         frame = _decoded(frame, config, names, encoding, headerless=not _has_header(config))
+    elif config.source.format is SourceFormat.json and _CORRUPT in frame.columns:
+        # Spark's JSON reader takes a line with bytes that are not UTF-8 as malformed and keeps its bytes
+        # as they are: said so, and kept as ISO-8859-1 like the other formats' (core/encoding.py).
+        undecodable = F.col(_CORRUPT).isNotNull() & ~F.is_valid_utf8(F.col(_CORRUPT))
+        frame = frame.withColumns(
+            {
+                READER_PROBLEM: F.when(undecodable, F.lit(reason("the record", encoding))),
+                RAW_LINE: F.when(undecodable, F.decode(F.col(_CORRUPT).cast("binary"), LOSSLESS)).otherwise(F.col(_CORRUPT)),
+            }
+        )
     return frame
 
 
