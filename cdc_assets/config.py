@@ -72,7 +72,8 @@ class LoadType(str, Enum):
 
 
 class BadRecordPolicy(str, Enum):
-    """What to do with a record that is malformed, does not cast, or has a NULL/empty key."""
+    """What to do with a record that is malformed, does not cast, has a NULL/empty key, or has bytes that are
+    not valid in ``source.encoding``."""
 
     fail = "fail"
     quarantine = "quarantine"
@@ -367,6 +368,11 @@ class Source(BaseModel):
             raise ValueError(f"source.options.{given[0]}: set source.encoding instead (it is checked record by record)")
         if encoding_bytes(self.encoding) is not None and self.format not in (SourceFormat.csv, SourceFormat.debezium):
             raise ValueError(f"source.encoding {self.encoding!r} applies to csv and debezium sources; a {self.format.value} source is read as UTF-8")
+        for key, value in self.options.items():
+            try:  # a CSV option's text is matched against the source's bytes (core/encoding.py)
+                str(value).encode(self.encoding)
+            except UnicodeEncodeError:
+                raise ValueError(f"source.options.{key}: {value!r} has a character that {self.encoding} cannot encode") from None
         return self
 
     @field_validator("path")

@@ -171,6 +171,7 @@ INVALID = {
     "multi-byte encoding other than UTF-8": (variant(source__encoding="shift_jis"), "source.encoding"),
     "encoding that is not ASCII as is": (variant(source__encoding="utf-16"), "source.encoding"),
     "encoding as a reader option": (variant(source__options={"header": True, "encoding": "latin1"}), "source.options.encoding"),
+    "reader option the encoding cannot encode": (variant(source__encoding="latin-1", source__options={"sep": "€"}), "source.options.sep"),
     "encoding of a parquet source": (variant(source__format="parquet", source__encoding="latin-1"), "source.encoding"),
     "column name not an identifier": (variant(non_keys=[{"name": "amount usd", "type": "double"}]), "non_keys.0.name"),
     "max_delete_fraction above 1": (variant(max_delete_fraction=1.5), "max_delete_fraction"),

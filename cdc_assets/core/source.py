@@ -326,7 +326,7 @@ def _decoded(frame: DataFrame, config: TableConfig, names: list[str], encoding: 
             RAW_LINE: F.when(any_undecodable, as_read).otherwise(decoded(_CORRUPT)),
         }
     )
-    return frame.drop(*prepared.values(), *undecodable.values()) if encoding.is_utf8 else frame.drop(*undecodable.values())
+    return frame.drop(*prepared.values(), *undecodable.values())  # (dropping a column a frame lacks does nothing)
 
 
 def _first_reason(candidates: list[tuple[F.Column, F.Column]]) -> F.Column:
