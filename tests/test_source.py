@@ -349,6 +349,7 @@ def test_header_mismatch_leaves_other_errors_alone(tmp_path):
 CONNECT_CLIENT = """
 import sys
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from cdc_assets.config import TableConfig
 from cdc_assets.core.source import SourceError, header_mismatch, read_source
 
@@ -361,7 +362,8 @@ config = TableConfig.model_validate({
     "non_keys": [{"name": "name", "type": "string"}, {"name": "qty", "type": "int"}],
 })
 print("columns", read_source(spark, config, "2024-01-02").columns)
-print("rows", sorted(tuple(r) for r in read_source(spark, config, "2024-01-02").select("id", "name", "qty").collect()))
+read = read_source(spark, config, "2024-01-02").select("id", "name", "qty", F.split("__cdc_bad", ":").getItem(0))
+print("rows", sorted(tuple(r) for r in read.collect()))
 for day in ("2024-01-03", "2024-01-04"):  # a missing date, an empty folder
     try:
         read_source(spark, config, day)
@@ -378,13 +380,13 @@ except Exception as error:
 def test_through_spark_connect(connect_server, tmp_path):
     root = tmp_path / "landing"
     for day, name, text in [
-        ("2024-01-02", "part-0.csv", "ID,name,qty\n1,alpha,10\n"),
-        ("2024-01-02", "part-1.csv", "id,NAME,qty\n2,beta,20\n"),
-        ("2024-01-05", "part-0.csv", "id,name,qty\n1,alpha,10\n"),
-        ("2024-01-05", "part-1.csv", "name,qty,id\nbeta,20,2\n"),
+        ("2024-01-02", "part-0.csv", b"ID,name,qty\n1,alpha,10\n3,ab\xffc,30\n"),  # 3: not UTF-8, decoded through Connect
+        ("2024-01-02", "part-1.csv", b"id,NAME,qty\n2,beta,20\n"),
+        ("2024-01-05", "part-0.csv", b"id,name,qty\n1,alpha,10\n"),
+        ("2024-01-05", "part-1.csv", b"name,qty,id\nbeta,20,2\n"),
     ]:
         (root / day).mkdir(parents=True, exist_ok=True)
-        (root / day / name).write_text(text)
+        (root / day / name).write_bytes(text)
     (root / "2024-01-04").mkdir()
     completed = subprocess.run(
         [sys.executable, "-c", CONNECT_CLIENT, str(root)],
@@ -397,8 +399,8 @@ def test_through_spark_connect(connect_server, tmp_path):
     assert completed.returncode == 0, completed.stdout + completed.stderr
     printed = [line for line in completed.stdout.splitlines() if line]
     assert printed[0] == "module pyspark.sql.connect.session"
-    assert printed[1] == "columns ['id', 'name', 'qty', '_corrupt_record', '_source_file', '_record_id']"
-    assert printed[2] == "rows [('1', 'alpha', '10'), ('2', 'beta', '20')]"
+    assert printed[1] == "columns ['id', 'name', 'qty', '_corrupt_record', '_source_file', '_record_id', '__cdc_bad', '__cdc_raw_line']"
+    assert printed[2] == "rows [('1', 'alpha', '10', None), ('2', 'beta', '20', None), ('3', None, '30', 'invalid_encoding')]"
     assert printed[3:5] == ["missing 2024-01-03 True", "missing 2024-01-04 True"]
     assert printed[5].startswith(f"mismatch table orders: input file file://{root}/2024-01-05/part-"), printed[5]
     assert "first difference" in printed[5]
