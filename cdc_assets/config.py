@@ -8,6 +8,7 @@ and the field that is wrong.
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import re
 from datetime import date
@@ -312,6 +313,7 @@ class StateStorage(BaseModel):
         return self.current is StateForm.incremental
 
 
+@functools.lru_cache(maxsize=None)
 def encoding_bytes(name: str) -> tuple[str, ...] | None:
     """What each byte 0x80..0xFF is in encoding ``name``: its character, or '' where the encoding leaves
     the byte undefined; None for UTF-8. A ValueError for a name Python's codecs do not know, and for an
