@@ -22,7 +22,8 @@ ASSET_DESCRIPTIONS = {
     ),
     REJECTS: (
         "Quarantined input rows of the day: the raw record, why it was rejected (malformed, a value that "
-        "does not cast, a NULL or empty key, a duplicated key) and the source file. "
+        "does not cast, a NULL or empty key, a duplicated key, bytes not valid in the source's encoding) and "
+        "the source file. "
         "Rows read = rows in hashed_incoming + rows here."
     ),
     CLASSIFICATION: (

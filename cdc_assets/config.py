@@ -7,7 +7,9 @@ and the field that is wrong.
 
 from __future__ import annotations
 
+import codecs
 import fnmatch
+import functools
 import os
 import re
 from datetime import date
@@ -35,9 +37,32 @@ RESERVED_COLUMNS = {
     # Columns the consumer views add: the SCD type 2 view and the changes between two dates.
     "valid_from", "valid_to", "is_current", "is_deleted", "_change_type", "_from_date", "_to_date",
 }
-# Working columns of the intake stage (core/source.py, core/hashing.py); a source column may not shadow them.
-INTERNAL_COLUMNS = {"_source_file", "_raw_record", "_reject_reason", "_record_id", "_corrupt_record"}
+# The intake's own columns on the frame a source is read into (core/source.py), and Spark's hidden file
+# metadata column it reads the source file from: a source column of such a name, even one
+# allow_extra_columns lets through, would be taken for the intake's own (core/source.py check_columns).
+INTAKE_COLUMNS = {"_source_file", "_raw_record", "_reject_reason", "_record_id", "_corrupt_record", "_metadata", "business_date"}
 INTERNAL_PREFIX = "__cdc_"
+# Every name the pipeline uses for itself besides RESERVED_COLUMNS, the one list of them: the intake's
+# columns; the storage's version folder key (resources/storage/layout.py VERSION_KEY: a stored column of
+# that name would be replaced by the folder's value on read); the columns other outputs put beside a
+# table's own (hashed_incoming's unavailable_columns, late_changes' reason and applied_sequence); and the
+# working columns of the later stages (core/incoming.py, core/changes.py, core/changeset.py), some of
+# them a prefix and a configured column's name or position (``_in_3``, ``_before_amount``).
+INTERNAL_COLUMNS = INTAKE_COLUMNS | {
+    "_cdc_version", "unavailable_columns", "reason", "applied_sequence",
+    "_record_number", "_day_before", "_hash_before", "_day_after", "_sequence", "_filled", "_unfillable",
+}
+INTERNAL_PREFIXES = (INTERNAL_PREFIX, "_in_", "_held_", "_val_", "_earlier_", "_stored_", "_before_")
+
+
+def reserved_name_problem(name: str) -> str | None:
+    """Why ``name`` may not be a table's column (any case: Spark resolves names case-insensitively), or None."""
+    lowered = name.lower()
+    if lowered in RESERVED_COLUMNS:
+        return f"{name!r} is reserved for a column the pipeline adds"
+    if lowered in INTERNAL_COLUMNS or lowered.startswith(INTERNAL_PREFIXES):
+        return f"{name!r} is reserved for the pipeline's own columns (docs/configuration.md, reserved names)"
+    return None
 
 
 class LoadType(str, Enum):
@@ -49,7 +74,8 @@ class LoadType(str, Enum):
 
 
 class BadRecordPolicy(str, Enum):
-    """What to do with a record that is malformed, does not cast, or has a NULL/empty key."""
+    """What to do with a record that is malformed, does not cast, has a NULL/empty key, or has bytes that are
+    not valid in ``source.encoding``."""
 
     fail = "fail"
     quarantine = "quarantine"
@@ -80,6 +106,9 @@ class Column(BaseModel):
         for name in names:
             if not isinstance(name, str) or not _COLUMN.match(name):
                 raise ValueError(f"renamed_from: {name!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+            problem = reserved_name_problem(name)
+            if problem:  # a former name is a stored column's name
+                raise ValueError(f"renamed_from: {problem}")
         return names
 
     @field_validator("name")
@@ -87,10 +116,9 @@ class Column(BaseModel):
     def _valid_name(cls, value: str) -> str:
         if not _COLUMN.match(value):
             raise ValueError(f"column name {value!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
-        if value.lower() in RESERVED_COLUMNS:
-            raise ValueError(f"column name {value!r} is reserved for a column the pipeline adds")
-        if value.lower() in INTERNAL_COLUMNS or value.lower().startswith(INTERNAL_PREFIX):
-            raise ValueError(f"column name {value!r} is reserved for the pipeline's working columns")
+        problem = reserved_name_problem(value)
+        if problem:
+            raise ValueError(f"column name {problem}")
         return value
 
     @field_validator("type")
@@ -158,6 +186,9 @@ class Changes(BaseModel):
     def _plain_column(cls, value: str | None) -> str | None:
         if value is not None and not _COLUMN.match(value):
             raise ValueError(f"column name {value!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        problem = reserved_name_problem(value) if value is not None else None
+        if problem:  # the flag is a source column, read beside the table's own
+            raise ValueError(f"column name {problem}")
         return value
 
     @model_validator(mode="after")
@@ -294,6 +325,38 @@ class StateStorage(BaseModel):
         return self.current is StateForm.incremental
 
 
+@functools.lru_cache(maxsize=None)
+def encoding_bytes(name: str) -> tuple[str, ...] | None:
+    """What each byte 0x80..0xFF is in encoding ``name``: its character, or '' where the encoding leaves
+    the byte undefined; None for UTF-8. A ValueError for a name Python's codecs do not know, and for an
+    encoding that is not UTF-8 nor single-byte with ASCII as is (the readers split records and fields
+    on ASCII bytes before decoding, core/encoding.py)."""
+    try:
+        codec = codecs.lookup(name)
+    except LookupError:
+        raise ValueError(f"unknown encoding {name!r}; use UTF-8 or a single-byte encoding such as ISO-8859-1 or windows-1252") from None
+    if codec.name == "utf-8":
+        return None
+    unsupported = ValueError(
+        f"encoding {name!r} is not supported: use UTF-8 or a single-byte encoding that keeps ASCII as is "
+        "(ISO-8859-1 to -16, windows-1250 to -1258, ...)"
+    )
+    characters = []
+    for byte in range(0x100):
+        decoder = codecs.getincrementaldecoder(codec.name)()
+        try:
+            character = decoder.decode(bytes([byte]), final=False)
+        except UnicodeDecodeError:
+            character = ""  # undefined in this encoding
+        else:
+            if len(character) != 1:  # waiting for more bytes (multi-byte), or several characters
+                raise unsupported
+        if byte < 0x80 and character != chr(byte):
+            raise unsupported
+        characters.append(character)
+    return tuple(characters[0x80:])
+
+
 class Source(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -315,6 +378,31 @@ class Source(BaseModel):
         "of each of its files have stayed the same across sensor ticks at least this many seconds apart (0: at first "
         "sight, for producers that move complete files into place).",
     )
+    encoding: str = Field(
+        default="UTF-8",
+        description="The text encoding of a csv or debezium source: UTF-8, or a single-byte encoding such as "
+        "ISO-8859-1 or windows-1252. A record with bytes that are not valid in it is a bad record (invalid_encoding).",
+    )
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        encoding_bytes(value)
+        return value
+
+    @model_validator(mode="after")
+    def _encoding_fits_the_format(self) -> "Source":
+        given = sorted(key for key in self.options if key.lower() in ("encoding", "charset"))
+        if given and self.format in (SourceFormat.csv, SourceFormat.json):
+            raise ValueError(f"source.options.{given[0]}: set source.encoding instead (it is checked record by record)")
+        if encoding_bytes(self.encoding) is not None and self.format not in (SourceFormat.csv, SourceFormat.debezium):
+            raise ValueError(f"source.encoding {self.encoding!r} applies to csv and debezium sources; a {self.format.value} source is read as UTF-8")
+        for key, value in self.options.items():
+            try:  # a CSV option's text is matched against the source's bytes (core/encoding.py)
+                str(value).encode(self.encoding)
+            except UnicodeEncodeError:
+                raise ValueError(f"source.options.{key}: {value!r} has a character that {self.encoding} cannot encode") from None
+        return self
 
     @field_validator("path")
     @classmethod

@@ -153,6 +153,26 @@ INVALID = {
     ),
     "pipeline working column name": (variant(non_keys=[{"name": "_source_file", "type": "string"}]), "non_keys.0.name"),
     "pipeline working column prefix": (variant(keys=[{"name": "__cdc_typed_0", "type": "string"}]), "keys.0.name"),
+    "storage version key as a column": (variant(non_keys__1={"name": "_cdc_version", "type": "string"}), "non_keys.1.name"),
+    "spark file metadata column": (variant(untracked_columns=[{"name": "_METADATA", "type": "string"}]), "untracked_columns.0.name"),
+    "late_changes column": (variant(non_keys__2={"name": "Reason", "type": "string"}), "non_keys.2.name"),
+    "hashed_incoming column": (variant(non_keys__0={"name": "unavailable_columns", "type": "string"}), "non_keys.0.name"),
+    "later stage working column": (variant(untracked_columns=[{"name": "_in_hash", "type": "string"}]), "untracked_columns.0.name"),
+    "pipeline working column prefix, other case": (variant(non_keys__0={"name": "__CDC_flag", "type": "string"}), "non_keys.0.name"),
+    "renamed from a reserved name": (
+        variant(non_keys__0={"name": "amount", "type": "double", "renamed_from": "key_hash"}),
+        "non_keys.0.renamed_from",
+    ),
+    "changeset flag column with a reserved name": (
+        variant(load_type="changeset", changes={"operation_column": "__cdc_tombstone", "sequence_columns": ["placed_at"]}),
+        "changes.operation_column",
+    ),
+    "unknown encoding": (variant(source__encoding="klingon-8"), "source.encoding"),
+    "multi-byte encoding other than UTF-8": (variant(source__encoding="shift_jis"), "source.encoding"),
+    "encoding that is not ASCII as is": (variant(source__encoding="utf-16"), "source.encoding"),
+    "encoding as a reader option": (variant(source__options={"header": True, "encoding": "latin1"}), "source.options.encoding"),
+    "reader option the encoding cannot encode": (variant(source__encoding="latin-1", source__options={"sep": "€"}), "source.options.sep"),
+    "encoding of a parquet source": (variant(source__format="parquet", source__encoding="latin-1"), "source.encoding"),
     "column name not an identifier": (variant(non_keys=[{"name": "amount usd", "type": "double"}]), "non_keys.0.name"),
     "max_delete_fraction above 1": (variant(max_delete_fraction=1.5), "max_delete_fraction"),
     "max_delete_fraction negative": (variant(max_delete_fraction=-0.1), "max_delete_fraction"),
@@ -174,6 +194,12 @@ def test_invalid_config_names_file_and_field(tmp_path, case):
     message = str(raised.value)
     assert str(path) in message
     assert field in message, message
+
+
+def test_source_encoding_defaults_to_utf8_and_takes_single_byte_encodings(tmp_path):
+    assert load_table_config(write_config(tmp_path, VALID)).source.encoding == "UTF-8"
+    for name in ("latin-1", "ISO-8859-15", "windows-1252", "cp1250"):
+        assert load_table_config(write_config(tmp_path, variant(source__encoding=name))).source.encoding == name
 
 
 def test_duplicate_column_message_names_the_column(tmp_path):
@@ -256,3 +282,36 @@ def test_shipped_table_configs_load(monkeypatch):
     # The default folder (no CDC_TABLE_CONFIGS) is the shipped one.
     monkeypatch.delenv(TABLE_CONFIGS_ENV, raising=False)
     assert "synthetic" in {config.name for config in load_table_configs()}
+
+
+def test_every_name_the_pipeline_uses_for_itself_is_reserved():
+    """The reserved names are one list (cdc_assets/config.py); this keeps it in step with the code that
+    uses them: every named column constant, and every single-underscore name the core gives a column."""
+    import ast
+
+    from cdc_assets.config import reserved_name_problem
+    from cdc_assets.core import between, changes, changeset, compare, hashing, scd2, source
+    from cdc_assets.core.columns import BUSINESS_DATE
+    from resources.storage.layout import VERSION_KEY
+
+    named = [
+        BUSINESS_DATE, VERSION_KEY, hashing.KEY_HASH, hashing.NON_KEY_HASH, changes.OPERATION, changes.EFF_START_DATE,
+        changes.PROCESS_ID, changes.PROCESSED_AT, compare.CHANGED_COLUMNS, source.SOURCE_FILE, source.RAW_RECORD,
+        source.REJECT_REASON, source.RECORD_ID, source._CORRUPT, source.FLAG, source.TOMBSTONE, source.READER_PROBLEM,
+        source.RAW_LINE, source.UNAVAILABLE, source.UNAVAILABLE_COLUMNS, source.CHANGE_FLAG, source.CHANGE_SEQUENCE,
+        source.sequence_text_column(0), changeset.REASON, changeset.APPLIED_SEQUENCE, scd2.VALID_FROM, scd2.VALID_TO,
+        scd2.IS_CURRENT, scd2.IS_DELETED, between.CHANGE_TYPE, between.FROM_DATE, between.TO_DATE, "_metadata",
+    ]
+    core = Path(source.__file__).parent
+    literals = {
+        node.value
+        for path in core.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value[:1] == "_"
+        and node.value[1:2].isalpha() and node.value.replace("_", "").isalnum() and node.value.islower()
+    } - {"_c"}  # Spark's name for a header field without one (core/source.py), not one the pipeline gives
+    assert len(literals) > 20  # the scan finds the core's working names
+    unreserved = sorted(name for name in [*named, *literals] if reserved_name_problem(name) is None)
+    assert unreserved == []
+    assert reserved_name_problem("_in_amount") and reserved_name_problem("_Held_3") and reserved_name_problem("_before_x")
+    assert reserved_name_problem("amount") is None and reserved_name_problem("deleted") is None

@@ -522,3 +522,58 @@ def test_temporal_numbers_decode_up_to_the_range_ends_and_are_bad_beyond(spark, 
     ]
     # The date column's own reason comes after the timestamp column's: both are out of range.
     assert all(found[index]["d"] == str(days) for index, days in ((2, days_first - 1), (3, days_last + 1)))
+
+
+def _landed_bytes(tmp_path: Path, lines: list[bytes]) -> str:
+    landing = tmp_path / "landing"
+    landing.mkdir(exist_ok=True)
+    (landing / f"{DAY1}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    return str(landing / "{date}.jsonl")
+
+
+def _coded(tmp_path: Path, lines: list[bytes], **overrides) -> TableConfig:
+    """A table keyed by a string code, with one non-key (Name), reading ``lines``."""
+    return make_config(
+        tmp_path, path=_landed_bytes(tmp_path, lines), keys=[{"name": "code", "type": "string"}],
+        non_keys=[{"name": "Name", "type": "string"}], untracked_columns=[], **overrides,
+    )
+
+
+def test_lines_with_bytes_that_are_not_utf8_are_bad_records_not_replacement_characters(spark, tmp_path):
+    """Spark's JSON parsing alone makes b'ab\\xffc' and b'ab\\xfec' one key, 'ab\\ufffdc'."""
+    from cdc_assets.core.incoming import prepare_incoming_dates
+
+    lines = [
+        b'{"after":{"code":"ab\xffc","Name":"first"},"op":"c","source":{"lsn":1}}',
+        b'{"after":{"code":"ab\xfec","Name":"second"},"op":"c","source":{"lsn":2}}',
+        b'{"after":{"code":"caf\xc3\xa9","Name":"gen\xef\xbf\xbdu"},"op":"c","source":{"lsn":3}}',  # sent U+FFFD
+        b'{"after":{"code":"esc","Name":"\\ufffd"},"op":"c","source":{"lsn":4}}',  # sent as a JSON escape
+    ]
+    config = _coded(tmp_path, lines)
+    prepared = prepare_incoming_dates(config, {DAY1: read_debezium(spark, config, DAY1)})
+    try:
+        figures = prepared.figures[DAY1]
+        assert (figures.rows_read, figures.rows_accepted, figures.rows_rejected) == (4, 2, 2)
+        assert {row["code"]: row["Name"] for row in prepared.accepted.collect()} == {"café": "gen\ufffdu", "esc": "\ufffd"}
+        rejected = prepared.rejected.collect()
+        assert {row["reason"] for row in rejected} == {
+            "invalid_encoding: the line has bytes that are not valid UTF-8 (raw_record: its bytes as ISO-8859-1)"
+        }
+        assert sorted(row["raw_record"].encode("latin-1") for row in rejected) == sorted(lines[:2])
+    finally:
+        prepared.release()
+
+
+def test_a_single_byte_encoding_is_decoded(spark, tmp_path):
+    lines = [
+        b'{"after":{"code":"caf\xe9","Name":"\x80 5"},"op":"c","source":{"lsn":1}}',
+        b'{"after":{"code":"x","Name":"a\x81b"},"op":"c","source":{"lsn":2}}',  # 0x81: undefined in windows-1252
+    ]
+    found = rows(read_debezium(spark, _coded(tmp_path, lines, source={
+        "path": _landed_bytes(tmp_path, lines), "format": "debezium", "encoding": "windows-1252",
+    }), DAY1))
+    assert [(row["code"], row["Name"], row[BAD]) for row in found] == [
+        ("café", "€ 5", None),
+        (None, None, "invalid_encoding: the line has bytes that are not valid windows-1252 (raw_record: its bytes as ISO-8859-1)"),
+    ]
+    assert found[1][RAW_LINE].encode("latin-1") == lines[1]

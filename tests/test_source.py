@@ -128,6 +128,22 @@ def test_extra_column_is_an_error_unless_allowed(spark, tmp_path):
     assert [(r["id"], r["name"], r["qty"]) for r in accepted.collect()] == [(1, "alpha", 3)]
 
 
+def test_source_column_named_like_the_intakes_own_is_refused_even_as_an_extra(spark, tmp_path):
+    """Extra columns are dropped once validated, so one named like an output column changes nothing; one
+    named like a column the intake uses on the same frame would (``__cdc_tombstone`` made rows vanish
+    uncounted), so the date fails naming the input and the column."""
+    config = make_config(tmp_path, allow_extra_columns=True)
+    land(tmp_path, "id,name,qty,Business_Date,__CDC_tombstone,_metadata,key_hash\n1,alpha,3,2020-01-01,true,x,h\n")
+    with pytest.raises(SourceError) as raised:
+        read_source(spark, config, DAY_TEXT)
+    message = str(raised.value)
+    assert str(tmp_path / "landing" / DAY_TEXT) in message
+    assert "['Business_Date', '__CDC_tombstone', '_metadata']" in message and "uses for its own columns" in message
+    land(tmp_path, "id,name,qty,key_hash,operation\n1,alpha,3,h,I\n")
+    accepted = accepted_records(read_validated(spark, config))
+    assert [(r["id"], r["name"], r["qty"]) for r in accepted.collect()] == [(1, "alpha", 3)]
+
+
 def test_missing_input_path_names_the_resolved_path(spark, tmp_path):
     config = make_config(tmp_path)
     expected = str(tmp_path / "landing" / "2024-01-09") + "/"
@@ -212,7 +228,7 @@ def land_bytes(tmp_path: Path, contents: bytes, file_name: str = "part-0.csv", d
 
 
 def read_columns(frame) -> list[str]:
-    return [name for name in frame.columns if name not in (SOURCE_FILE, RECORD_ID)]
+    return [name for name in frame.columns if name not in (SOURCE_FILE, RECORD_ID) and not name.startswith("__cdc_")]
 
 
 @pytest.mark.parametrize("case", sorted(HEADER_CASES))
@@ -333,6 +349,7 @@ def test_header_mismatch_leaves_other_errors_alone(tmp_path):
 CONNECT_CLIENT = """
 import sys
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from cdc_assets.config import TableConfig
 from cdc_assets.core.source import SourceError, header_mismatch, read_source
 
@@ -345,7 +362,8 @@ config = TableConfig.model_validate({
     "non_keys": [{"name": "name", "type": "string"}, {"name": "qty", "type": "int"}],
 })
 print("columns", read_source(spark, config, "2024-01-02").columns)
-print("rows", sorted(tuple(r) for r in read_source(spark, config, "2024-01-02").select("id", "name", "qty").collect()))
+read = read_source(spark, config, "2024-01-02").select("id", "name", "qty", F.split("__cdc_bad", ":").getItem(0))
+print("rows", sorted(tuple(r) for r in read.collect()))
 for day in ("2024-01-03", "2024-01-04"):  # a missing date, an empty folder
     try:
         read_source(spark, config, day)
@@ -362,13 +380,13 @@ except Exception as error:
 def test_through_spark_connect(connect_server, tmp_path):
     root = tmp_path / "landing"
     for day, name, text in [
-        ("2024-01-02", "part-0.csv", "ID,name,qty\n1,alpha,10\n"),
-        ("2024-01-02", "part-1.csv", "id,NAME,qty\n2,beta,20\n"),
-        ("2024-01-05", "part-0.csv", "id,name,qty\n1,alpha,10\n"),
-        ("2024-01-05", "part-1.csv", "name,qty,id\nbeta,20,2\n"),
+        ("2024-01-02", "part-0.csv", b"ID,name,qty\n1,alpha,10\n3,ab\xffc,30\n"),  # 3: not UTF-8, decoded through Connect
+        ("2024-01-02", "part-1.csv", b"id,NAME,qty\n2,beta,20\n"),
+        ("2024-01-05", "part-0.csv", b"id,name,qty\n1,alpha,10\n"),
+        ("2024-01-05", "part-1.csv", b"name,qty,id\nbeta,20,2\n"),
     ]:
         (root / day).mkdir(parents=True, exist_ok=True)
-        (root / day / name).write_text(text)
+        (root / day / name).write_bytes(text)
     (root / "2024-01-04").mkdir()
     completed = subprocess.run(
         [sys.executable, "-c", CONNECT_CLIENT, str(root)],
@@ -381,8 +399,8 @@ def test_through_spark_connect(connect_server, tmp_path):
     assert completed.returncode == 0, completed.stdout + completed.stderr
     printed = [line for line in completed.stdout.splitlines() if line]
     assert printed[0] == "module pyspark.sql.connect.session"
-    assert printed[1] == "columns ['id', 'name', 'qty', '_corrupt_record', '_source_file', '_record_id']"
-    assert printed[2] == "rows [('1', 'alpha', '10'), ('2', 'beta', '20')]"
+    assert printed[1] == "columns ['id', 'name', 'qty', '_corrupt_record', '_source_file', '_record_id', '__cdc_bad', '__cdc_raw_line']"
+    assert printed[2] == "rows [('1', 'alpha', '10', None), ('2', 'beta', '20', None), ('3', None, '30', 'invalid_encoding')]"
     assert printed[3:5] == ["missing 2024-01-03 True", "missing 2024-01-04 True"]
     assert printed[5].startswith(f"mismatch table orders: input file file://{root}/2024-01-05/part-"), printed[5]
     assert "first difference" in printed[5]
@@ -627,3 +645,114 @@ def test_several_dates_fail_on_the_oldest_date_that_breaks_a_policy(spark, tmp_p
         prepare_incoming_dates(config, _sources(spark, config, days))
     assert days[1] in str(raised.value) and "'one'" in str(raised.value)
     assert days[2] not in str(raised.value)
+
+
+# --- encodings (source.encoding) --------------------------------------------------------------------
+
+
+def land_raw(tmp_path: Path, contents: bytes) -> None:
+    land(tmp_path, "").write_bytes(contents)
+
+
+def _raw_fields(raw_record: str) -> dict[str, bytes]:
+    """A rejected record's fields as the source's bytes: its raw record holds them as ISO-8859-1."""
+    return {name: value.encode("latin-1") for name, value in json.loads(raw_record).items()}
+
+
+def test_bytes_that_are_not_utf8_are_bad_records_not_replacement_characters(spark, tmp_path):
+    """Spark alone reads both b'ab\\xffc' and b'ab\\xfec' as 'ab\\ufffdc': one key. Here each is a bad
+    record whose raw record holds its own bytes; a U+FFFD the source sent (EF BF BD) is accepted."""
+    config = make_config(tmp_path, keys=[{"name": "code", "type": "string"}])
+    land_raw(
+        tmp_path,
+        b"code,name,qty\n"
+        b"caf\xc3\xa9,ok,1\n"  # valid UTF-8
+        b"ab\xffc,first,2\n"  # two keys that differ only in an invalid byte
+        b"ab\xfec,second,3\n"
+        b"gen\xef\xbf\xbdu,sent,4\n"  # a replacement character the source did send
+        b"plain,bad \xe9 name,5\n"  # an invalid byte in a non-key
+        b"x\xff,too,many,fields\n",  # malformed and not UTF-8
+    )
+    batch = prepare_incoming(spark, config, DAY)
+    try:
+        assert (batch.rows_read, batch.rows_accepted, batch.rows_rejected) == (6, 2, 4)
+        accepted = {row["code"]: row["name"] for row in batch.accepted.collect()}
+        assert accepted == {"café": "ok", "gen\ufffdu": "sent"}
+        rejected = batch.rejected.collect()
+        assert all(row["reason"].startswith("invalid_encoding: ") for row in rejected), rejected
+        assert not any("\ufffd" in row["raw_record"] for row in rejected)
+        fields = {
+            (row["reason"].split(" has ")[0], _raw_fields(row["raw_record"])["code"]): _raw_fields(row["raw_record"])
+            for row in rejected if row["raw_record"].startswith("{")
+        }
+        assert sorted(fields) == [
+            ("invalid_encoding: column code", b"ab\xfec"),
+            ("invalid_encoding: column code", b"ab\xffc"),
+            ("invalid_encoding: column name", b"plain"),
+        ]
+        assert fields["invalid_encoding: column name", b"plain"]["name"] == b"bad \xe9 name"
+        (malformed,) = [row for row in rejected if not row["raw_record"].startswith("{")]
+        assert malformed["raw_record"].encode("latin-1") == b"x\xff,too,many,fields"
+        assert "the record has bytes that are not valid UTF-8" in malformed["reason"]
+    finally:
+        batch.release()
+
+
+def test_single_byte_encodings_are_decoded_and_their_undefined_bytes_rejected(spark, tmp_path):
+    latin1 = make_config(tmp_path, source={"path": str(tmp_path / "landing" / "{date}") + "/", "encoding": "latin-1"})
+    land_raw(tmp_path, b"id,name,qty\n1,caf\xe9,1\n2,\xff\x80,2\n")
+    assert {row["id"]: row["name"] for row in accepted_records(read_validated(spark, latin1)).collect()} == {
+        1: "café", 2: "ÿ\x80"
+    }
+    windows = make_config(
+        tmp_path, source={"path": str(tmp_path / "landing" / "{date}") + "/", "encoding": "windows-1252", "options": {"sep": "¦"}}
+    )
+    land_raw(tmp_path, b"id\xa6name\xa6qty\n1\xa6\x80 5\xa61\n2\xa6a\x81b\xa62\n")  # ¦ is byte A6; 0x81 is undefined
+    validated = read_validated(spark, windows)
+    assert [(row["id"], row["name"]) for row in accepted_records(validated).collect()] == [(1, "€ 5")]
+    (rejected,) = validated.filter(F.col(REJECT_REASON).isNotNull()).collect()
+    assert rejected[REJECT_REASON].startswith("invalid_encoding: column name has bytes that are not valid windows-1252")
+    assert _raw_fields(rejected["_raw_record"])["name"] == b"a\x81b"
+
+
+def test_a_json_line_with_bytes_that_are_not_utf8_is_an_invalid_encoding(spark, tmp_path):
+    source = {"path": str(tmp_path / "landing" / "{date}") + "/", "format": "json"}
+    config = make_config(tmp_path, source=source, allow_extra_columns=True)  # Spark's _corrupt_record is a column
+    bad_line = b'{"id":2,"name":"ab\xffc","qty":2}'
+    land(tmp_path, "", "part-0.json").write_bytes(b'{"id":1,"name":"caf\xc3\xa9","qty":1}\n' + bad_line + b"\n")
+    batch = prepare_incoming(spark, config, DAY)
+    try:
+        assert (batch.rows_read, batch.rows_accepted, batch.rows_rejected) == (2, 1, 1)
+        assert [row["name"] for row in batch.accepted.collect()] == ["café"]
+        (rejected,) = batch.rejected.collect()
+        assert rejected["reason"].startswith("invalid_encoding: the record has bytes that are not valid UTF-8")
+        assert rejected["raw_record"].encode("latin-1") == bad_line
+    finally:
+        batch.release()
+
+
+def test_a_run_quarantines_keys_that_differ_only_in_bytes_that_are_not_utf8(spark, tmp_path, warehouse):
+    """End to end through the asset graph: the two keys are not collapsed into one 'ab\\ufffdc' in
+    current_table; they are in rejects with their own bytes, and the counts reconcile."""
+    from tests.pipeline import definitions_for, partition_dir, run_dates, write_table_config
+
+    day = "2019-06-18"
+    (tmp_path / "extracts" / day).mkdir(parents=True)
+    (tmp_path / "extracts" / day / "part-0.csv").write_bytes(b"code,name\nab\xffc,first\nab\xfec,second\ncaf\xc3\xa9,ok\n")
+    config = write_table_config(
+        tmp_path / "configs", "coded", f"{tmp_path}/extracts/{{date}}/",
+        keys=[{"name": "code", "type": "string"}], non_keys=[{"name": "name", "type": "string"}],
+    )
+    (result,) = run_dates(definitions_for(config), [day])
+    assert result.success
+    current = spark.read.parquet(str(partition_dir(warehouse, "coded", "current_table", day))).collect()
+    assert [(row["code"], row["name"], row["operation"]) for row in current] == [("café", "ok", "I")]
+    rejects = spark.read.parquet(str(partition_dir(warehouse, "coded", "rejects", day))).collect()
+    assert sorted(_raw_fields(row["raw_record"])["code"] for row in rejects) == [b"ab\xfec", b"ab\xffc"]
+    assert all(row["reason"].startswith("invalid_encoding: column code") for row in rejects)
+    (read,) = [
+        event.event_specific_data.materialization.metadata["rows_read"].value
+        for event in result.get_asset_materialization_events()
+        if event.asset_key.path[-1] == "hashed_incoming"
+    ]
+    assert read == len(current) + len(rejects) == 3

@@ -52,6 +52,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, MapType, StringType, StructField, StructType
 
 from cdc_assets.config import INTERNAL_PREFIX, Column, TableConfig
+from cdc_assets.core.encoding import LOSSLESS, SourceEncoding, reason
 from cdc_assets.core.source import (
     FLAG,
     RAW_LINE,
@@ -192,6 +193,35 @@ def _read_lines(spark: SparkSession, config: TableConfig, path: str) -> DataFram
     if not files:
         raise no_input_error(config, path)
     return lines
+
+
+_LINE, _UNDECODABLE, _AS_READ = f"{_WORK}line", f"{_WORK}undecodable", f"{_WORK}as_read"
+
+
+def _decoded_lines(lines: DataFrame, encoding: SourceEncoding) -> DataFrame:
+    """Each line decoded from ``source.encoding`` (core/encoding.py) in ``_LINE``, whether it has bytes
+    that are not valid in it in ``_UNDECODABLE``, and for such a line its bytes as ISO-8859-1 in
+    ``_AS_READ`` (its raw record); with ``_source_file`` and ``_record_id``.
+
+    The text reader does not decode: a line's string holds the file's bytes as they are, so UTF-8 is
+    checked on it directly (a U+FFFD is one only where the source sent one)."""
+    value = F.col("value")
+    read = {SOURCE_FILE: F.col("_metadata.file_path"), RECORD_ID: F.monotonically_increasing_id()}
+    if encoding.is_utf8:
+        valid = F.is_valid_utf8(value)
+        return lines.select(
+            value.alias(_LINE),
+            (~valid).alias(_UNDECODABLE),
+            F.when(~valid, F.decode(value.cast("binary"), LOSSLESS)).alias(_AS_READ),
+            *(column.alias(name) for name, column in read.items()),
+        )
+    as_read = lines.select(
+        F.decode(value.cast("binary"), LOSSLESS).alias(_AS_READ), *(column.alias(name) for name, column in read.items())
+    )
+    text = F.col(_AS_READ)
+    return as_read.select(
+        encoding.decoded(text, None).alias(_LINE), encoding.undecodable(text, None).alias(_UNDECODABLE), text, *read
+    )
 
 
 def _first_reason(candidates: list[tuple[SparkColumn, SparkColumn]]) -> SparkColumn:
@@ -435,20 +465,21 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
     no input at the date's path.
     """
     path = config.source.path_for(business_date)
-    lines = _read_lines(spark, config, path)
-    line = F.col("value")
+    lines = _decoded_lines(_read_lines(spark, config, path), SourceEncoding(config.source.encoding))
+    line, undecodable = F.col(_LINE), F.col(_UNDECODABLE)
     # Kafka's tombstone: a null value, which JsonConverter with schemas writes as {"schema":null,"payload":null}.
-    tombstone = line.rlike(r"^\s*(null)?\s*$") | line.rlike(_WRAPPED_NULL)
+    tombstone = ~undecodable & (line.rlike(r"^\s*(null)?\s*$") | line.rlike(_WRAPPED_NULL))
     parsed_name = f"{_WORK}parsed"
     frame = lines.select(
-        line.alias(RAW_LINE),
+        F.when(undecodable, F.col(_AS_READ)).otherwise(line).alias(RAW_LINE),
         tombstone.alias(TOMBSTONE),
         # Each line is parsed once, into only the fields used.
-        F.when(~tombstone, F.from_json(line, _line_schema(config), {"columnNameOfCorruptRecord": _CORRUPT})).alias(
-            parsed_name
-        ),
-        F.col("_metadata.file_path").alias(SOURCE_FILE),
-        F.monotonically_increasing_id().alias(RECORD_ID),
+        F.when(
+            ~tombstone & ~undecodable, F.from_json(line, _line_schema(config), {"columnNameOfCorruptRecord": _CORRUPT})
+        ).alias(parsed_name),
+        undecodable,
+        F.col(SOURCE_FILE),
+        F.col(RECORD_ID),
     )
     parsed = F.col(parsed_name)
     # A wrapped event has a payload; the wrapper's NULL for a bare one (and for a non-event) reads as bare.
@@ -536,6 +567,7 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
         )
 
     row_reasons: list[tuple[SparkColumn, SparkColumn]] = [
+        (undecodable, F.lit(reason("the line", SourceEncoding(config.source.encoding)))),
         (
             parsed.getField(_CORRUPT).isNotNull(),
             F.lit("not a Debezium event: not a JSON object, or an envelope field of an unexpected JSON type"),

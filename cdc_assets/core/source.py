@@ -14,8 +14,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from cdc_assets.config import DEBEZIUM_OPERATIONS, INTERNAL_PREFIX, SourceFormat, TableConfig
+from cdc_assets.config import DEBEZIUM_OPERATIONS, INTAKE_COLUMNS, INTERNAL_PREFIX, SourceFormat, TableConfig
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.encoding import LOSSLESS, SourceEncoding, reason
 from cdc_assets.core.errors import SummarizedError
 
 SOURCE_FILE = "_source_file"
@@ -35,8 +36,13 @@ class SourceError(SummarizedError, RuntimeError):
 
 
 def _options(config: TableConfig) -> dict[str, str]:
-    options = {**CSV_DEFAULTS, **config.source.options} if config.source.format is SourceFormat.csv else config.source.options
-    return {key: str(value) for key, value in options.items()}
+    if config.source.format is not SourceFormat.csv:
+        return {key: str(value) for key, value in config.source.options.items()}
+    # A CSV source is read as ISO-8859-1, every byte one character, and decoded from source.encoding
+    # afterwards (core/encoding.py); an option's text is matched against the text as read.
+    encoding = SourceEncoding(config.source.encoding)
+    options = {key: str(value) for key, value in {**CSV_DEFAULTS, **config.source.options}.items()}
+    return {**{key: encoding.option_as_read(value) for key, value in options.items()}, "encoding": LOSSLESS}
 
 
 def _reader(spark: SparkSession, config: TableConfig):
@@ -185,14 +191,40 @@ def _source_columns(config: TableConfig) -> list[str]:
     return names
 
 
+def _taken_for_the_intakes_own(name: str) -> bool:
+    """Whether a source column of this name would be taken for one of the intake's own columns.
+
+    Only these are refused in a source's columns: an extra column (``allow_extra_columns``) is dropped
+    once the records are validated, so one named like an output column (``key_hash``, ``operation``...)
+    changes nothing, while one named like a column the intake reads or writes on the same frame does
+    (``__cdc_tombstone`` would make rows vanish uncounted, ``business_date`` would be carried along,
+    ``_metadata`` would hide the file name, ``_source_file`` would be overwritten).
+    """
+    lowered = name.lower()
+    return lowered in INTAKE_COLUMNS or lowered.startswith(INTERNAL_PREFIX)
+
+
 def check_columns(config: TableConfig, found: list[str], path: str) -> None:
-    """Configured columns must be present (matched by name); unexpected extra columns are an error."""
+    """Configured columns must be present (matched by name); unexpected extra columns are an error, and
+    so is any column named like one of the intake's own (:func:`_taken_for_the_intakes_own`)."""
     found_lower = {name.lower() for name in found}
     configured = _source_columns(config)
     missing = [name for name in configured if name.lower() not in found_lower]
     configured_lower = {name.lower() for name in configured}
-    extra = [name for name in found if name.lower() not in configured_lower]
+    # A JSON reader's _corrupt_record is Spark's own: the text of a line it could not parse.
+    sparks_own = {_CORRUPT} if config.source.format is SourceFormat.json else set()
+    reserved = [
+        name for name in found
+        if name.lower() not in configured_lower and name not in sparks_own and _taken_for_the_intakes_own(name)
+    ]
+    extra = [name for name in found if name.lower() not in configured_lower and name not in reserved]
     problems, details = [], []
+    if reserved:
+        problems.append(
+            f"{len(reserved)} column(s) have names the pipeline uses for its own columns (not even allow_extra_columns "
+            "admits them): rename them in the extract"
+        )
+        details.append(f"column(s) named like the pipeline's own {reserved}")
     if missing:
         problems.append(f"missing configured column(s) {missing}")
     if extra and not config.allow_extra_columns:
@@ -219,7 +251,10 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
 
         return read_debezium(spark, config, business_date)
     path = config.source.path_for(business_date)
-    found = _header_columns(spark, config, path)
+    found = _header_columns(spark, config, path)  # a CSV header as read: ISO-8859-1, see _options
+    csv = config.source.format is SourceFormat.csv
+    encoding = SourceEncoding(config.source.encoding)
+    shown = [encoding.name_as_read(name) for name in found] if csv else found
     # Columns come out named as configured (headers match case-insensitively), so several dates'
     # extracts line up by name even when their headers' case differs. A changeset's flag column
     # comes out as the working column FLAG.
@@ -229,23 +264,79 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     if config.source.format is SourceFormat.csv:
         reader = _reader(spark, config).option("columnNameOfCorruptRecord", _CORRUPT)
         if _has_header(config):
-            check_columns(config, found, path)
+            check_columns(config, shown, path)
             # The schema carries the header's own names, which is what Spark's check compares (case
             # as spark.sql.caseSensitive says); the corrupt-record column is left out of the check.
             reader = reader.option("enforceSchema", str(not _check_each_header(spark, config, path, found)).lower())
         else:
             # Without a header the fields are positional, in config order; a record with another
             # number of fields is malformed.
-            found = _source_columns(config)
+            found = shown = _source_columns(config)
         schema = StructType([StructField(name, StringType()) for name in (*found, _CORRUPT)])
         frame = reader.schema(schema).load(path)
     else:
         check_columns(config, found, path)
         frame = _reader(spark, config).load(path)
-    renamed = {name: as_configured[name.lower()] for name in found if as_configured.get(name.lower(), name) != name}
+    names = [as_configured.get(name.lower(), name) for name in shown]
+    renamed = {name: new for name, new in zip(found, names) if new != name}
     if renamed:
         frame = frame.withColumnsRenamed(renamed)
-    return frame.withColumns({SOURCE_FILE: F.col("_metadata.file_path"), RECORD_ID: F.monotonically_increasing_id()})
+    frame = frame.withColumns({SOURCE_FILE: F.col("_metadata.file_path"), RECORD_ID: F.monotonically_increasing_id()})
+    if csv:
+        frame = _decoded(frame, config, names, encoding, headerless=not _has_header(config))
+    elif config.source.format is SourceFormat.json and _CORRUPT in frame.columns:
+        # Spark's JSON reader takes a line with bytes that are not UTF-8 as malformed and keeps its bytes
+        # as they are: said so, and kept as ISO-8859-1 like the other formats' (core/encoding.py).
+        undecodable = F.col(_CORRUPT).isNotNull() & ~F.is_valid_utf8(F.col(_CORRUPT))
+        frame = frame.withColumns(
+            {
+                READER_PROBLEM: F.when(undecodable, F.lit(reason("the record", encoding))),
+                RAW_LINE: F.when(undecodable, F.decode(F.col(_CORRUPT).cast("binary"), LOSSLESS)).otherwise(F.col(_CORRUPT)),
+            }
+        )
+    return frame
+
+
+def _decoded(frame: DataFrame, config: TableConfig, names: list[str], encoding: SourceEncoding, headerless: bool) -> DataFrame:
+    """A CSV source's columns (``names`` and the corrupt record's), read as ISO-8859-1, decoded from
+    ``source.encoding`` (core/encoding.py). A record with a value that does not decode gets its reason
+    in ``READER_PROBLEM`` (and its values NULL); ``RAW_LINE`` holds its fields as read, or a malformed
+    record's text as read, so that the raw record shows the source's bytes, never a replacement."""
+    if encoding.is_lossless:
+        return frame
+    if headerless and encoding.is_utf8:  # each file's first record starts with the file's byte order mark, if any
+        frame = frame.withColumn(names[0], encoding.without_byte_order_mark(F.col(names[0])))
+    texts = [*names, _CORRUPT]
+    prepared = {name: f"{INTERNAL_PREFIX}prepared_{index}" for index, name in enumerate(texts)}
+    undecodable = {name: f"{INTERNAL_PREFIX}undecodable_{index}" for index, name in enumerate(texts)}
+    if encoding.is_utf8:
+        frame = frame.withColumns({prepared[name]: encoding.prepared(F.col(name)) for name in texts})
+
+    def prepared_of(name: str) -> F.Column | None:
+        return F.col(prepared[name]) if encoding.is_utf8 else None
+
+    frame = frame.withColumns({undecodable[name]: encoding.undecodable(F.col(name), prepared_of(name)) for name in texts})
+    shown = {FLAG: config.changes.operation_column} if config.changes is not None and config.changes.operation_column else {}
+    as_read = F.coalesce(F.col(_CORRUPT), F.to_json(F.struct(*(F.col(name).alias(shown.get(name, name)) for name in names))))
+    what = {name: f"column {shown.get(name, name)}" for name in names}
+    problem = F.lit(None).cast("string")
+    for name in reversed([_CORRUPT, *names]):  # the malformed record's text first, then the columns in order
+        problem = F.when(F.col(undecodable[name]), F.lit(reason(what.get(name, "the record"), encoding))).otherwise(problem)
+    any_undecodable = F.lit(False)
+    for name in texts:
+        any_undecodable = any_undecodable | F.col(undecodable[name])
+
+    def decoded(name: str) -> F.Column:
+        return F.when(~F.col(undecodable[name]), encoding.decoded(F.col(name), prepared_of(name)))
+
+    frame = frame.withColumns(
+        {
+            **{name: decoded(name) for name in texts},
+            READER_PROBLEM: problem,
+            RAW_LINE: F.when(any_undecodable, as_read).otherwise(decoded(_CORRUPT)),
+        }
+    )
+    return frame.drop(*prepared.values(), *undecodable.values())  # (dropping a column a frame lacks does nothing)
 
 
 def _first_reason(candidates: list[tuple[F.Column, F.Column]]) -> F.Column:
