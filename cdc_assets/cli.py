@@ -27,7 +27,7 @@ from cdc_assets.consumers import (
     table_config,
 )
 from cdc_assets.core.between import CHANGE_TYPE, UPDATE_POSTIMAGE
-from resources.spark import build_spark_session
+from resources.spark import NO_UI, build_spark_session
 
 # Without --out, cdc-changes prints at most this many rows.
 PRINTED_ROWS = 1000
@@ -115,7 +115,7 @@ def _run(
         check(config, args)  # a wrong table or date fails before a JVM starts
         # getOrCreate: in a process that already has a session (tests, notebooks) that one is used,
         # and it is left running for its owner.
-        spark = build_spark_session(app_name=parser.prog)
+        spark = build_spark_session(conf=NO_UI, app_name=parser.prog)
         frame = build(spark, config, args)
     except ValueError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
