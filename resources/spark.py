@@ -27,6 +27,7 @@ from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 from cdc_assets.core.caching import release_persisted
+from cdc_assets.services.process import HOST
 from cdc_assets.services.spark_home import write_properties_file
 from resources.fields import resolved_field
 from resources.spark_target import (
@@ -97,7 +98,7 @@ def side_by_side(*work: Callable[[], T]) -> list[T]:
 # Only for the embedded local default: a single JVM holds driver and executors.
 LOCAL_DEFAULTS: dict[str, str] = {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8"}
 
-LOOPBACK = "127.0.0.1"
+LOOPBACK = HOST
 # Every JVM the project starts (a run's own session, the servers) listens on loopback only: its driver
 # and block manager (these two keys) and its web UI (which has no conf key: it binds to SPARK_LOCAL_IP,
 # else to every interface, so that is set too where a JVM is launched). The UI shows and cannot kill
@@ -157,8 +158,8 @@ def spark_config_from_environment(master: str | None = None, conf: dict[str, Any
 def spark_config(master: str | None, extra: dict[str, str], conf: dict[str, Any] | None, remote: bool) -> dict[str, str]:
     """Pipeline defaults, then ``extra`` (the user's conf), then ``conf``, as a session on ``remote`` takes them.
 
-    Without ``remote`` the master is ``master``, else ``local[*]``, and the local defaults apply to a
-    local master only. With ``remote`` (Spark Connect) only session conf is kept: what the server's
+    Without ``remote`` the master is ``master``, else ``local[*]``, the driver listens on loopback
+    (``LOOPBACK_DEFAULTS``), and the local defaults apply to a local master only. With ``remote`` (Spark Connect) only session conf is kept: what the server's
     JVM fixed at its start (master, driver and executor settings, the UI) belongs in the server's own
     conf. A run that finds the project's server later drops the same keys (:func:`session_conf`).
     """

@@ -19,8 +19,8 @@ client finds every name, and later syncs (:func:`request_sync`) change objects i
 (:func:`~cdc_assets.catalog_ddl.sync_in_place`) rather than dropping them. spark-sql, which holds the
 metastore alone, defines them afresh (:func:`~cdc_assets.catalog_ddl.sync_statements`).
 
-The server's pid, port, log, conf (``server.properties``, mode 0600) and sync requests are in ``<catalog>/sql-server/``; the process handling is
-:mod:`cdc_assets.services.process`'s.
+The server's pid, port, log, conf (``server.properties``, mode 0600) and sync requests are in
+``<catalog>/sql-server/``; the process handling is :mod:`cdc_assets.services.process`'s.
 """
 
 from __future__ import annotations
