@@ -35,7 +35,7 @@ from cdc_assets.consumers import (
     table_config,
 )
 from cdc_assets.core.between import CHANGE_TYPE, UPDATE_POSTIMAGE
-from resources.spark import build_spark_session
+from resources.spark import NO_UI, build_spark_session
 from resources.storage import warehouse_root
 
 # Without --out, cdc-changes prints at most this many rows.
@@ -141,7 +141,7 @@ def _run(
             check_out(args.out, parser.prog, config.name, args.overwrite)
         # getOrCreate: in a process that already has a session (tests, notebooks) that one is used,
         # and it is left running for its owner.
-        spark = build_spark_session(app_name=parser.prog)
+        spark = build_spark_session(conf=NO_UI, app_name=parser.prog)
         frame = build(spark, config, args)
     except ValueError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)

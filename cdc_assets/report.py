@@ -13,7 +13,7 @@ import argparse
 from pyspark.sql import functions as F
 
 from cdc_assets.core.columns import BUSINESS_DATE
-from resources.spark import build_spark_session
+from resources.spark import NO_UI, build_spark_session
 from resources.storage import warehouse_root
 
 
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("table")
     parser.add_argument("business_date", nargs="?", help="date of the current state to show (default: latest)")
     args = parser.parse_args(argv)
-    spark = build_spark_session(app_name="cdc_report")  # local, on a cluster, or a Spark Connect server (SPARK_REMOTE)
+    spark = build_spark_session(conf=NO_UI, app_name="cdc_report")  # local, on a cluster, or a Spark Connect server (SPARK_REMOTE)
     root = f"{warehouse_root()}/{args.table}"
 
     current = spark.read.parquet(f"{root}/current_table")

@@ -11,10 +11,13 @@ assumes local mode or a JVM in its own process.
 
 import json
 import os
+import shlex
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 from dagster import InitResourceContext
@@ -24,6 +27,8 @@ from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 from cdc_assets.core.caching import release_persisted
+from cdc_assets.services.process import HOST
+from cdc_assets.services.spark_home import write_properties_file
 from resources.fields import resolved_field
 from resources.spark_target import (
     MASTER_ENV as SPARK_MASTER_ENV,
@@ -93,6 +98,21 @@ def side_by_side(*work: Callable[[], T]) -> list[T]:
 # Only for the embedded local default: a single JVM holds driver and executors.
 LOCAL_DEFAULTS: dict[str, str] = {"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8"}
 
+LOOPBACK = HOST
+# Every JVM the project starts (a run's own session, the servers) listens on loopback only: its driver
+# and block manager (these two keys) and its web UI (which has no conf key: it binds to SPARK_LOCAL_IP,
+# else to every interface, so that is set too where a JVM is launched). The UI shows and cannot kill
+# jobs. A cluster on other machines needs an address they reach: CDC_SPARK_CONF overrides these
+# (docs/operations.md, "What listens where").
+LOOPBACK_DEFAULTS: dict[str, str] = {
+    "spark.driver.host": LOOPBACK,
+    "spark.driver.bindAddress": LOOPBACK,
+    "spark.ui.killEnabled": "false",
+}
+# The commands that print or write a result (cdc-current, cdc-erase, the demo's report, ...): nobody
+# looks at a UI that lives as long as the command.
+NO_UI: dict[str, str] = {"spark.ui.enabled": "false"}
+
 
 SPARK_CONF_ENV = "CDC_SPARK_CONF"
 
@@ -138,8 +158,8 @@ def spark_config_from_environment(master: str | None = None, conf: dict[str, Any
 def spark_config(master: str | None, extra: dict[str, str], conf: dict[str, Any] | None, remote: bool) -> dict[str, str]:
     """Pipeline defaults, then ``extra`` (the user's conf), then ``conf``, as a session on ``remote`` takes them.
 
-    Without ``remote`` the master is ``master``, else ``local[*]``, and the local defaults apply to a
-    local master only. With ``remote`` (Spark Connect) only session conf is kept: what the server's
+    Without ``remote`` the master is ``master``, else ``local[*]``, the driver listens on loopback
+    (``LOOPBACK_DEFAULTS``), and the local defaults apply to a local master only. With ``remote`` (Spark Connect) only session conf is kept: what the server's
     JVM fixed at its start (master, driver and executor settings, the UI) belongs in the server's own
     conf. A run that finds the project's server later drops the same keys (:func:`session_conf`).
     """
@@ -147,6 +167,7 @@ def spark_config(master: str | None, extra: dict[str, str], conf: dict[str, Any]
     if not remote:
         resolved_master = master or "local[*]"
         merged["spark.master"] = resolved_master
+        merged.update(LOOPBACK_DEFAULTS)
         if resolved_master.startswith("local"):
             merged.update(LOCAL_DEFAULTS)
     merged.update(extra)
@@ -165,7 +186,34 @@ def start_session(target: SparkTarget, conf: dict[str, str]) -> SparkSession:
     """The session ``conf`` describes, on ``target``: a Connect client, or a session of the process's own."""
     if target.is_remote:
         return connect_session(target.url, session_conf(conf, remote=True))
+    _launch_jvm(conf)
     return spark_session_from_config(conf)
+
+
+def _launch_jvm(conf: dict[str, str]) -> None:
+    """Start this process's JVM, if it has none yet, with ``conf`` read from a file only the owner reads.
+
+    pyspark would pass the builder's conf to ``spark-submit`` as ``--conf key=value``, on the JVM's command
+    line, which any local user reads (``ps``); and the JVM's web UI binds to every interface unless
+    ``SPARK_LOCAL_IP`` is set when it starts. Once it runs, the builder's conf reaches the session
+    through the JVM, never a command line.
+    """
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        return
+    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    previous = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    with tempfile.TemporaryDirectory(prefix="cdc-spark-conf-") as folder:  # mode 0700
+        properties = write_properties_file(Path(folder) / "spark.properties", conf)
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(str(properties))} {previous or 'pyspark-shell'}"
+        try:
+            SparkSession.builder.getOrCreate()  # no conf of its own: spark-submit reads the file
+        finally:
+            if previous is None:
+                os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+            else:
+                os.environ["PYSPARK_SUBMIT_ARGS"] = previous
 
 
 def is_connect(spark: SparkSession) -> bool:

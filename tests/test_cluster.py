@@ -16,6 +16,8 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -193,3 +195,19 @@ def test_a_run_through_a_connect_server_on_the_cluster_equals_local_spark(spark,
     assert sum(finished.values()) > sum(started_with.values()), (started_with, finished)
     warehouse = Path(env["CDC_WAREHOUSE"])
     assert _outputs(spark, warehouse, "orders", DAYS[0]) == _outputs(spark, local_warehouse, "orders", DAYS[0])
+
+
+def test_the_daemons_listen_on_loopback_only_and_their_uis_cannot_kill(cluster):
+    import psutil
+
+    for name, pid in cluster.pids.items():
+        daemon = psutil.Process(pid)
+        listening = [conn.laddr for process in (daemon, *daemon.children(recursive=True))
+                     for conn in process.net_connections(kind="inet") if conn.status == psutil.CONN_LISTEN]  # fmt: skip
+        assert listening and {address.ip for address in listening} <= {"127.0.0.1", "::ffff:127.0.0.1"}, (name, listening)
+    # With spark.ui.killEnabled the master's UI has a handler at /app/kill (which refused this request with 403);
+    # without it there is none.
+    request = urllib.request.Request(f"{cluster.webui_url}/app/kill/?id=app-none&terminate=true", data=b"", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code in (404, 405)

@@ -297,3 +297,37 @@ def test_a_schema_change_through_connect(spark, tmp_path, connect_server):
     assert storage.row_counts("evolving", "current_table", DAYS[:2]) == {DAYS[0]: 1, DAYS[1]: 1}
     recorded = {field["name"]: field for field in stored_fields(storage, "evolving", "current_table", DAYS[1])}
     assert '"non_keys":[["a","string"],["b2","int"],["c","string"]]' in recorded["non_key_hash"]["metadata"]["cdc.hash_spec"]
+
+
+def test_a_killed_runs_cached_intake_is_never_read_by_the_rerun_of_a_replaced_extract(spark, tmp_path, connect_server):
+    """A run killed (kill -9) on the shared server while its intake is cached leaves that cache behind in the
+    server: no teardown of the dead run ever releases it. The re-run, after the extract was replaced by one
+    with other rows at the same path, builds the very same read of that path; it must read the new files,
+    not the dead run's cached rows (core/caching.py: each cache is tagged as its own)."""
+    landing, configs = tmp_path / "landing", tmp_path / "configs"
+    landing.mkdir()
+    extract = landing / f"{DAYS[0]}.csv"
+    extract.write_text("id,a\n1,old1\n2,old2\n3,old3\n")
+    write_table_config(configs, "replaced", f"{landing}/{{date}}.csv", start_date=DAYS[0], keys=[{"name": "id", "type": "int"}],
+                       non_keys=[{"name": "a", "type": "string"}])  # fmt: skip
+    env = _environment(tmp_path, "replaced", configs, connect_server.url)
+    warehouse = Path(env["CDC_WAREHOUSE"])
+    marker, log = tmp_path / "paused.marker", tmp_path / "killed.log"
+    # Paused before hashed_incoming's commit: its rows were staged from the intake's cache, which is filled.
+    paused = {**env, "CDC_PAUSE_BEFORE_COMMIT": "replaced/hashed_incoming", "CDC_PAUSE_MARKER": str(marker)}
+    process = _materialize(paused, "group:replaced", DAYS[0], log=log)
+    try:
+        _wait_for(lambda: marker.exists(), process, log)
+        assert list((warehouse / "replaced" / "_staging" / "hashed_incoming").rglob("*.parquet")), "the intake was staged"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    assert "read 3 rows" in log.read_text()
+
+    extract.write_text("id,a\n1,new1\n2,new2\n4,new4\n5,new5\n")  # other rows, other values, same path
+    assert "RUN_SUCCESS" in _run(env, "group:replaced", DAYS[0])
+    storage = WarehouseStorage(str(warehouse))
+    current = storage.read_one(spark, "replaced", "current_table", DAYS[0])
+    assert sorted((row["id"], row["a"]) for row in current.collect()) == [(1, "new1"), (2, "new2"), (4, "new4"), (5, "new5")]
+    assert storage.row_counts("replaced", "hashed_incoming", [DAYS[0]]) == {DAYS[0]: 4}

@@ -11,8 +11,11 @@ blocks go to Spark's local dirs, and the operating system's page cache keeps rec
 memory anyway, outside the JVM's heap.
 """
 
+import uuid
+
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 CACHE_LEVEL = StorageLevel.DISK_ONLY
 
@@ -24,8 +27,19 @@ _PERSISTED: list[DataFrame] = []
 
 
 def persist(frame: DataFrame) -> DataFrame:
-    """``frame`` cached at :data:`CACHE_LEVEL`, remembered until :func:`release_persisted`."""
-    cached = frame.persist(CACHE_LEVEL)
+    """``frame`` cached at :data:`CACHE_LEVEL`, remembered until :func:`release_persisted`.
+
+    Only queries built on the returned DataFrame read the cache: it is never another query's. Spark
+    serves any query whose plan equals a cached one from the cache, and a read of the same files with
+    the same options is the same plan even after the files were replaced. On a shared Connect server
+    the cache is the server's, for every session, and a run killed there (kill -9) leaves its caches
+    behind: nothing ever releases them until the server stops. The re-run of the date, after the
+    extract was replaced, would read the dead run's rows. So each cached plan carries a token of its
+    own: a condition that is true for every row (the optimizer drops it before execution) but that
+    makes the plan unequal to any other.
+    """
+    owned = frame.filter(F.lit(uuid.uuid4().hex).isNotNull())
+    cached = owned.persist(CACHE_LEVEL)
     _PERSISTED.append(cached)
     return cached
 

@@ -16,7 +16,7 @@ one (a daemon died); it returns once every worker has registered with the master
 lists them at ``/json/``). Everything listens on
 127.0.0.1 only (``--host`` and ``SPARK_LOCAL_IP``, which the web UIs bind to too). Like any standalone
 cluster without ``spark.authenticate``, it has no authentication: anyone who can open a socket on this
-machine can submit work to it.
+machine can submit work to it. Their web UIs cannot kill applications (``spark.ui.killEnabled=false``).
 
 The default size, two workers of 1 core and 2g each, fits a 2-core machine next to the driver: an
 application's executors get the default ``spark.executor.memory`` (1g) each, one per worker. A worker's
@@ -54,7 +54,7 @@ from cdc_assets.services.process import (
     wait_for_port,
     write_number_file,
 )
-from cdc_assets.services.spark_home import launcher, spark_env
+from cdc_assets.services.spark_home import launcher, spark_env, write_properties_file
 
 DEFAULT_PORT = 7077
 DEFAULT_WEBUI_PORT = 8080
@@ -67,6 +67,7 @@ MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 LAYOUT_FILE = "cluster.json"
 LOCK_FILE = "start.lock"
+PROPERTIES_FILE = "daemons.properties"
 WORK_DIR = "work"
 MASTER = "master"
 
@@ -247,8 +248,11 @@ def _running_pids(state: Path) -> dict[str, int]:
 
 
 def _launch(state: Path, name: str, arguments: list[str]) -> int:
+    # The daemons' web UIs (on 127.0.0.1: SPARK_LOCAL_IP) show applications and cannot kill them.
+    properties = write_properties_file(state / PROPERTIES_FILE, {"spark.ui.killEnabled": "false"})
     # The previous daemon's log stays as <name>.log.1, e.g. after a crash; the start lock is not inherited.
-    pid = start_detached([launcher("spark-class"), *arguments], state / f"{name}.log", spark_env())
+    command = [launcher("spark-class"), *arguments, "--properties-file", str(properties)]
+    pid = start_detached(command, state / f"{name}.log", spark_env())
     write_number_file(state / f"{name}.pid", pid)
     return pid
 

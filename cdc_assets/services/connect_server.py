@@ -8,15 +8,16 @@ pyspark's wheel ships the server (``jars/spark-connect_2.13-*.jar``) and ``bin/s
 is downloaded: the server is ``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer
 spark-internal`` with ``SPARK_HOME`` set to the pyspark package. It runs detached in a session of its own
 (Ctrl-C of whoever started it does not reach it), writes its pid to ``<state_dir>/server.pid`` and its
-output to ``<state_dir>/server.log``, and listens on 127.0.0.1 only (gRPC, driver RPC, block manager and
-UI alike: ``spark.connect.grpc.binding.address`` plus ``SPARK_LOCAL_IP``). It has no authentication:
-anyone who can open a socket on this machine can use it.
+output to ``<state_dir>/server.log``, reads its conf from ``<state_dir>/server.properties`` (mode 0600:
+conf on its command line would be anyone's to read with ``ps``), and listens on 127.0.0.1 only (gRPC,
+driver RPC, block manager and UI alike: ``spark.connect.grpc.binding.address`` plus ``SPARK_LOCAL_IP``;
+its UI cannot kill jobs). It has no authentication: anyone who can open a socket on this machine can use it.
 
 Runs then reach it with ``SPARK_REMOTE=sc://127.0.0.1:<port>``; they skip the JVM start (about 10 s) and
 share one JVM's caches. The server's working directory is the caller's, so relative paths a client sends
 resolve as they would for a local session.
 
-Conf, lowest precedence first: ``PIPELINE_DEFAULTS``, ``LOCAL_DEFAULTS`` (local masters only),
+Conf, lowest precedence first: ``PIPELINE_DEFAULTS``, ``LOOPBACK_DEFAULTS``, ``LOCAL_DEFAULTS`` (local masters only),
 ``CDC_SPARK_CONF``, ``conf``; then the binding address and port, which cannot be overridden. The master is
 ``master``, else ``CDC_SPARK_MASTER``, else ``local[*]``. Every Connect session starts from this conf:
 static conf (``spark.driver.memory``, ...) can only be set here, not by a client's builder.
@@ -51,7 +52,7 @@ from cdc_assets.services.process import (
     stop_group,
     write_number_file,
 )
-from cdc_assets.services.spark_home import launcher, spark_env
+from cdc_assets.services.spark_home import launcher, spark_env, write_properties_file
 
 DEFAULT_PORT = 15002
 DEFAULT_STATE_DIR = ".spark-server"
@@ -61,6 +62,7 @@ PID_FILE = "server.pid"
 PORT_FILE = "server.port"
 OWNER_FILE = "server.owner"
 LOG_FILE = "server.log"
+PROPERTIES_FILE = "server.properties"  # the server's conf, mode 0600
 LOCK_FILE = "start.lock"
 # Runs that may share the server at once when the Dagster instance does not say (instance/dagster.yaml's).
 DEFAULT_SHARED_RUNS = 4
@@ -120,11 +122,11 @@ def machine_memory_gib() -> float:
 
 
 def server_conf(port: int, master: str | None = None, conf: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
-    """The master and the ``--conf`` pairs a server on ``port`` gets."""
-    from resources.spark import LOCAL_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
+    """The master and the conf a server on ``port`` gets (in its properties file)."""
+    from resources.spark import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
 
     resolved_master = master or os.environ.get("CDC_SPARK_MASTER") or "local[*]"
-    merged = {**PIPELINE_DEFAULTS}
+    merged = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS}
     if resolved_master.startswith("local"):
         merged.update(LOCAL_DEFAULTS)
         # One JVM serves every run at once: sized for them, not for one.
@@ -187,10 +189,10 @@ def _start_locked(port: int, state: Path, master: str | None, conf: dict[str, st
         raise RuntimeError(f"port {HOST}:{port} is in use by another process")
 
     resolved_master, merged = server_conf(port, master, conf)
-    command = [launcher("spark-submit"), "--class", SERVER_CLASS, "--name", "cdc_assets Spark Connect server", "--master", resolved_master]
-    for key, value in merged.items():
-        command += ["--conf", f"{key}={value}"]
-    command.append("spark-internal")
+    # The conf is in a file only the owner reads, not on the command line, which any local user reads.
+    properties = write_properties_file(state / PROPERTIES_FILE, merged)
+    command = [launcher("spark-submit"), "--class", SERVER_CLASS, "--name", "cdc_assets Spark Connect server", "--master", resolved_master,
+               "--properties-file", str(properties), "spark-internal"]  # fmt: skip
 
     env = spark_env()
     # Python workers (UDFs, Python data sources) run with this interpreter, whose pyspark matches the jars.

@@ -7,6 +7,8 @@ pyspark's wheel ships the launchers and the jars, so nothing is downloaded. No D
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from pathlib import Path
 
 from cdc_assets.services.process import HOST
 
@@ -33,3 +35,32 @@ def spark_env() -> dict[str, str]:
     env["SPARK_HOME"] = spark_home()
     env["SPARK_LOCAL_IP"] = HOST
     return env
+
+
+# -- Spark conf in a file only the owner reads ----------------------------------------------------------
+
+
+def write_properties_file(path: Path, conf: Mapping[str, str]) -> Path:
+    """``conf`` as a Java properties file at ``path``, readable by its owner only (mode 0600).
+
+    For ``spark-submit --properties-file``: conf given as ``--conf key=value`` is on the process's command
+    line, which any local user reads (``ps``), and ``CDC_SPARK_CONF`` may hold credentials.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        for key, value in conf.items():
+            handle.write(f"{_escape_property(key, is_key=True)}={_escape_property(value, is_key=False)}\n")
+    return path
+
+
+def _escape_property(text: str, is_key: bool) -> str:
+    """``text`` as java.util.Properties reads it back (Spark reads the file as UTF-8)."""
+    escaped = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t").replace("\f", "\\f")
+    if is_key:
+        for special in ("=", ":", " ", "#", "!"):
+            escaped = escaped.replace(special, f"\\{special}")
+    elif escaped.startswith(" "):
+        escaped = "\\" + escaped
+    return escaped

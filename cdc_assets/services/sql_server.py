@@ -19,8 +19,8 @@ client finds every name, and later syncs (:func:`request_sync`) change objects i
 (:func:`~cdc_assets.catalog_ddl.sync_in_place`) rather than dropping them. spark-sql, which holds the
 metastore alone, defines them afresh (:func:`~cdc_assets.catalog_ddl.sync_statements`).
 
-The server's pid, port, log and sync requests are in ``<catalog>/sql-server/``; the process handling is
-:mod:`cdc_assets.services.process`'s.
+The server's pid, port, log, conf (``server.properties``, mode 0600) and sync requests are in
+``<catalog>/sql-server/``; the process handling is :mod:`cdc_assets.services.process`'s.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from cdc_assets.services.process import (
     wait_for_port,
     write_number_file,
 )
-from cdc_assets.services.spark_home import launcher, spark_env
+from cdc_assets.services.spark_home import launcher, spark_env, write_properties_file
 from resources.storage import WAREHOUSE_ENV, WarehouseStorage, warehouse_root
 
 SQL_PORT_ENV = "CDC_SQL_PORT"
@@ -68,6 +68,7 @@ SERVER_FOLDER = "sql-server"
 PID_FILE = "server.pid"
 PORT_FILE = "server.port"
 LOG_FILE = "server.log"
+PROPERTIES_FILE = "server.properties"  # the server's conf, mode 0600
 # What the server's first sync left, written before it listens; and the folder of sync requests.
 STARTED_FILE = "started.json"
 REQUESTS_FOLDER = "requests"
@@ -85,9 +86,9 @@ class CatalogBusy(RuntimeError):
 
 def catalog_conf(location: Path) -> dict[str, str]:
     """Spark conf of a session on the catalog at ``location`` (spark-sql, the Thrift server)."""
-    from resources.spark import LOCAL_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
+    from resources.spark import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
 
-    conf = {**PIPELINE_DEFAULTS}
+    conf = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS}
     master = os.environ.get("CDC_SPARK_MASTER") or "local[*]"
     conf["spark.master"] = master
     if master.startswith("local"):
@@ -133,20 +134,23 @@ def hold_catalog(location: Path, holder: str) -> int:
     return fd
 
 
-def _conf_args(conf: dict[str, str]) -> list[str]:
+def _conf_args(conf: dict[str, str], properties: Path) -> list[str]:
+    """spark-submit's arguments for ``conf``: the master, and the rest in the file ``properties`` (mode 0600),
+    not on the command line, which any local user reads (``CDC_SPARK_CONF`` may hold credentials)."""
     master = conf.pop("spark.master")
-    args = ["--master", master]
-    for key, value in conf.items():
-        args += ["--conf", f"{key}={value}"]
-    return args
+    write_properties_file(properties, conf)
+    return ["--master", master, "--properties-file", str(properties)]
 
 
 # -- spark-sql, or beeline through the SQL server -------------------------------------------------
 
 
-def spark_sql_command(location: Path, init_file: Path, args: Sequence[str]) -> list[str]:
-    """``spark-sql`` from the installed pyspark on the catalog, running ``init_file`` first."""
-    return [launcher("spark-sql"), *_conf_args(catalog_conf(location)), "-i", str(init_file), *args]
+def spark_sql_command(location: Path, init_file: Path, args: Sequence[str], properties: Path) -> list[str]:
+    """``spark-sql`` from the installed pyspark on the catalog, running ``init_file`` first; its conf is
+    written to ``properties``. A command line's session has no web UI: nobody looks at it."""
+    from resources.spark import NO_UI
+
+    return [launcher("spark-sql"), *_conf_args({**catalog_conf(location), **NO_UI}, properties), "-i", str(init_file), *args]
 
 
 def run_spark_sql(storage: WarehouseStorage, args: Sequence[str], configs_dir: Path | None = None) -> int:
@@ -158,15 +162,17 @@ def run_spark_sql(storage: WarehouseStorage, args: Sequence[str], configs_dir: P
         request_sync(location, server[0], configs_dir)
         return run_beeline(server[1], catalog_database(), args)
     init_file = write_sync_file(sync_statements(load_table_configs(configs_dir), storage, catalog_database()), location / "tmp")
+    properties = init_file.with_suffix(".properties")  # init_file's name is unique
     try:
         fd = hold_catalog(location, f"pid {os.getpid()} (cdc-catalog sql)")
         try:
-            process = subprocess.Popen(spark_sql_command(location, init_file, args), env=spark_env())
+            process = subprocess.Popen(spark_sql_command(location, init_file, args, properties), env=spark_env())
             return _wait_forwarding_signals(process)
         finally:
             os.close(fd)
     finally:
         init_file.unlink(missing_ok=True)
+        properties.unlink(missing_ok=True)
 
 
 def _beeline_args(args: Sequence[str]) -> list[str]:
@@ -269,7 +275,7 @@ def start_sql_server(storage: WarehouseStorage, port: int = DEFAULT_SQL_PORT, ti
         (state / STARTED_FILE).unlink(missing_ok=True)
         log_path = state / LOG_FILE
         conf = {**catalog_conf(location), "spark.hadoop.hive.server2.thrift.bind.host": HOST, "spark.hadoop.hive.server2.thrift.port": str(port)}
-        command = [launcher("spark-submit"), "--name", SERVER_NAME, *_conf_args(conf), __file__]
+        command = [launcher("spark-submit"), "--name", SERVER_NAME, *_conf_args(conf, state / PROPERTIES_FILE), __file__]
         env = {
             **spark_env(), WAREHOUSE_ENV: storage.root, TABLE_CONFIGS_ENV: str(configs_dir),
             # The driver is this module under spark-submit: its own folder must not shadow top-level modules.
