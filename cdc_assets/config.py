@@ -45,13 +45,16 @@ INTERNAL_PREFIX = "__cdc_"
 # Every name the pipeline uses for itself besides RESERVED_COLUMNS, the one list of them: the intake's
 # columns; the storage's version folder key (resources/storage/layout.py VERSION_KEY: a stored column of
 # that name would be replaced by the folder's value on read); the columns other outputs put beside a
-# table's own (hashed_incoming's unavailable_columns, late_changes' reason and applied_sequence); and the
-# working columns of the later stages (core/incoming.py, core/changes.py, core/changeset.py), some of
-# them a prefix and a configured column's name or position (``_in_3``, ``_before_amount``).
+# table's own (hashed_incoming's unavailable_columns); and the working columns of the later stages
+# (core/incoming.py, core/changes.py, core/changeset.py), some of them a prefix and a configured
+# column's name or position (``_in_3``, ``_before_amount``).
 INTERNAL_COLUMNS = INTAKE_COLUMNS | {
-    "_cdc_version", "unavailable_columns", "reason", "applied_sequence",
+    "_cdc_version", "unavailable_columns",
     "_record_number", "_day_before", "_hash_before", "_day_after", "_sequence", "_filled", "_unfillable",
 }
+# The columns late_changes puts beside a change set's own (core/changeset.py REASON, APPLIED_SEQUENCE):
+# reserved in a changeset table only, since ``reason`` is a common column name and no other output has them.
+CHANGESET_COLUMNS = {"reason", "applied_sequence"}
 INTERNAL_PREFIXES = (INTERNAL_PREFIX, "_in_", "_held_", "_val_", "_earlier_", "_stored_", "_before_")
 
 
@@ -562,6 +565,16 @@ class TableConfig(BaseModel):
         debezium = self.source.format is SourceFormat.debezium
         if debezium and not changeset:
             raise ValueError("source.format debezium holds change events: it needs load_type: changeset")
+        if changeset:
+            for group in ("keys", "non_keys", "untracked_columns"):
+                for index, column in enumerate(getattr(self, group)):
+                    for name in (column.name, *column.renamed_from):
+                        if name.lower() in CHANGESET_COLUMNS:
+                            field = "name" if name == column.name else "renamed_from"
+                            raise ValueError(
+                                f"{group}.{index}.{field}: {name!r} is reserved in a changeset table: late_changes "
+                                "puts a column of that name beside the table's own"
+                            )
         if not changeset:
             if self.changes is not None:
                 raise ValueError("field 'changes' applies to load_type: changeset only")

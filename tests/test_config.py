@@ -155,7 +155,14 @@ INVALID = {
     "pipeline working column prefix": (variant(keys=[{"name": "__cdc_typed_0", "type": "string"}]), "keys.0.name"),
     "storage version key as a column": (variant(non_keys__1={"name": "_cdc_version", "type": "string"}), "non_keys.1.name"),
     "spark file metadata column": (variant(untracked_columns=[{"name": "_METADATA", "type": "string"}]), "untracked_columns.0.name"),
-    "late_changes column": (variant(non_keys__2={"name": "Reason", "type": "string"}), "non_keys.2.name"),
+    "late_changes column in a changeset table": (
+        variant(
+            load_type="changeset",
+            changes={"operation_column": "op", "sequence_columns": ["placed_at"]},
+            non_keys__2={"name": "Reason", "type": "string"},
+        ),
+        "non_keys.2.name",
+    ),
     "hashed_incoming column": (variant(non_keys__0={"name": "unavailable_columns", "type": "string"}), "non_keys.0.name"),
     "later stage working column": (variant(untracked_columns=[{"name": "_in_hash", "type": "string"}]), "untracked_columns.0.name"),
     "pipeline working column prefix, other case": (variant(non_keys__0={"name": "__CDC_flag", "type": "string"}), "non_keys.0.name"),
@@ -194,6 +201,12 @@ def test_invalid_config_names_file_and_field(tmp_path, case):
     message = str(raised.value)
     assert str(path) in message
     assert field in message, message
+
+
+def test_late_changes_columns_are_reserved_in_changeset_tables_only(tmp_path):
+    """``reason`` is a common column name; only a change set's late_changes puts one beside the table's own."""
+    config = load_table_config(write_config(tmp_path, variant(non_keys__2={"name": "reason", "type": "string"})))
+    assert "reason" in [column.name for column in config.columns]
 
 
 def test_source_encoding_defaults_to_utf8_and_takes_single_byte_encodings(tmp_path):
@@ -289,7 +302,7 @@ def test_every_name_the_pipeline_uses_for_itself_is_reserved():
     uses them: every named column constant, and every single-underscore name the core gives a column."""
     import ast
 
-    from cdc_assets.config import reserved_name_problem
+    from cdc_assets.config import CHANGESET_COLUMNS, reserved_name_problem
     from cdc_assets.core import between, changes, changeset, compare, hashing, scd2, source
     from cdc_assets.core.columns import BUSINESS_DATE
     from resources.storage.layout import VERSION_KEY
@@ -311,7 +324,9 @@ def test_every_name_the_pipeline_uses_for_itself_is_reserved():
         and node.value[1:2].isalpha() and node.value.replace("_", "").isalnum() and node.value.islower()
     } - {"_c"}  # Spark's name for a header field without one (core/source.py), not one the pipeline gives
     assert len(literals) > 20  # the scan finds the core's working names
-    unreserved = sorted(name for name in [*named, *literals] if reserved_name_problem(name) is None)
+    unreserved = sorted(
+        name for name in [*named, *literals] if reserved_name_problem(name) is None and name not in CHANGESET_COLUMNS
+    )
     assert unreserved == []
     assert reserved_name_problem("_in_amount") and reserved_name_problem("_Held_3") and reserved_name_problem("_before_x")
     assert reserved_name_problem("amount") is None and reserved_name_problem("deleted") is None
