@@ -1,0 +1,71 @@
+"""The Iceberg catalog every output lives in: its name, where it keeps its state, and how Spark and
+pyiceberg open it.
+
+The embedded default needs no server: Iceberg's JDBC catalog on a SQLite file in the warehouse folder
+(``{warehouse}/lake_catalog.db``), which Spark opens through the Iceberg runtime and pyiceberg through
+its ``SqlCatalog``. Each table config is a namespace and each asset a table in it, so the current state
+of ``orders`` is ``lake.orders.current_table``. Tables live under ``{warehouse}/{namespace}/{table}``.
+
+The catalog's name is part of every row of the JDBC catalog: it must be the same wherever the catalog
+is opened, so it is fixed here. No Dagster here.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+# The name Spark and pyiceberg open the catalog under (also the key of its rows in the SQLite file).
+CATALOG_NAME = "lake"
+CATALOG_FILE = "lake_catalog.db"
+_SPARK_PREFIX = f"spark.sql.catalog.{CATALOG_NAME}"
+
+
+class CatalogInUseError(RuntimeError):
+    """The Spark session already opened the catalog on another warehouse."""
+
+
+def catalog_file(root: str) -> str:
+    """The SQLite file of the warehouse under ``root`` (an absolute local path)."""
+    return f"{root.rstrip('/')}/{CATALOG_FILE}"
+
+
+def pyiceberg_properties(root: str) -> dict[str, str]:
+    """What ``pyiceberg.catalog.load_catalog(CATALOG_NAME, **properties)`` takes to open the catalog."""
+    return {"type": "sql", "uri": f"sqlite:///{catalog_file(root)}", "warehouse": f"file://{root.rstrip('/')}"}
+
+
+def spark_catalog_conf(root: str) -> dict[str, str]:
+    """The session conf that opens the catalog as ``lake`` in Spark (the Iceberg runtime must be on the
+    JVM's classpath: ``resources/spark.py`` puts it there)."""
+    return {
+        _SPARK_PREFIX: "org.apache.iceberg.spark.SparkCatalog",
+        f"{_SPARK_PREFIX}.type": "jdbc",
+        f"{_SPARK_PREFIX}.uri": f"jdbc:sqlite:{catalog_file(root)}",
+        # V1 also records views; pyiceberg reads a catalog Spark created with it.
+        f"{_SPARK_PREFIX}.jdbc.schema-version": "V1",
+        f"{_SPARK_PREFIX}.warehouse": f"file://{root.rstrip('/')}",
+    }
+
+
+def use_catalog(spark: SparkSession, root: str) -> None:
+    """Open the warehouse's catalog as ``lake`` in ``spark`` (session conf: a classic session and a
+    Spark Connect one alike). A session keeps the first catalog it opens, so a session that already opened
+    the catalog of another warehouse raises :class:`CatalogInUseError`: use a session per warehouse
+    (``spark.newSession()`` on a classic session)."""
+    wanted = spark_catalog_conf(root)
+    uri_key = f"{_SPARK_PREFIX}.uri"
+    current = spark.conf.get(uri_key, None)
+    if current == wanted[uri_key]:
+        return
+    if current:
+        raise CatalogInUseError(
+            f"this Spark session opened the catalog {CATALOG_NAME!r} on {current.removeprefix('jdbc:sqlite:')}, "
+            f"not on {catalog_file(root)}: a session reads and writes one warehouse; start a new session for another"
+        )
+    for key, value in wanted.items():
+        spark.conf.set(key, value)
+
+
+def table_identifier(table: str, asset: str) -> str:
+    """The asset's table in the catalog, as Spark names it: ``lake.<table>.<asset>``."""
+    return f"{CATALOG_NAME}.{table}.{asset}"
