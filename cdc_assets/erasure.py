@@ -3,8 +3,9 @@
 :func:`erase_keys` is what ``cdc-erase`` and the table's erase job run; ``cdc_assets/erasure_events.py``
 tells Dagster about it. The order makes a kill harmless: the ledger's record comes first (so the next
 date's intake already sets the keys aside), then each asset's partitions that hold the keys are
-rewritten through the one commit path under the table's writer lock, the record growing as they
-commit; then every replaced version is deleted at once. Run again with the same keys, an erase killed
+rewritten (one Iceberg commit per asset and schema) under the table's writer lock, the record growing
+as they commit; then the snapshots that still reference the removed rows are expired and every file
+no snapshot references is deleted. Run again with the same keys, an erase killed
 part-way finds the partitions it had not finished and completes the same request.
 """
 
@@ -37,7 +38,7 @@ from cdc_assets.core.erasure import (
 from cdc_assets.core.hashing import KEY_HASH
 from cdc_assets.names import CLASSIFICATION, CURRENT, REJECTS
 from resources.state import state_rows
-from resources.storage import MissingPartitionError, WarehouseStorage, folder_schema, state_changes_asset
+from resources.storage import MissingPartitionError, WarehouseStorage, state_changes_asset
 from resources.storage.erasure import TORN
 
 ERASING, COMPLETE = "erasing", "complete"
@@ -167,7 +168,7 @@ def erase_keys(
         dates = storage.stored_dates(table, asset)
         if not dates:
             continue
-        result.bytes_stored += sum(_folder_bytes(storage.stored_path(table, asset, day)) for day in dates)
+        result.bytes_stored += sum(storage.bytes_stored(table, asset, dates).values())
         hits, unverifiable, by_operation = _rows_of_erased_keys(spark, storage, config, asset, dates, erased)
         if asset == REJECTS:
             result.unverifiable_rejects = unverifiable
@@ -175,14 +176,14 @@ def erase_keys(
             result.removed_operations = by_operation
         affected = sorted(day for day, rows in hits.items() if rows)
         for group in _same_schema(storage, table, asset, affected):
-            result.bytes_rewritten += sum(_folder_bytes(storage.stored_path(table, asset, day)) for day in group)
+            result.bytes_rewritten += sum(storage.bytes_stored(table, asset, group).values())
             _rewrite_without(spark, storage, config, asset, group, erased)
         for day in affected:
             result.removed[(asset, day)] = hits[day]
         record["partitions"] = {**record.get("partitions", {}), **{f"{a}/{d}": n for (a, d), n in result.removed.items()}}
         record["bytes_rewritten"] = rewritten_before + result.bytes_rewritten
         storage.record_erasure(table, request_id, record)
-    storage.purge_replaced_versions(table)
+    storage.purge_unreferenced_files(table)
     if tracks_state:
         result.state_rows_after = _state_rows(storage, table, current_dates)
     record.update(
@@ -204,7 +205,8 @@ def _same_keys(request: dict, fingerprint: str) -> bool:
 
 
 def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableConfig, keys_path: str) -> Verification:
-    """Scan every stored file of the table, replaced versions and staged writes included, for the keys:
+    """Scan every data file under the table's Iceberg tables, live or not (a file a killed write left, one an
+    expired snapshot referenced), for the keys:
     by ``key_hash`` and by the key values themselves, so a row whose hash was computed otherwise is
     found too. Rejects are matched by the key parsed from their raw record.
 
@@ -217,7 +219,7 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
     unverifiable: dict[str, int] = {}
     by_value_only: dict[str, int] = {}
     by_asset: dict[str, list[tuple[str, str, bool]]] = defaultdict(list)
-    for asset, day, folder, current in storage.version_folders(config.name):
+    for asset, day, folder, current in storage.data_files(config.name):
         by_asset[asset].append((day, folder, current))
     for asset, versions in sorted(by_asset.items()):
         files = {path: (day, folder, current) for day, folder, current in versions for path in _parquet_files(folder)}
@@ -275,7 +277,11 @@ def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, versio
 
 def _stores_keys(parquet_file: str, columns: list[tuple[str, str]]) -> bool:
     """Whether the Parquet file's schema holds every key column with its configured type (a footer read)."""
-    stored = {field.name: field.dataType.simpleString() for field in folder_schema(os.path.dirname(parquet_file)).fields}
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = from_arrow_schema(pq.read_schema(parquet_file).remove_metadata(), prefer_timestamp_ntz=True)
+    stored = {field.name: field.dataType.simpleString() for field in schema.fields}
     return all(stored.get(name) == spark_type for name, spark_type in columns)
 
 
@@ -323,7 +329,7 @@ def _same_schema(storage: WarehouseStorage, table: str, asset: str, dates: list[
     """``dates`` in groups stored with one schema (a schema change splits them), each rewritten in one write."""
     groups: dict[str, list[str]] = defaultdict(list)
     for day in dates:
-        groups[folder_schema(storage.stored_path(table, asset, day)).json()].append(day)
+        groups[storage.stored_schema(table, asset, day).json()].append(day)
     return list(groups.values())
 
 
@@ -331,7 +337,7 @@ def _rewrite_without(spark, storage: WarehouseStorage, config: TableConfig, asse
     """Commit ``dates`` of the asset again without the erased keys' rows, with the schema they were stored
     with (its metadata included: current_table's record of what its hashes cover)."""
     table = config.name
-    schema = folder_schema(storage.stored_path(table, asset, dates[0]))
+    schema = storage.stored_schema(table, asset, dates[0])
     stored = storage.read(spark, table, asset, dates, schema=schema)
     if asset == REJECTS:
         parsed = with_raw_key_hash(stored, key_columns(config))
@@ -341,11 +347,9 @@ def _rewrite_without(spark, storage: WarehouseStorage, config: TableConfig, asse
     storage.write(kept.select(*schema.names, BUSINESS_DATE), table, asset, dates)
 
 
-def _folder_bytes(folder: str) -> int:
-    return sum(os.path.getsize(path) for path in _parquet_files(folder))
-
-
 def _parquet_files(folder: str) -> list[str]:
+    if os.path.isfile(folder):
+        return [folder] if folder.endswith(".parquet") else []
     found = []
     for current, _, names in os.walk(folder):
         found += [os.path.join(current, name) for name in names if name.endswith(".parquet")]

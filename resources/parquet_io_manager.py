@@ -34,10 +34,8 @@ from resources.spark import for_each_date
 from resources.state import read_state
 from resources.storage import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,
-    DEFAULT_RETIRED_GRACE_SECONDS,
     DEFAULT_WAREHOUSE,
     LOCK_TIMEOUT_ENV,
-    RETIRED_GRACE_ENV,
     WAREHOUSE_ENV,
     WarehouseStorage,
     as_stored,
@@ -139,13 +137,6 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         default=f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}",
         description=f"How long a run waits for another run's writer lock on a table, in seconds ({LOCK_TIMEOUT_ENV}).",
     )
-    retired_version_grace_seconds: str = Field(
-        default=f"{DEFAULT_RETIRED_GRACE_SECONDS:g}",
-        description=(
-            "How long a replaced or dropped version stays on disk for readers that resolved it before, in seconds "
-            f"({RETIRED_GRACE_ENV})."
-        ),
-    )
 
     _storage: WarehouseStorage | None = PrivateAttr(default=None)
 
@@ -172,9 +163,6 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             self.root,
             run_id=run_id,
             lock_timeout=seconds_field(self.lock_timeout_seconds, "lock_timeout_seconds", LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_SECONDS),
-            retired_grace=seconds_field(
-                self.retired_version_grace_seconds, "retired_version_grace_seconds", RETIRED_GRACE_ENV, DEFAULT_RETIRED_GRACE_SECONDS
-            ),
         )
 
     def partition_path(self, table: str, asset: str, business_date: str) -> str:

@@ -66,6 +66,12 @@ def use_catalog(spark: SparkSession, root: str) -> None:
         spark.conf.set(key, value)
 
 
+def opened_warehouse(spark: SparkSession) -> str | None:
+    """The SQLite file of the catalog ``spark`` opened as ``lake``, or None if it opened none."""
+    uri = spark.conf.get(f"{_SPARK_PREFIX}.uri", None)
+    return uri.removeprefix("jdbc:sqlite:") if uri else None
+
+
 def table_identifier(table: str, asset: str) -> str:
     """The asset's table in the catalog, as Spark names it: ``lake.<table>.<asset>``."""
     return f"{CATALOG_NAME}.{table}.{asset}"
