@@ -44,9 +44,6 @@ from resources.storage import (
 )
 
 PREVIEW_ROWS = 5
-# Up to this many rows in a range, its previews come from one scan that keeps each file's first rows;
-# beyond it that scan would decode every row, so each date gets its own small limit job instead.
-ONE_PREVIEW_SCAN_MAX_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -288,24 +285,15 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     def _previews(self, table: str, asset: str, rows: dict[str, int]) -> dict[str, list[tuple]]:
         """Up to ``PREVIEW_ROWS`` stored rows of each date, read back from the committed partitions.
 
-        A date without rows needs no read. A range of small dates is read in one job that keeps each
-        file's first rows by their position in the file (no sort, no shuffle).
+        A date without rows needs no read; each other date is a small limit job (several at once).
         """
         previews: dict[str, list[tuple]] = {day: [] for day in rows}
         with_rows = [day for day, count in rows.items() if count]
-        if len(with_rows) > 1 and sum(rows[day] for day in with_rows) <= ONE_PREVIEW_SCAN_MAX_ROWS:
-            stored = self.read_partitions(table, asset, with_rows)
-            # A date written by several tasks has several files: up to PREVIEW_ROWS rows from each.
-            for row in stored.filter(F.col("_metadata.row_index") < PREVIEW_ROWS).collect():
-                day = str(row[BUSINESS_DATE])
-                if len(previews[day]) < PREVIEW_ROWS:
-                    previews[day].append(tuple(row)[:-1])  # business_date is last
-        else:
 
-            def preview(day: str) -> list[tuple]:
-                return [tuple(row) for row in self.read_partition(table, asset, day).limit(PREVIEW_ROWS).collect()]
+        def preview(day: str) -> list[tuple]:
+            return [tuple(row) for row in self.read_partition(table, asset, day).limit(PREVIEW_ROWS).collect()]
 
-            previews.update(zip(with_rows, for_each_date(preview, with_rows)))
+        previews.update(zip(with_rows, for_each_date(preview, with_rows)))
         return previews
 
 

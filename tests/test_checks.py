@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from cdc_assets.config import load_table_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.factory import build_table_definitions
-from tests.pipeline import partition_dir, run_dates
+from tests.pipeline import partition_dir, read_stored, run_dates
 
 REPO = Path(__file__).resolve().parent.parent
 DAY1, DAY2 = "2024-01-01", "2024-01-02"
@@ -114,7 +114,7 @@ BREAKAGES = [
 
 def _break(spark, warehouse: Path, asset: str, day: str, how) -> None:
     path = partition_dir(warehouse, "orders", asset, day)
-    broken = how(spark.read.parquet(str(path))).localCheckpoint()  # materialize before the source is replaced
+    broken = how(read_stored(spark, path)).localCheckpoint()  # materialize before the source is replaced
     shutil.rmtree(path)
     broken.write.parquet(str(path))
 

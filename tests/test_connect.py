@@ -22,7 +22,7 @@ import yaml
 from dagster import DagsterInstance
 
 from resources.storage import WarehouseStorage
-from tests.pipeline import definitions_for, partition_dir, run_dates, sorted_rows, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, sorted_rows, write_table_config
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +113,7 @@ def classic(spark, tmp_path_factory):
 
 
 def _operations(spark, warehouse: Path, table: str, asset: str) -> set[str]:
-    return {row["operation"] for row in spark.read.parquet(str(warehouse / table / asset)).select("operation").distinct().collect()}
+    return {row["operation"] for row in read_stored(spark, warehouse / table / asset).select("operation").distinct().collect()}
 
 
 def test_seed_scenario_and_a_rerun_through_connect_equal_the_classic_session(spark, tmp_path, connect_server, classic):

@@ -27,6 +27,7 @@ from tests.pipeline import (
     definitions_for,
     operation_counts,
     partition_dir,
+    read_stored,
     run_dates,
     run_range,
     sorted_rows,
@@ -123,7 +124,7 @@ def _metadata(instance: DagsterInstance, asset: str, day: str, table: str = TABL
 
 
 def _count(spark, warehouse: Path, asset: str, day: str, table: str = TABLE) -> int:
-    return spark.read.parquet(str(partition_dir(warehouse, table, asset, day))).count()
+    return read_stored(spark, partition_dir(warehouse, table, asset, day)).count()
 
 
 def _assert_intake_balances(spark, warehouse: Path, instance: DagsterInstance, day: str, rows_read: int, table: str = TABLE):
@@ -157,7 +158,7 @@ def test_bad_records_are_quarantined_by_default(spark, warehouse, tmp_path):
     [result] = run_dates(definitions_for(_table(tmp_path)), [DAY1], instance)
     assert result.success
 
-    rejects = spark.read.parquet(str(partition_dir(warehouse, TABLE, REJECTS, DAY1)))
+    rejects = read_stored(spark, partition_dir(warehouse, TABLE, REJECTS, DAY1))
     assert rejects.columns == ["raw_record", "reason", "source_file"]
     rows = rejects.collect()
     assert len(rows) == 3
@@ -169,7 +170,7 @@ def test_bad_records_are_quarantined_by_default(spark, warehouse, tmp_path):
     assert "column qty" in parsed["gamma"] and "abc" in parsed["gamma"]
     assert "key column id" in parsed["delta"] and "NULL or empty" in parsed["delta"]
 
-    incoming = spark.read.parquet(str(partition_dir(warehouse, TABLE, HASHED_INCOMING, DAY1)))
+    incoming = read_stored(spark, partition_dir(warehouse, TABLE, HASHED_INCOMING, DAY1))
     assert sorted((r["id"], r["name"], r["qty"], r["amount"]) for r in incoming.collect()) == [
         (1, "alpha", 10, Decimal("1.50")),
         (5, "eps", 6, Decimal("5.00")),
@@ -244,10 +245,10 @@ def test_duplicate_keys_fail_by_default_and_can_be_quarantined(spark, warehouse,
     [quarantined] = run_dates(definitions_for(_table(tmp_path, duplicate_keys="quarantine")), [DAY2], instance)
 
     assert quarantined.success
-    rejects = spark.read.parquet(str(partition_dir(warehouse, TABLE, REJECTS, DAY2))).collect()
+    rejects = read_stored(spark, partition_dir(warehouse, TABLE, REJECTS, DAY2)).collect()
     assert all("duplicate" in row["reason"] for row in rejects)
     assert sorted(json.loads(row["raw_record"])["id"] for row in rejects) == ["2", "2", "5", "5", "5"]
-    incoming = spark.read.parquet(str(partition_dir(warehouse, TABLE, HASHED_INCOMING, DAY2)))
+    incoming = read_stored(spark, partition_dir(warehouse, TABLE, HASHED_INCOMING, DAY2))
     assert sorted(row["id"] for row in incoming.collect()) == [1, 3, 4, 6]
     assert _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=9) == (4, 5)
     assert _metadata(instance, HASHED_INCOMING, DAY2)["duplicate_keys"] == 2
@@ -359,7 +360,7 @@ def test_header_missing_extra_and_reordered_columns(spark, warehouse, tmp_path):
     instance = DagsterInstance.ephemeral()
     [first] = run_dates(strict, [DAY1], instance)
     assert first.success
-    current = spark.read.parquet(str(partition_dir(warehouse, TABLE, "current_table", DAY1)))
+    current = read_stored(spark, partition_dir(warehouse, TABLE, "current_table", DAY1))
     assert current.columns[:4] == ["id", "name", "qty", "amount"]
     assert sorted((r["id"], r["name"], r["qty"], r["amount"]) for r in current.collect()) == [
         (1, "one", 7, Decimal("1.25")),
@@ -385,7 +386,7 @@ def test_header_missing_extra_and_reordered_columns(spark, warehouse, tmp_path):
     [allowed] = run_dates(definitions_for(_table(tmp_path, allow_extra_columns=True)), [DAY2], instance)
     assert allowed.success
     for asset in ALL_ASSETS:
-        columns = spark.read.parquet(str(partition_dir(warehouse, TABLE, asset, DAY2))).columns
+        columns = read_stored(spark, partition_dir(warehouse, TABLE, asset, DAY2)).columns
         assert "colour" not in columns, (asset, columns)
     assert operation_counts(spark, partition_dir(warehouse, TABLE, "current_table", DAY2)) == {"N": 1, "U": 1}
     _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=2)

@@ -19,6 +19,7 @@ from tests.pipeline import (
     definitions_for,
     operation_counts,
     partition_dir,
+    read_stored,
     run_dates,
     run_range,
     sorted_rows,
@@ -85,7 +86,7 @@ def test_seed_scenario_full_load(spark, day_by_day):
 
     current = partition_dir(warehouse, "synthetic", "current_table", DAY2)
     assert operation_counts(spark, current) == {"U": 4000, "N": 4000, "I": 2000}
-    unchanged_dates = spark.read.parquet(str(current)).filter("operation = 'N'").select("eff_start_date").distinct().collect()
+    unchanged_dates = read_stored(spark, current).filter("operation = 'N'").select("eff_start_date").distinct().collect()
     assert [row[0].isoformat() for row in unchanged_dates] == [DAY1]
     assert operation_counts(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY2)) == {
         "I": 2000,
@@ -120,18 +121,18 @@ def test_seed_scenario_full_load(spark, day_by_day):
 
 def test_output_schema_and_history_as_one_dataset(spark, day_by_day):
     warehouse = day_by_day.warehouse
-    current = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "current_table", DAY2)))
+    current = read_stored(spark, partition_dir(warehouse, "synthetic", "current_table", DAY2))
     expected = [f"key_{i}" for i in range(1, 6)] + [f"nonkey_{i}" for i in range(1, 11)]
     assert current.columns == [*expected, "key_hash", "non_key_hash", "operation", "eff_start_date", "process_id", "processed_at"]
     types = dict(current.dtypes)
     assert types["nonkey_1"] == "double" and types["eff_start_date"] == "date" and types["processed_at"] == "timestamp"
-    history = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "history_partition", DAY2)))
+    history = read_stored(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY2))
     assert history.columns == [*current.columns, "changed_columns"]
     assert dict(history.dtypes)["changed_columns"] == "array<string>"
     assert current.filter("key_hash not rlike '^[0-9a-f]{32}$' or non_key_hash not rlike '^[0-9a-f]{32}$'").count() == 0
 
     history_root = warehouse / "synthetic" / "history_partition"
-    history = spark.read.parquet(str(history_root))
+    history = read_stored(spark, history_root)
     by_date = {(row[0].isoformat(), row[1]): row[2] for row in history.groupBy("business_date", "operation").count().collect()}
     assert by_date == {
         (DAY1, "I"): 10000, (DAY2, "I"): 2000, (DAY2, "U"): 4000, (DAY2, "D"): 2000, (DAY3, "I"): 700, (DAY3, "U"): 1000, (DAY3, "D"): 500,
@@ -150,7 +151,7 @@ def test_seed_scenario_delta_load(spark, warehouse, tmp_path, seed_data):
 
     current = partition_dir(warehouse, "synthetic_delta", "current_table", DAY2)
     assert operation_counts(spark, current) == {"U": 4000, "N": 4000, "I": 2000, "X": 2000}
-    not_supplied = spark.read.parquet(str(current)).filter("operation = 'X'")
+    not_supplied = read_stored(spark, current).filter("operation = 'X'")
     assert [row[0].isoformat() for row in not_supplied.select("eff_start_date").distinct().collect()] == [DAY1]
     assert operation_counts(spark, partition_dir(warehouse, "synthetic_delta", "history_partition", DAY2)) == {
         "I": 2000,
@@ -174,7 +175,7 @@ def _snapshot(spark, warehouse: Path, table: str, with_audit: bool = False) -> d
 
 def _writers(spark, warehouse: Path, asset: str, day: str) -> set[tuple[str, str]]:
     """(operation, process_id) pairs of a stored partition."""
-    frame = spark.read.parquet(str(partition_dir(warehouse, "synthetic", asset, day)))
+    frame = read_stored(spark, partition_dir(warehouse, "synthetic", asset, day))
     return {(row[0], row[1]) for row in frame.select("operation", "process_id").distinct().collect()}
 
 
@@ -242,7 +243,7 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, m
     assert rewritten == {(asset, f"business_date={DAY2}") for asset in audited}
     assert _writers(spark, warehouse, "history_partition", DAY2) == {(op, rerun.run_id) for op in "IUD"}
     assert _writers(spark, warehouse, "current_table", DAY2) == {("I", rerun.run_id), ("U", rerun.run_id), ("N", first_runs[0])}
-    processed_at = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "history_partition", DAY2)))
+    processed_at = read_stored(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY2))
     started = instance.get_run_record_by_id(rerun.run_id).start_time
     stamps = [row[0].timestamp() for row in processed_at.select("processed_at").distinct().collect()]
     assert len(stamps) == 1 and stamps[0] == pytest.approx(started, abs=1e-3)  # the run's start

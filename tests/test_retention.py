@@ -25,7 +25,7 @@ from cdc_assets.config import TableConfigError, load_table_config
 from cdc_assets.consumers import changes_between, scd2_view
 from cdc_assets.core.between import changes_between_states
 from resources.storage import DroppedPartitionError, MissingPartitionError, WarehouseStorage
-from tests.pipeline import definitions_for, partition_dir, run_dates, sorted_rows, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, sorted_rows, write_table_config
 
 D1, D2, D3, D4 = "2024-05-01", "2024-05-02", "2024-05-03", "2024-05-04"
 HEADER = "id,name,amount"
@@ -131,12 +131,12 @@ def test_consumers_still_read_history_and_the_kept_states(spark, chain, tmp_path
     )
     out = tmp_path / "scd2"
     assert cli.scd2_main([RETAINED, "--out", str(out)]) == 0
-    assert spark.read.parquet(str(out)).count() == 9  # 6 keys; 1, 2 and 4 changed once each
+    assert read_stored(spark, out).count() == 9  # 6 keys; 1, 2 and 4 changed once each
 
     # cdc-changes reads history, which retention keeps: from day 1, whose current_table retention dropped,
     # it gives what comparing kept's two stored states gives.
     assert not partition_dir(chain["warehouse"], RETAINED, "current_table", D1).exists()
-    kept_states = [spark.read.parquet(str(partition_dir(chain["warehouse"], KEPT, "current_table", day))) for day in (D1, D4)]
+    kept_states = [read_stored(spark, partition_dir(chain["warehouse"], KEPT, "current_table", day)) for day in (D1, D4)]
     from_states = sorted(map(tuple, changes_between_states(*kept_states, chain["kept"], D1, D4).collect()))
     assert {row[-4] for row in from_states} == {"insert", "delete", "update_preimage", "update_postimage"}
     retained_changes = changes_between(spark, chain["retained"], D1, D4, warehouse=warehouse)
@@ -347,7 +347,7 @@ def test_staging_days_drops_old_staging_outputs_and_a_rerun_inside_or_outside_th
         run_config={"ops": {"staged__erase": {"config": {"keys_file": str(keys)}}}}, instance=instance
     )
     assert erased.success
-    assert 2 not in {row["id"] for row in spark.read.parquet(str(partition_dir(warehouse, "staged", "history_partition", D1))).collect()}
+    assert 2 not in {row["id"] for row in read_stored(spark, partition_dir(warehouse, "staged", "history_partition", D1)).collect()}
 
 
 @pytest.mark.parametrize(

@@ -146,7 +146,7 @@ class LakeTables:
         loaded = self.load(table, asset)
         if loaded is None:
             return f"{self.root}/{table}/{asset}"
-        return loaded.location().removeprefix("file:")
+        return _local(loaded.location())
 
     # -- what a table holds ----------------------------------------------------------------------------
     def stored(self, table: str, asset: str, snapshot=None) -> dict[str, str]:
