@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+from pyiceberg.catalog import load_catalog
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -15,6 +16,8 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from cdc_assets.generator import generate
+from resources.storage import WarehouseStorage
+from resources.storage.lake import pyiceberg_properties
 from tests.pipeline import (
     definitions_for,
     operation_counts,
@@ -116,7 +119,7 @@ def test_seed_scenario_full_load(spark, day_by_day):
         "key_hash", "non_key_hash", "operation", "eff_start_date", "process_id", "processed_at"
     ]
     assert current_metadata["preview"].count("\n") == 1 + 5  # header, separator and five rows
-    assert current_metadata["path"].endswith("synthetic/current_table/business_date=2019-06-19")
+    assert current_metadata["path"].endswith("synthetic/current_table/data/business_date=2019-06-19")
 
 
 def test_output_schema_and_history_as_one_dataset(spark, day_by_day):
@@ -131,17 +134,15 @@ def test_output_schema_and_history_as_one_dataset(spark, day_by_day):
     assert dict(history.dtypes)["changed_columns"] == "array<string>"
     assert current.filter("key_hash not rlike '^[0-9a-f]{32}$' or non_key_hash not rlike '^[0-9a-f]{32}$'").count() == 0
 
-    history_root = warehouse / "synthetic" / "history_partition"
-    history = read_stored(spark, history_root)
+    # Every date at once: the Iceberg table in the warehouse's catalog.
+    history = WarehouseStorage(str(warehouse)).tables.session_for(spark).table("lake.synthetic.history_partition")
     by_date = {(row[0].isoformat(), row[1]): row[2] for row in history.groupBy("business_date", "operation").count().collect()}
     assert by_date == {
         (DAY1, "I"): 10000, (DAY2, "I"): 2000, (DAY2, "U"): 4000, (DAY2, "D"): 2000, (DAY3, "I"): 700, (DAY3, "U"): 1000, (DAY3, "D"): 500,
     }  # fmt: skip
-    # The same folder read outside Spark, as a hive-partitioned dataset.
-    duck = duckdb.sql(
-        f"select cast(business_date as varchar), count(*) from read_parquet('{history_root}/*/*.parquet', hive_partitioning=true) "
-        "group by 1 order by 1"
-    ).fetchall()
+    # The same table read outside Spark: pyiceberg's scan, queried in DuckDB.
+    rows = load_catalog("lake", **pyiceberg_properties(str(warehouse))).load_table("synthetic.history_partition").scan().to_arrow()
+    duck = duckdb.sql("select cast(business_date as varchar), count(*) from rows group by 1 order by 1").fetchall()
     assert duck == [(DAY1, 10000), (DAY2, 8000), (DAY3, 2200)]
 
 
@@ -165,11 +166,10 @@ def test_seed_scenario_delta_load(spark, warehouse, tmp_path, seed_data):
 
 def _snapshot(spark, warehouse: Path, table: str, with_audit: bool = False) -> dict[tuple[str, str], list[tuple]]:
     snapshot = {}
-    for asset_dir in sorted((warehouse / table).iterdir()):
-        if asset_dir.name.startswith("_"):
-            continue
-        for part in sorted(asset_dir.iterdir()):
-            snapshot[(asset_dir.name, part.name)] = sorted_rows(spark, part, with_audit=with_audit)
+    storage = WarehouseStorage(str(warehouse))
+    for asset in storage.stored_assets(table):
+        for day in storage.stored_dates(table, asset):
+            snapshot[(asset, f"business_date={day}")] = sorted_rows(spark, partition_dir(warehouse, table, asset, day), with_audit=with_audit)
     return snapshot
 
 
@@ -228,7 +228,8 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, m
     }
     before = _snapshot(spark, warehouse, "synthetic")
     audited_before = _snapshot(spark, warehouse, "synthetic", with_audit=True)
-    day3_files = sorted(p.name for p in partition_dir(warehouse, "synthetic", "current_table", DAY3).iterdir())
+    storage = WarehouseStorage(str(warehouse))
+    day3_files = sorted(storage.tables.live_files("synthetic", "current_table", [DAY3]))
 
     (rerun,) = run_dates(defs, [DAY2], instance)
 
@@ -248,8 +249,10 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, m
     stamps = [row[0].timestamp() for row in processed_at.select("processed_at").distinct().collect()]
     assert len(stamps) == 1 and stamps[0] == pytest.approx(started, abs=1e-3)  # the run's start
     # Re-running day 2 rewrote day 2 only: day 3's files are the very same files.
-    assert sorted(p.name for p in partition_dir(warehouse, "synthetic", "current_table", DAY3).iterdir()) == day3_files
-    assert not any((warehouse / "synthetic" / "_staging").rglob("*.parquet")), "no staging leftovers after a clean run"
+    assert sorted(storage.tables.live_files("synthetic", "current_table", [DAY3])) == day3_files
+    # Each table's newest snapshot says who wrote which dates.
+    summary = storage.tables.load("synthetic", "history_partition").current_snapshot().summary
+    assert (summary["cdc.run-id"], summary["cdc.business-dates"]) == (rerun.run_id, DAY2)
 
 
 def test_a_date_whose_previous_state_is_missing_fails_clearly(spark, warehouse, tmp_path, seed_data):
