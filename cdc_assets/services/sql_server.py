@@ -44,6 +44,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.catalog_ddl import catalog_database, catalog_dir, sync_in_place, sync_statements, write_sync_file
 from cdc_assets.config import TABLE_CONFIGS_ENV, TableConfigError, load_table_configs, table_configs_dir
 from cdc_assets.core.scd2 import Dialect, quote_identifier
+from cdc_assets.services.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.services.process import (
     HOST,
     log_tail,
@@ -85,7 +86,7 @@ class CatalogBusy(RuntimeError):
 
 
 def catalog_conf(location: Path) -> dict[str, str]:
-    """Spark conf of a session on the catalog at ``location`` (spark-sql, the Thrift server)."""
+    """Spark conf of a session on the catalog at ``location`` (spark-sql, the Thrift server), with the Iceberg runtime."""
     from resources.spark import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
 
     conf = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS}
@@ -94,6 +95,7 @@ def catalog_conf(location: Path) -> dict[str, str]:
     if master.startswith("local"):
         conf.update(LOCAL_DEFAULTS)
     conf.update(spark_conf_from_env())
+    conf = with_iceberg_runtime(conf)
     conf.update(
         {
             "spark.sql.catalogImplementation": "hive",
