@@ -51,6 +51,9 @@ TABLE_PROPERTIES = {
     # Manifests keep each column's value and null counts but no lower/upper bounds: a bound is a stored
     # value (a key, its hash) that an erase could not reach without rewriting metadata.
     "write.metadata.metrics.default": "counts",
+    # A commit that lost a race for the catalog is retried on the new base (the writer lock keeps writers
+    # of a table apart; readers' and maintenance commits are what it races).
+    "commit.retry.num-retries": "10",
 }
 
 
