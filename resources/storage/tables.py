@@ -11,8 +11,9 @@ What Iceberg does not record, each commit carries in its snapshot summary:
 - ``cdc.stored-dates``: every date the table holds after the commit, dates without rows included,
   grouped by the Spark schema they were written with (``{schema id: "D1..D2,D3"}``); the schema
   itself, with the columns' metadata (the hash spec), is a small file under ``{table}/_schemas``;
-- ``cdc.run-id``, ``cdc.business-dates`` and ``cdc.rows``: who wrote which dates, with their rows
-  (``SELECT * FROM lake.<table>.<asset>.snapshots`` is the audit).
+- ``cdc.run-id`` and ``cdc.business-dates``: who wrote which dates; Iceberg adds the rows and files
+  added and removed per date (``partitions.business_date=D``), so
+  ``SELECT * FROM lake.<table>.<asset>.snapshots`` is the audit.
 
 One writer per table at a time: a date's update spans several tables, which Iceberg does not commit
 together (the table's writer lock, resources/storage/lock.py, serialises runs).
@@ -37,7 +38,6 @@ from resources.storage.lake import CATALOG_NAME, catalog_file, opened_warehouse,
 STORED_DATES = "cdc.stored-dates"
 RUN_ID = "cdc.run-id"
 WRITTEN_DATES = "cdc.business-dates"
-ROWS = "cdc.rows"
 SCHEMAS_FOLDER = "_schemas"
 
 # Every table the project creates. Format v2; Parquet data files (the project was specified so) with
@@ -54,6 +54,9 @@ TABLE_PROPERTIES = {
     # A commit that lost a race for the catalog is retried on the new base (the writer lock keeps writers
     # of a table apart; readers' and maintenance commits are what it races).
     "commit.retry.num-retries": "10",
+    # Each snapshot's summary counts the rows and files added and removed per business date (up to a
+    # range of 400 dates per write): who wrote what, in the table itself.
+    "write.summary.partition-limit": "400",
 }
 
 

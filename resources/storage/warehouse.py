@@ -27,7 +27,7 @@ from resources.storage import erasure, fault_injection, retention
 from resources.storage.files import list_names
 from resources.storage.layout import WarehouseLayout, local_warehouse_path, state_changes_asset
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
-from resources.storage.tables import ROWS, RUN_ID, WRITTEN_DATES, LakeTables, as_stored
+from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables
 from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout, missing_partition_error
 
 
