@@ -253,6 +253,7 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, m
     # Each table's newest snapshot says who wrote which dates.
     summary = storage.tables.load("synthetic", "history_partition").current_snapshot().summary
     assert (summary["cdc.run-id"], summary["cdc.business-dates"]) == (rerun.run_id, DAY2)
+    assert "added-records=8000" in summary[f"partitions.business_date={DAY2}"].split(",")
 
 
 def test_a_date_whose_previous_state_is_missing_fails_clearly(spark, warehouse, tmp_path, seed_data):
