@@ -302,6 +302,10 @@ class LakeTables:
         if loaded is None:
             self._create(spark, table, asset, frame)
             loaded = self.load(table, asset)
+        # Iceberg's writer takes the table's columns in the table's order (new ones after them).
+        table_columns = [column.name for column in loaded.schema().fields]
+        ordered = [name for name in table_columns if name in frame.columns]
+        frame = frame.select(*[f"`{name}`" for name in ordered + [name for name in frame.columns if name not in table_columns]])
         stored = self.stored(table, asset, loaded.current_snapshot())
         for day in dropped:
             stored.pop(day, None)
