@@ -90,7 +90,8 @@ def test_a_kill_during_an_erase_then_the_same_command_again_completes_it(spark, 
     for asset in after_kill:
         days = storage.stored_dates(TABLE, asset)
         counts = storage.row_counts(TABLE, asset, days)
-        assert storage.read(spark, TABLE, asset, days).count() == sum(counts.values()), asset
+        if days:
+            assert storage.read(spark, TABLE, asset, days).count() == sum(counts.values()), asset
         if asset >= "history_partition":
             assert counts == rows_before[asset], asset
     # Part-way: --verify names what still holds the key and exits 1: the assets not reached yet, and the
