@@ -73,8 +73,9 @@ class ErasureResult:
 
 @dataclass
 class Verification:
-    """Where the keys still are: (asset, date, folder, current, rows) per version holding them, and the
-    rejects that name no parseable key, per date. ``by_value_only``: per folder of ``holding``, the rows
+    """Where the keys still are: (asset, date, file, live, rows) per data file holding them (``live``: a
+    table's current snapshot reads it; otherwise it is a replaced snapshot's, or a killed write's), and
+    the rejects that name no parseable key, per date. ``by_value_only``: per file of ``holding``, the rows
     found by their key values alone, their ``key_hash`` not the one the keys hash to (a hash computed
     otherwise, e.g. under an earlier key definition): an erase, which matches hashes, leaves them."""
 
@@ -218,14 +219,11 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
     holding: list[tuple[str, str, str, bool, int]] = []
     unverifiable: dict[str, int] = {}
     by_value_only: dict[str, int] = {}
-    by_asset: dict[str, list[tuple[str, str, bool]]] = defaultdict(list)
-    for asset, day, folder, current in storage.data_files(config.name):
-        by_asset[asset].append((day, folder, current))
-    for asset, versions in sorted(by_asset.items()):
-        files = {path: (day, folder, current) for day, folder, current in versions for path in _parquet_files(folder)}
-        if not files:
-            continue
-        read = _keys_as_stored(spark, config, asset, versions)
+    by_asset: dict[str, dict[str, tuple[str, bool]]] = defaultdict(dict)
+    for asset, day, path, live in storage.data_files(config.name):
+        by_asset[asset][path] = (day, live)
+    for asset, files in sorted(by_asset.items()):
+        read = _keys_as_stored(spark, config, asset, sorted(files))
         marked = read.join(F.broadcast(erased.withColumn(_ERASED, F.lit(True))), on=KEY_HASH, how="left").join(
             F.broadcast(values.withColumn(_BY_VALUE, F.lit(True))), on=[name for name, _ in columns], how="left"
         )
@@ -235,34 +233,29 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
             F.count_if(by_value & ~by_hash).alias("by_value_only"),
             F.count_if(F.col(KEY_HASH).isNull()).alias("unparsed"),
         )
-        per_folder: dict[str, int] = defaultdict(int)
         for row in counts.collect():  # a row per file
-            day, folder, current = files[_local_path(row[_FILE])]
-            per_folder[folder] += row["erased"]
+            path = _local_path(row[_FILE])
+            day, live = files[path]
+            if row["erased"]:
+                holding.append((asset, day, path, live, row["erased"]))
             if row["by_value_only"]:
-                by_value_only[folder] = by_value_only.get(folder, 0) + row["by_value_only"]
-            if asset == REJECTS and current and row["unparsed"]:
+                by_value_only[path] = row["by_value_only"]
+            if asset == REJECTS and live and row["unparsed"]:
                 unverifiable[day] = unverifiable.get(day, 0) + row["unparsed"]
-        for day, folder, current in versions:
-            if per_folder.get(folder):
-                holding.append((asset, day, folder, current, per_folder[folder]))
     return Verification(holding=sorted(holding), unverifiable_rejects=unverifiable, by_value_only=by_value_only)
 
 
-def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, versions: list[tuple[str, str, bool]]) -> DataFrame:
-    """Every row of the asset's ``versions`` as its ``key_hash``, its key columns (NULL where a version does
+def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, files: list[str]) -> DataFrame:
+    """Every row of the asset's data ``files`` as its ``key_hash``, its key columns (NULL where a file does
     not store them with their configured types) and its file. Rejects: the key parsed from the raw record."""
     columns = key_columns(config)
     if asset == REJECTS:
-        files = [path for _, folder, _ in versions for path in _parquet_files(folder)]
         read = spark.read.schema(StructType([StructField(RAW_RECORD, StringType())])).parquet(*files)
         read = with_raw_key_values(read.withColumn(_FILE, F.col("_metadata.file_path")), columns)
         return with_raw_key_hash(read, columns).withColumnRenamed(RAW_KEY_HASH, KEY_HASH).drop(RAW_RECORD)
-    with_keys, without_keys = [], []
-    for _, folder, _ in versions:
-        found = _parquet_files(folder)
-        if found:
-            (with_keys if _stores_keys(found[0], columns) else without_keys).extend(found)
+    stores_keys = {path: _stores_keys(path, columns) for path in files}
+    with_keys = [path for path in files if stores_keys[path]]
+    without_keys = [path for path in files if not stores_keys[path]]
     parts = []
     if with_keys:
         schema = ", ".join([f"`{KEY_HASH}` string", *(f"`{name}` {spark_type}" for name, spark_type in columns)])
@@ -344,16 +337,10 @@ def _rewrite_without(spark, storage: WarehouseStorage, config: TableConfig, asse
         kept = without(parsed, erased, key_hash=RAW_KEY_HASH).drop(RAW_KEY_HASH)
     else:
         kept = without(stored, erased)
-    storage.write(kept.select(*schema.names, BUSINESS_DATE), table, asset, dates)
-
-
-def _parquet_files(folder: str) -> list[str]:
-    if os.path.isfile(folder):
-        return [folder] if folder.endswith(".parquet") else []
-    found = []
-    for current, _, names in os.walk(folder):
-        found += [os.path.join(current, name) for name in names if name.endswith(".parquet")]
-    return sorted(found)
+    # In the Iceberg table's column order (Spark's Iceberg writer refuses a frame whose columns are ordered otherwise).
+    ordered = [f.name for f in storage.tables.load(table, asset).schema().fields if f.name in {*schema.names, BUSINESS_DATE}]
+    rest = [name for name in [*schema.names, BUSINESS_DATE] if name not in ordered]
+    storage.write(kept.select(*ordered, *rest), table, asset, dates)
 
 
 def _local_path(uri: str) -> str:
