@@ -1,11 +1,12 @@
-"""The SQL catalog: every table's current state and history by name, in Spark's Hive metastore.
+"""The SQL catalog: every table's current state and history by name, as views over its Iceberg tables.
 
     cdc-catalog sync                      register every table (what `make sql` and the SQL server do first)
     cdc-catalog sql [spark-sql args]      spark-sql on the catalog (`make sql`), e.g. -e "SELECT ..."
     cdc-catalog server start|status|stop  the SQL server (Spark Thrift server) on 127.0.0.1:10000 (`make sql-server`)
 
-Database ``cdc`` (``CDC_CATALOG_DATABASE``) holds each stored table's ``<table>_current``,
-``<table>_history``, ``<table>_latest`` and ``<table>_scd2``, and ``runs_log``; what each one is, and how
+Database ``cdc`` (``CDC_CATALOG_DATABASE``) in Spark's Hive metastore holds, as views over the
+Iceberg catalog ``lake`` (``lake.<table>.<asset>``), each stored table's ``<table>_current``,
+``<table>_history``, ``<table>_latest`` and ``<table>_scd2``; and ``runs_log``; what each one is, and how
 a sync defines them, is :mod:`cdc_assets.catalog_ddl`'s. Spark's embedded Derby metastore admits one
 process at a time: spark-sql or the SQL server holds it, and while the server runs, ``sync`` and ``sql``
 go through it (:mod:`cdc_assets.services.sql_server`).
