@@ -11,6 +11,9 @@ needs it.
     con = duckdb_connection()
     con.sql(f"SELECT * FROM iceberg_scan('{metadata_location}')")   # pyiceberg: table.metadata_location
 
+:func:`load_extensions` does the same to a connection already open (``duckdb.default_connection()``,
+the one ``duckdb.sql`` runs on).
+
 No Spark, no Dagster.
 """
 
@@ -76,6 +79,21 @@ def duckdb_connection(database: str = ":memory:", read_only: bool = False) -> du
     except BaseException:
         connection.close()
         raise
+    return connection
+
+
+def load_extensions(connection: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Load the Iceberg and Avro extensions into an open ``connection`` from the PyPI packages, offline,
+    as :func:`duckdb_connection` does (it also points the connection's extension directory there and turns
+    off downloads). Returns ``connection``."""
+    for name in LOADED_EXTENSIONS:
+        extension_file(name)
+    folder = str(extension_directory()).replace("'", "''")
+    connection.execute(f"SET extension_directory = '{folder}'")
+    connection.execute("SET autoinstall_known_extensions = false")
+    connection.execute("SET autoload_known_extensions = true")
+    for name in LOADED_EXTENSIONS:
+        connection.execute(f"LOAD {name}")
     return connection
 
 

@@ -315,7 +315,8 @@ def test_out_refuses_the_current_directory_its_parents_and_the_warehouse_even_wi
         err = capsys.readouterr().err
         assert f"is {what}: an export replaces its folder and everything in it, so this one is refused, even with --overwrite" in err
     assert _tree(tmp_path) == before
-    assert (warehouse / TABLE / "current_table" / f"business_date={D4}").is_dir()
+    assert partition_dir(warehouse, TABLE, "current_table", D4).exists()
+    assert (warehouse / TABLE / "current_table" / "data" / f"business_date={D4}").is_dir()
 
 
 def test_out_replaces_an_earlier_export_of_the_same_command_and_table_only(spark, chain, tmp_path, capsys):
