@@ -77,9 +77,28 @@ class StoredPartition:
         return WarehouseStorage(str(self.warehouse)).has_partition(self.table, self.asset, self.day)
 
 
-def read_stored(spark, where: "StoredPartition | Path | str") -> DataFrame:
-    """A stored date's rows (through the storage), or a Parquet folder's."""
-    return where.read(spark) if isinstance(where, StoredPartition) else spark.read.parquet(str(where))
+@dataclass(frozen=True)
+class StoredAsset:
+    """Every stored business date of an asset (with its ``business_date`` column), read through the storage."""
+
+    warehouse: Path
+    table: str
+    asset: str
+
+    def read(self, spark) -> DataFrame:
+        from resources.storage import WarehouseStorage
+
+        storage = WarehouseStorage(str(self.warehouse))
+        return storage.read(spark, self.table, self.asset, storage.stored_dates(self.table, self.asset))
+
+
+def stored_asset(warehouse: Path, table: str, asset: str) -> StoredAsset:
+    return StoredAsset(Path(warehouse), table, asset)
+
+
+def read_stored(spark, where: "StoredPartition | StoredAsset | Path | str") -> DataFrame:
+    """A stored date's or asset's rows (through the storage), or a Parquet folder's."""
+    return where.read(spark) if isinstance(where, (StoredPartition, StoredAsset)) else spark.read.parquet(str(where))
 
 
 def operation_counts(spark, where: "StoredPartition | Path | str") -> dict[str, int]:
@@ -116,3 +135,13 @@ def own_catalog_database(spark, monkeypatch, name: str):
     spark.catalog.setCurrentDatabase("default")  # a fresh sync ends with USE
     spark.sql(f"DROP DATABASE IF EXISTS {name} CASCADE")
     spark.conf.set("spark.sql.hive.manageFilesourcePartitions", previous)
+
+
+def stored_arrow(warehouse: Path, table: str, asset: str, day: str, columns: tuple[str, ...] | None = None):
+    """A stored date's rows as an Arrow table, read by pyiceberg at the table's current snapshot (no Spark)."""
+    from pyiceberg.catalog import load_catalog
+
+    from resources.storage.lake import CATALOG_NAME, pyiceberg_properties
+
+    iceberg = load_catalog(CATALOG_NAME, **pyiceberg_properties(str(warehouse))).load_table(f"{table}.{asset}")
+    return iceberg.scan(row_filter=f"business_date = '{day}'", selected_fields=columns or ("*",)).to_arrow()
