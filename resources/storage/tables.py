@@ -120,7 +120,7 @@ class LakeTables:
             return spark
         derived = self._derived.get(id(spark))
         if derived is None:
-            derived = spark.newSession()
+            derived = _another_session(spark)
             use_catalog(derived, self.root)
             self._derived[id(spark)] = derived
         return derived
@@ -365,3 +365,23 @@ class LakeTables:
 def _local(uri: str) -> str:
     """A file URI as Iceberg records it (``file:/...``), as a local path."""
     return "/" + uri[len("file:"):].lstrip("/") if uri.startswith("file:") else uri
+
+
+def _another_session(spark: SparkSession) -> SparkSession:
+    """A new session on the same Spark as ``spark`` (its JVM, or its Connect server), with its SQL conf
+    but no catalog opened yet. ``spark`` stays the process's default session."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        url = getattr(spark.client._builder, "url", None) or os.environ["SPARK_REMOTE"]
+        created = ConnectSession.builder.remote(url).create()
+        ConnectSession._set_default_and_active_session(spark)
+    else:
+        created = spark.newSession()
+    for key, value in spark.conf.getAll.items():
+        if key.startswith("spark.sql.") and not key.startswith(f"spark.sql.catalog.{CATALOG_NAME}"):
+            try:
+                created.conf.set(key, value)
+            except Exception:  # noqa: BLE001 - a static conf the new session already has from the JVM
+                pass
+    return created
