@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.storage.lake import CATALOG_NAME, catalog_file, opened_warehouse, pyiceberg_properties, table_identifier, use_catalog
@@ -51,12 +51,25 @@ TABLE_PROPERTIES = {
     # Manifests keep each column's value and null counts but no lower/upper bounds: a bound is a stored
     # value (a key, its hash) that an erase could not reach without rewriting metadata.
     "write.metadata.metrics.default": "counts",
+    # A commit that lost a race for the catalog is retried on the new base (the writer lock keeps writers
+    # of a table apart; readers' and maintenance commits are what it races).
+    "commit.retry.num-retries": "10",
 }
 
 
 def as_stored(schema: StructType) -> StructType:
-    """The schema as stored: every column nullable (Iceberg columns are optional here)."""
-    return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema.fields])
+    """The schema as stored: every column and every nested field nullable (the tables' columns are all optional)."""
+    return StructType([StructField(f.name, _nullable(f.dataType), True, f.metadata) for f in schema.fields])
+
+
+def _nullable(data_type: DataType) -> DataType:
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True, f.metadata) for f in data_type.fields])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(_nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(_nullable(data_type.keyType), _nullable(data_type.valueType), True)
+    return data_type
 
 
 def encode_dates(days: Iterable[str]) -> str:
@@ -336,7 +349,7 @@ class LakeTables:
         present = set(frame.columns)
         columns = [
             (F.col(f"`{f.name}`").cast(f.dataType) if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name, metadata=f.metadata)
-            for f in schema.fields
+            for f in as_stored(schema).fields
             if f.name != BUSINESS_DATE
         ]
         return frame.select(*columns, F.col(BUSINESS_DATE))
