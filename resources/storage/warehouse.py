@@ -77,6 +77,14 @@ class WarehouseStorage:
     def list_names(self, path: str) -> list[str]:
         return list_names(path)
 
+    def _session(self) -> SparkSession:
+        """The session of this run's reads and writes, else the process's active one (a commit of metadata
+        only, such as retention's, goes through Spark too)."""
+        session = self._spark or SparkSession.getActiveSession()
+        if session is None:
+            raise RuntimeError("the warehouse's commits need a Spark session: none is active in this process")
+        return session
+
     # -- the writer lock -------------------------------------------------------------------------------
     def hold_writer_lock(self, table: str) -> None:
         """Make this run the table's only writer until :meth:`release`; wait for another holder first.
@@ -182,10 +190,8 @@ class WarehouseStorage:
         """Make an erase final: expire every snapshot of the table's assets but the current one and delete
         every data file the current snapshots do not read. Holds the table's writer lock."""
         self.hold_writer_lock(table)
-        if self._spark is None:
-            raise RuntimeError(f"{table}: expiring snapshots needs the session of the run that erased")
         for asset in self.stored_assets(table):
-            self.tables.expire_all_but_current(self._spark, table, asset)
+            self.tables.expire_all_but_current(self._session(), table, asset)
 
     def data_files(self, table: str) -> list[tuple[str, str, str, bool]]:
         """Every data file under the table's assets, live or not, as (asset, date, path, live): all a
@@ -257,9 +263,7 @@ class WarehouseStorage:
         for day in expired:
             stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
-        if self._spark is None:
-            raise RuntimeError(f"{table}/{asset}: retention drops dates only in a run that read or wrote the table")
-        self.tables.drop_dates(self._spark, table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)})
+        self.tables.drop_dates(self._session(), table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)})
 
     def dropped_partition(self, table: str, asset: str, business_date: str) -> dict | None:
         """What retention recorded when it dropped the partition (``setting``, its value under the setting's
