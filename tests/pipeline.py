@@ -97,8 +97,12 @@ def stored_asset(warehouse: Path, table: str, asset: str) -> StoredAsset:
 
 
 def read_stored(spark, where: "StoredPartition | StoredAsset | Path | str") -> DataFrame:
-    """A stored date's or asset's rows (through the storage), or a Parquet folder's."""
-    return where.read(spark) if isinstance(where, (StoredPartition, StoredAsset)) else spark.read.parquet(str(where))
+    """A stored date's or asset's rows (through the storage), or a Parquet folder's (never an Iceberg table's:
+    its folder also holds the files of replaced snapshots)."""
+    if isinstance(where, (StoredPartition, StoredAsset)):
+        return where.read(spark)
+    assert not (Path(where) / "metadata").is_dir(), f"{where} is an Iceberg table: read it through the storage"
+    return spark.read.parquet(str(where))
 
 
 def operation_counts(spark, where: "StoredPartition | Path | str") -> dict[str, int]:

@@ -233,7 +233,7 @@ def test_change_sets_through_connect_equal_the_classic_session(spark, tmp_path, 
 
     def stored(root: Path, table: str) -> dict:
         return {
-            asset: sorted_rows(spark, root / table / asset)
+            asset: sorted_rows(spark, stored_asset(root, table, asset))
             for asset in CHANGESET_ASSETS
         }
 
