@@ -30,7 +30,7 @@ else
 export SPARK_REMOTE
 endif
 
-.PHONY: install demo test test-fast browser ui validate benchmark benchmark-many benchmark-state spark-server spark-server-stop cluster-up cluster-down sql sql-server sql-server-stop clean
+.PHONY: install jars demo test test-fast browser ui validate benchmark benchmark-many benchmark-state spark-server spark-server-stop cluster-up cluster-down sql sql-server sql-server-stop clean
 
 $(BIN)/dagster: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,53 @@ $(BIN)/dagster: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-install: $(BIN)/dagster
+install: $(BIN)/dagster jars
+
+# The jars every Spark the project starts loads (cdc_assets/services/iceberg_runtime.py puts each .jar of
+# .jars/ on its classpath), copied from Maven Central by mvn, pinned by version and checked by sha256.
+# Where Central cannot be reached: a Maven mirror in mvn's own settings (~/.m2/settings.xml, or
+# MVN='mvn -s settings.xml'), or the two jars copied into .jars/ by hand (README, "Without Maven Central").
+MVN ?= mvn
+JARS_DIR := .jars
+# The Iceberg Spark runtime for the project's Spark line, 4.0 built for Scala 2.13 (pyspark 4.0's): 1.11.0
+# is the newest Iceberg release with a 4.0 runtime (1.12.0 has 4.1's only). Shaded: it needs no other jar.
+ICEBERG_RUNTIME := org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.11.0
+ICEBERG_RUNTIME_SHA256 := 63c3b812549dc232c1920865ff42436df8604a9bbacd693930985c06bd97e6dc
+# The SQLite JDBC driver of the embedded catalog: Iceberg's JDBC catalog on the warehouse's SQLite file
+# (resources/storage/lake.py), which pyiceberg opens with Python's own sqlite3. One self-contained jar.
+SQLITE_JDBC := org.xerial:sqlite-jdbc:3.51.1.0
+SQLITE_JDBC_SHA256 := 29eda0d1e5ab235b0f1baad05c531106c59c4a72c92a51a4b9c1a4e4c84abffe
+JAR_PINS := $(ICEBERG_RUNTIME)=$(ICEBERG_RUNTIME_SHA256) $(SQLITE_JDBC)=$(SQLITE_JDBC_SHA256)
+
+# Runs every time: a jar already there is only checked (a quarter of a second), a missing one is copied,
+# and a pin changed here replaces its old jar.
+jars:
+	@mkdir -p $(JARS_DIR)
+	@set -e; for pin in $(JAR_PINS); do \
+		coordinate=$${pin%%=*}; sha256=$${pin#*=}; \
+		artifact=$$(echo "$$coordinate" | cut -d: -f2); version=$$(echo "$$coordinate" | cut -d: -f3); \
+		jar=$(JARS_DIR)/$$artifact-$$version.jar; \
+		for old in $(JARS_DIR)/$$artifact-*.jar; do \
+			if [ -f "$$old" ] && [ "$$old" != "$$jar" ]; then echo "jars: removing $$old (pinned now: $$version)"; rm -f "$$old"; fi; \
+		done; \
+		if [ ! -f "$$jar" ]; then \
+			if ! command -v $(firstword $(MVN)) >/dev/null 2>&1; then \
+				echo "jars: $$jar is missing and Maven ($(firstword $(MVN))) is not installed: install Maven (Debian: apt-get install maven), or copy $$artifact-$$version.jar ($$coordinate) into $(JARS_DIR)/ by hand (README: Without Maven Central)" >&2; \
+				exit 1; \
+			fi; \
+			echo "jars: $$coordinate"; \
+			rm -rf $(JARS_DIR)/.partial; \
+			if ! output=$$($(MVN) --batch-mode -q dependency:copy -Dartifact=$$coordinate -DoutputDirectory=$(JARS_DIR)/.partial 2>&1); then \
+				printf '%s\n' "$$output" >&2; \
+				echo "jars: mvn could not copy $$coordinate: where Maven Central cannot be reached, see README (Without Maven Central)" >&2; exit 1; \
+			fi; \
+			mv $(JARS_DIR)/.partial/$$artifact-$$version.jar "$$jar"; \
+			rm -rf $(JARS_DIR)/.partial; \
+		fi; \
+		if ! echo "$$sha256  $$jar" | sha256sum --check --status; then \
+			echo "jars: $$jar is not the pinned $$coordinate (its sha256 differs): delete it and run make install again" >&2; exit 1; \
+		fi; \
+	done
 
 $(DAGSTER_HOME)/dagster.yaml: instance/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)

@@ -38,8 +38,13 @@ def write_config(folder: Path, table: str, data_root: Path, load_type: str = "fu
     return folder
 
 
-def operation_counts(folder: Path) -> dict[str, int]:
-    rows = duckdb.sql(f"select operation, count(*) from read_parquet('{folder}/*.parquet') group by all").fetchall()
+def operation_counts(stored: tuple[Path, str, str, str]) -> dict[str, int]:
+    """Rows per operation of a stored date ``(warehouse, table, asset, day)``, read with pyiceberg (no Spark)."""
+    from resources.storage import WarehouseStorage
+
+    warehouse, table, asset, day = stored
+    operations = WarehouseStorage(str(warehouse)).tables.column(table, asset, [day], "operation")
+    rows = duckdb.sql("select operation, count(*) from (select unnest(?) as operation) group by all", params=[operations.to_pylist()]).fetchall()
     return dict(sorted(rows))
 
 
@@ -51,16 +56,17 @@ def expected_day2(generated: dict) -> dict:
     return {name: {op: n for op, n in ops.items() if n} for name, ops in wanted.items()}
 
 
-def check_counts(label: str, folders: dict[str, Path], expected: dict) -> dict:
-    """Operation counts of each output folder against ``expected``; raises OutputsWrong if they differ."""
+def check_counts(label: str, folders: dict[str, tuple], expected: dict) -> dict:
+    """Operation counts of each stored output date against ``expected``; raises OutputsWrong if they differ."""
     found = {name: operation_counts(folder) for name, folder in folders.items()}
     if found != expected:
         raise OutputsWrong(f"{label}: counts {found}, expected {expected}")
     return found
 
 
-def dated(table_root: Path, names, day: str = DAY2) -> dict[str, Path]:
-    return {name: table_root / name / f"business_date={day}" for name in names}
+def dated(table_root: Path, names, day: str = DAY2) -> dict[str, tuple[Path, str, str, str]]:
+    """The stored date ``day`` of each asset ``names`` of the table under ``table_root`` (``warehouse/table``)."""
+    return {name: (table_root.parent, table_root.name, name, day) for name in names}
 
 
 def folder_bytes(folder: Path) -> int:
@@ -68,10 +74,11 @@ def folder_bytes(folder: Path) -> int:
 
 
 def partition_bytes(warehouse: Path, table: str, day: str) -> dict[str, int]:
-    """Bytes each asset of ``table`` wrote for ``day`` (its ``business_date=`` folder)."""
-    root = warehouse / table
-    assets = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))) if root.is_dir() else []
-    return {asset.name: folder_bytes(asset / f"business_date={day}") for asset in assets}
+    """Bytes of each asset's data files that ``day`` reads now (its Iceberg table's live files of that date)."""
+    from resources.storage import WarehouseStorage
+
+    storage = WarehouseStorage(str(warehouse))
+    return {asset: storage.bytes_stored(table, asset, [day]).get(day, 0) for asset in storage.stored_assets(table)}
 
 
 def cdc_current(env: dict, table: str, day: str) -> Path:

@@ -33,12 +33,12 @@ from datetime import date, timedelta
 from pathlib import Path
 
 import duckdb
-import pyarrow.parquet as pq
 
 from benchmarks import eventlog as ev
 from benchmarks.data import KEYS, NON_KEYS, check_counts, dated, folder_bytes, write_config
 from benchmarks.harness import (REPO, Child, OutputsWrong, StepFailed, cold_env, describe, log, print_table, run_env, run_process,
                                 step_seconds, tool)
+from resources.storage import WarehouseStorage
 
 TABLE = "erase_bench"
 YARDSTICK = REPO.parent / "shared" / "bench" / "plain_cdc.py"
@@ -163,7 +163,8 @@ def measure_erase(result: dict, bench, state: dict) -> None:
     before = {asset: stored_rows(stored, asset, dates) for asset in ASSETS}
     partitions = {asset: [d for d, n in rows.items() if n is not None] for asset, rows in before.items()}
     result["table_partitions"] = sum(map(len, partitions.values()))
-    result["table_bytes"] = sum(folder_bytes(stored / asset / f"business_date={d}") for asset, days in partitions.items() for d in days)
+    storage = WarehouseStorage(str(stored.parent))
+    result["table_bytes"] = sum(sum(storage.bytes_stored(TABLE, asset, days).values()) for asset, days in partitions.items() if days)
     folder = bench.workdir / "eventlogs" / "erase"
     erase_env = {**env, "CDC_SPARK_CONF": ev.conf_env(folder, env), "PYTHONUNBUFFERED": "1"}  # each line timed as printed
     command = [tool("cdc-erase"), TABLE, "--keys", data["keys_file"], "--reason", "bench"]
@@ -232,13 +233,11 @@ def read_ledger(erasures: Path) -> tuple[dict, dict[str, int]]:
 
 
 def stored_rows(table_root: Path, asset: str, dates: list[str]) -> dict[str, int | None]:
-    """Rows of each date's stored version (Parquet footers), None for a date the asset has no partition of."""
-    found = {}
-    for day in dates:
-        folder = table_root / asset / f"business_date={day}"
-        files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
-        found[day] = sum(pq.ParquetFile(f).metadata.num_rows for f in files) if folder.is_dir() else None
-    return found
+    """Rows of each stored date (the Iceberg table's manifests), None for a date the asset does not hold."""
+    storage = WarehouseStorage(str(table_root.parent))
+    held = set(storage.stored_dates(table_root.name, asset))
+    counts = storage.row_counts(table_root.name, asset, [day for day in dates if day in held])
+    return {day: counts[day] if day in held else None for day in dates}
 
 
 def run_timed(name: str, command: list, env: dict, logs: Path) -> tuple[dict, list[tuple[float, str]]]:

@@ -296,10 +296,16 @@ class Targets:
 
 def range_counts(env: dict) -> list[tuple]:
     """(business date, operation, rows) of history_partition, then of current_table: equal lists, same outputs."""
-    root = Path(env["CDC_WAREHOUSE"]) / RANGE
-    return [row for asset in ("history_partition", "current_table") for row in duckdb.sql(
-        f"select cast(business_date as varchar), operation, count(*) from "
-        f"read_parquet('{root / asset}/*/*.parquet', hive_partitioning=true) group by all order by all").fetchall()]
+    from pyiceberg.catalog import load_catalog
+
+    from resources.storage.lake import CATALOG_NAME, pyiceberg_properties
+
+    catalog = load_catalog(CATALOG_NAME, **pyiceberg_properties(str(Path(env["CDC_WAREHOUSE"]).resolve())))
+    found = []
+    for asset in ("history_partition", "current_table"):
+        rows = catalog.load_table((RANGE, asset)).scan(selected_fields=("business_date", "operation")).to_arrow()  # noqa: F841
+        found += duckdb.sql("select cast(business_date as varchar), operation, count(*) from rows group by all order by all").fetchall()
+    return found
 
 
 def summary(results: dict) -> None:

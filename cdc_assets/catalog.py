@@ -1,11 +1,13 @@
-"""The SQL catalog: every table's current state and history by name, in Spark's Hive metastore.
+"""The SQL catalog: every table's current state and history by name, as views over its Iceberg tables.
 
     cdc-catalog sync                      register every table (what `make sql` and the SQL server do first)
     cdc-catalog sql [spark-sql args]      spark-sql on the catalog (`make sql`), e.g. -e "SELECT ..."
     cdc-catalog server start|status|stop  the SQL server (Spark Thrift server) on 127.0.0.1:10000 (`make sql-server`)
+    cdc-catalog describe TABLE --json     what pyiceberg needs to read any asset's any date (no Spark)
 
-Database ``cdc`` (``CDC_CATALOG_DATABASE``) holds each stored table's ``<table>_current``,
-``<table>_history``, ``<table>_latest`` and ``<table>_scd2``, and ``runs_log``; what each one is, and how
+Database ``cdc`` (``CDC_CATALOG_DATABASE``) in Spark's Hive metastore holds, as views over the
+Iceberg catalog ``lake`` (``lake.<table>.<asset>``), each stored table's ``<table>_current``,
+``<table>_history``, ``<table>_latest`` and ``<table>_scd2``; and ``runs_log``; what each one is, and how
 a sync defines them, is :mod:`cdc_assets.catalog_ddl`'s. Spark's embedded Derby metastore admits one
 process at a time: spark-sql or the SQL server holds it, and while the server runs, ``sync`` and ``sql``
 go through it (:mod:`cdc_assets.services.sql_server`).
@@ -14,12 +16,15 @@ go through it (:mod:`cdc_assets.services.sql_server`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 
 from cdc_assets.catalog_ddl import catalog_database, catalog_dir
+from cdc_assets.catalog_describe import describe
 from cdc_assets.config import table_configs_dir
+from cdc_assets.consumers import table_config
 from cdc_assets.services.process import HOST
 from cdc_assets.services.sql_server import (
     DEFAULT_SQL_PORT,
@@ -48,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     server = commands.add_parser("server", help="the SQL (Thrift) server on 127.0.0.1")
     server.add_argument("action", choices=["start", "status", "stop", "run"], help="run: the server's driver, as start launches it under spark-submit")
     server.add_argument("--port", type=int, default=None, help=f"start: the port (default: ${SQL_PORT_ENV} or {DEFAULT_SQL_PORT})")
+    describe_table = commands.add_parser("describe", help="the table's Iceberg catalog and tables, for scripts (pyiceberg)")
+    describe_table.add_argument("table", help="the table config's name")
+    describe_table.add_argument("--json", action="store_true", required=True, help="print one JSON object (the only format)")
     argv = sys.argv[1:] if argv is None else argv
     # Everything after "sql" belongs to spark-sql, options included.
     args = parser.parse_args(argv[:1] if argv[:1] == ["sql"] else argv)
@@ -56,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
 
     storage = WarehouseStorage(warehouse_root())
     try:
+        if args.command == "describe":
+            print(json.dumps(describe(storage, table_config(args.table)), indent=2))
+            return 0
         if args.command == "sync":
             return sync(storage)
         if args.command == "sql":

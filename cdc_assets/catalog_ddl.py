@@ -1,28 +1,34 @@
 """The SQL catalog's objects and the statements that define them: every table's current state and history
-by name in Spark's Hive metastore, brought there afresh (:func:`sync_statements`, for spark-sql) or in
-place (:func:`sync_in_place`, in the SQL server). Which process runs them, and how, is
-:mod:`cdc_assets.services.sql_server`'s; ``cdc-catalog`` (:mod:`cdc_assets.catalog`) is the command.
+by name in Spark's Hive metastore, as views over the warehouse's Iceberg tables, brought there afresh
+(:func:`sync_statements`, for spark-sql) or in place (:func:`sync_in_place`, in the SQL server). Which
+process runs them, and how, is :mod:`cdc_assets.services.sql_server`'s; ``cdc-catalog``
+(:mod:`cdc_assets.catalog`) is the command.
 
-For each configured table with stored data, database ``cdc`` (``CDC_CATALOG_DATABASE``) holds:
+The rows are in the Iceberg catalog ``lake`` (``lake.<table>.<asset>``, resources/storage/lake.py). For
+each configured table with stored data, database ``cdc`` (``CDC_CATALOG_DATABASE``) holds views of it
+under the names analysts use:
 
-- ``<table>_current`` and ``<table>_history``: external Parquet tables over the warehouse folders,
-  partitioned by ``business_date`` (a DATE); for a table with ``storage: {current: incremental}``,
-  ``<table>_current`` is a view of each date's state over ``<table>_current_full`` and
-  ``<table>_current_changes`` (docs/incremental-state.md);
-- ``<table>_latest``: a view of current_table as of its newest committed date;
+- ``<table>_current`` and ``<table>_history``: ``lake.<table>.current_table`` and
+  ``lake.<table>.history_partition``, ``business_date`` (a DATE) last; for a table with
+  ``storage: {current: incremental}``, ``<table>_current`` is each date's state over
+  ``<table>_current_full`` and ``<table>_current_changes`` (views of ``lake.<table>.current_table`` and
+  ``lake.<table>.current_table_changes``; docs/incremental-state.md);
+- ``<table>_latest``: current_table as of its newest date with rows;
 - ``<table>_scd2``: the SCD type 2 view over all stored history (``cdc_assets/sql/scd2.sql``);
-- and ``runs_log``: the runs log (``_runs/``), one row per run, table and business date.
+- and ``runs_log``: the runs log (``_runs/``, Parquet files a run only adds), an external Parquet table,
+  one row per run, table and business date.
 
-A table's schema is declared, not inferred from its files (which fails once a column was widened):
-the configured columns with their configured types, each former name of a renamed column that a
-stored file still has, and the pipeline's own columns as the newest date stores them. Spark then
-reads a column a date lacks as NULL and a narrower stored type as the declared one. The views show
-the configured columns as configured now, a renamed column with its former name's values on older
+A view of an asset declares its columns: the configured columns with their configured types, each
+former name of a renamed column that a stored date still has, and the pipeline's own columns as the
+newest date stores them (a column the Iceberg table does not have yet reads as NULL). The derived views
+show the configured columns as configured now, a renamed column with its former name's values on older
 dates (:mod:`cdc_assets.core.as_configured`).
 
-The tables do not track partitions in the metastore (``spark.sql.hive.manageFilesourcePartitions=false``
-in the catalog's sessions): Spark lists a table's folder when a query is planned, so a commit's rename
-into ``business_date=D`` is what registers date D, and runs never write to the metastore.
+A view names its Iceberg table, not files: each query reads the table's snapshot committed when it is
+planned, so a run's commit is visible to the next query without any sync, and a date is never read
+half-replaced. Only a new table, a table's config change or a new column needs a sync. A view over
+``lake`` is resolved by the session that reads it: every session on the catalog opens ``lake`` on the
+warehouse (:func:`cdc_assets.services.sql_server.catalog_conf`).
 
 The metastore lives in ``<warehouse>/_catalog`` (``CDC_CATALOG_DIR`` for a warehouse that is not a
 local folder): deleting it loses nothing the next sync does not rebuild, except objects a user added.
@@ -51,6 +57,7 @@ from cdc_assets.core.state import state_sql, untouched_operation
 from cdc_assets.names import CURRENT, HISTORY
 from cdc_assets.stored_schema import date_schema, stored_former_names
 from resources.storage import WarehouseStorage, state_changes_asset
+from resources.storage.lake import CATALOG_NAME
 
 DATABASE_ENV = "CDC_CATALOG_DATABASE"
 DEFAULT_DATABASE = "cdc"
@@ -62,7 +69,8 @@ ALL_HISTORY = "9999-12-31"
 TABLE_SUFFIXES = {CURRENT: "current", HISTORY: "history"}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SYNC_ATTEMPTS = 4
-# A sync or query that listed a folder while a commit renamed it away: listing again finds the new one.
+# A sync that listed the runs log's folder while a file went (its files are only added, but a user
+# may tidy it): listing again finds what is there.
 _VANISHED_FILE = re.compile(r"FileNotFoundException|FAILED_READ_FILE|PATH_NOT_FOUND|File does not exist|No such file", re.IGNORECASE)
 
 
@@ -95,31 +103,29 @@ def table_name(config: TableConfig, asset: str) -> str:
     return f"{config.name}_{TABLE_SUFFIXES[asset]}"
 
 
+def lake_table(table: str, asset: str) -> str:
+    """The asset's Iceberg table as a view names it: ``lake.<table>.<asset>``, quoted."""
+    return ".".join(quote_identifier(part, Dialect.spark) for part in (CATALOG_NAME, table, asset))
+
+
 def _create_database(storage: WarehouseStorage, database: str) -> str:
     location = _string_literal(str(catalog_dir(storage) / f"{database}.db"))
     return f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database, Dialect.spark)} LOCATION {location}"
 
 
-def _create_table(
-    name: str, location: str, comment: str, if_not_exists: bool = False, columns: Sequence[tuple[str, str]] | None = None
-) -> str:
-    """A table's ``CREATE TABLE``: with ``columns`` (name, type) declared and partitioned by
-    ``business_date``; without, the schema merged from every stored file's footer (the runs log's)."""
+def _create_runs_log(name: str, location: str, if_not_exists: bool = False) -> str:
+    """The runs log's ``CREATE TABLE``: external Parquet, its schema merged from every file's footer."""
     create = f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}{name}"
-    where = f"LOCATION {_string_literal(location)} COMMENT {_string_literal(comment)}"
-    if columns is None:
-        return f"{create} USING parquet OPTIONS (mergeSchema 'true') {where}"
-    declared = ", ".join(f"{quote_identifier(column, Dialect.spark)} {data_type}" for column, data_type in [*columns, (BUSINESS_DATE, "date")])
-    return f"{create} ({declared}) USING parquet PARTITIONED BY ({quote_identifier(BUSINESS_DATE, Dialect.spark)}) {where}"
+    return f"{create} USING parquet OPTIONS (mergeSchema 'true') LOCATION {_string_literal(location)} COMMENT {_string_literal(RUNS_LOG_COMMENT)}"
 
 
 def _asset_comment(config: TableConfig, asset: str) -> str:
-    return f"{config.name}: {asset}, one partition per business_date"
+    return f"{config.name}: {asset} (Iceberg table {CATALOG_NAME}.{config.name}.{asset}), one business_date per partition"
 
 
 @dataclass(frozen=True)
 class View:
-    """One of a table's views: over the table of ``asset``, defined by ``query``."""
+    """One of a table's views: over the Iceberg table of ``asset``, defined by ``query``."""
 
     name: str
     asset: str
@@ -140,18 +146,32 @@ class View:
 
 
 @dataclass(frozen=True)
-class StoredTable:
-    """An external table over one of a table's asset folders: its name, folder, whether anything is
-    stored, and its declared columns (name, type; ``business_date`` aside): see :func:`declared_columns`."""
+class AssetView:
+    """The view of one of a table's Iceberg tables: its name, the asset, whether anything is stored,
+    its declared columns (name, type; ``business_date`` aside, see :func:`declared_columns`) and the
+    columns the Iceberg table has (lower case)."""
 
     name: str
-    location: str
+    table: str
+    asset: str
     comment: str
     stored: bool
     columns: tuple[tuple[str, str], ...] = ()
+    lake_columns: frozenset[str] = frozenset()
+
+    def view(self) -> View:
+        """``SELECT`` the declared columns, each as its declared type (NULL if the Iceberg table lacks it),
+        then ``business_date``, from the Iceberg table."""
+        items = []
+        for column, data_type in self.columns:
+            quoted = quote_identifier(column, Dialect.spark)
+            value = quoted if column.lower() in self.lake_columns else "NULL"
+            items.append(f"CAST({value} AS {data_type}) AS {quoted}")
+        items.append(quote_identifier(BUSINESS_DATE, Dialect.spark))
+        return View(self.name, self.asset, self.comment, f"SELECT {', '.join(items)} FROM {lake_table(self.table, self.asset)}")
 
     def as_configured(self, config: TableConfig, database: str) -> str:
-        """The table as a relation with the configured columns as configured now (a renamed column's
+        """The view as a relation with the configured columns as configured now (a renamed column's
         former name carried across), then its pipeline columns and ``business_date``."""
         stored = [name for name, _ in self.columns]
         items = [
@@ -163,10 +183,10 @@ class StoredTable:
 
 
 def declared_columns(config: TableConfig, storage: WarehouseStorage, asset: str) -> list[tuple[str, str]]:
-    """The columns (name, type) an asset's table declares: the configured columns with their configured
+    """The columns (name, type) an asset's view declares: the configured columns with their configured
     types, each former name of a renamed column that a stored date has (with its new name's type),
     then the pipeline's own columns as the newest stored date has them. Empty when nothing is stored.
-    Reads Parquet footers (a file of the newest date, and older ones while a former name is not found)."""
+    Reads the schemas the dates were written with (the newest, and older ones while a former name is not found)."""
     dates = storage.stored_dates(config.name, asset)
     if not dates:
         return []
@@ -178,47 +198,54 @@ def declared_columns(config: TableConfig, storage: WarehouseStorage, asset: str)
     ]
 
 
-def stored_tables(config: TableConfig, storage: WarehouseStorage) -> list[StoredTable]:
-    """The external tables of one table: ``<table>_current`` and ``<table>_history``; for an incremental
-    state ``<table>_current_full`` (its full copies) and ``<table>_current_changes`` instead of ``_current``,
-    which is then a view (:func:`table_views`)."""
-    folders = [(table_name(config, CURRENT), CURRENT, _asset_comment(config, CURRENT))]
+def _lake_columns(storage: WarehouseStorage, table: str, asset: str) -> frozenset[str]:
+    """The columns of the asset's Iceberg table now (lower case; its metadata, no Spark job)."""
+    loaded = storage.tables.load(table, asset)
+    return frozenset() if loaded is None else frozenset(field.name.lower() for field in loaded.schema().fields)
+
+
+def asset_views(config: TableConfig, storage: WarehouseStorage) -> list[AssetView]:
+    """The views of one table's Iceberg tables: ``<table>_current`` and ``<table>_history``; for an
+    incremental state ``<table>_current_full`` (its full copies) and ``<table>_current_changes`` instead of
+    ``_current``, which is then the state view (:func:`table_views`)."""
+    assets = [(table_name(config, CURRENT), CURRENT, _asset_comment(config, CURRENT))]
     if config.storage.incremental:
-        folders = [
+        changes = state_changes_asset(CURRENT)
+        assets = [
             (f"{config.name}_current_full", CURRENT, f"{config.name}: full copies of the state (storage: incremental)"),
-            (f"{config.name}_current_changes", state_changes_asset(CURRENT),
-             f"{config.name}: each date's changes to the state (storage: incremental)"),
+            (f"{config.name}_current_changes", changes, f"{config.name}: each date's changes to the state (storage: incremental)"),
         ]
-    folders.append((table_name(config, HISTORY), HISTORY, _asset_comment(config, HISTORY)))
-    tables = []
-    for name, asset, comment in folders:
+    assets.append((table_name(config, HISTORY), HISTORY, _asset_comment(config, HISTORY)))
+    views = []
+    for name, asset, comment in assets:
         columns = tuple(declared_columns(config, storage, asset))
-        tables.append(StoredTable(name, storage.asset_path(config.name, asset), comment, bool(columns), columns))
-    return tables
+        lake_columns = _lake_columns(storage, config.name, asset) if columns else frozenset()
+        views.append(AssetView(name, config.name, asset, comment, bool(columns), columns, lake_columns))
+    return views
 
 
-def table_views(config: TableConfig, database: str, tables: Sequence[StoredTable]) -> list[View]:
+def table_views(config: TableConfig, database: str, assets: Sequence[AssetView]) -> list[View]:
     """``<table>_latest`` over current_table and ``<table>_scd2`` over history_partition; for an
-    incremental state also ``<table>_current``, every stored date's state. ``tables`` are the table's
-    :func:`stored_tables`; the views show the configured columns as configured now."""
-    by_name = {table.name: table for table in tables}
+    incremental state also ``<table>_current``, every stored date's state. ``assets`` are the table's
+    :func:`asset_views`; the views show the configured columns as configured now."""
+    by_name = {view.name: view for view in assets}
     current = _quoted(database, table_name(config, CURRENT))
     history_relation = by_name[table_name(config, HISTORY)].as_configured(config, database)
     scd2 = scd2_sql([column.name for column in config.columns], history_relation, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark)
     views = []
     if config.storage.incremental:
-        # The newest date is read from the stored folders' partitions, not from the view (which would
-        # build every date's state to find it).
-        full_table, changes_table = by_name[f"{config.name}_current_full"], by_name[f"{config.name}_current_changes"]
-        full, changes = _quoted(database, full_table.name), _quoted(database, changes_table.name)
+        # The newest date is read from the stored tables, not from the state view (which would build
+        # every date's state to find it).
+        full_view, changes_view = by_name[f"{config.name}_current_full"], by_name[f"{config.name}_current_changes"]
+        full, changes = _quoted(database, full_view.name), _quoted(database, changes_view.name)
         state = state_sql(
             state_columns(config),
-            full_table.as_configured(config, database),
-            changes_table.as_configured(config, database) if changes_table.stored else None,
+            full_view.as_configured(config, database),
+            changes_view.as_configured(config, database) if changes_view.stored else None,
             untouched_operation(config.load_type),
         )
         views.append(View(table_name(config, CURRENT), CURRENT, f"{config.name}: the state as of each business_date", state))
-        newest = f"(SELECT max(business_date) FROM {full})" if not changes_table.stored else (
+        newest = f"(SELECT max(business_date) FROM {full})" if not changes_view.stored else (
             f"(SELECT greatest(max(business_date), (SELECT max(business_date) FROM {changes})) FROM {full})")
         latest = f"SELECT * FROM {current} WHERE business_date = {newest}"  # the view above is as configured
     else:
@@ -240,34 +267,36 @@ def _stored(config: TableConfig, storage: WarehouseStorage) -> dict[str, bool]:
     return {asset: bool(storage.stored_dates(config.name, asset)) for asset in (CURRENT, HISTORY)}
 
 
-def table_statements(config: TableConfig, storage: WarehouseStorage, database: str) -> list[str]:
-    """The statements that define one table's objects afresh in ``database``, from what is stored.
+def _every_view(config: TableConfig, storage: WarehouseStorage, database: str) -> list[tuple[View, bool]]:
+    """Each of the table's views, those over the Iceberg tables first, with whether it is to exist
+    (something of its asset is stored)."""
+    stored, assets = _stored(config, storage), asset_views(config, storage)
+    return [(asset.view(), asset.stored) for asset in assets] + [
+        (view, stored[view.asset]) for view in table_views(config, database, assets)
+    ]
 
-    For a metastore no one else reads while they run (``cdc-catalog sql`` holds it alone): tables are
-    dropped and created again, which loses no data (they are external) and takes the stored schema as
-    it is now. An asset with nothing stored loses its objects. The SQL server syncs in place instead
-    (:func:`sync_in_place`).
+
+def table_statements(config: TableConfig, storage: WarehouseStorage, database: str) -> list[str]:
+    """The statements that define one table's views afresh in ``database``, from what is stored.
+
+    For a metastore no one else reads while they run (``cdc-catalog sql`` holds it alone): each view is
+    replaced (dropped and created again). An asset with nothing stored loses its views. The SQL server
+    syncs in place instead (:func:`sync_in_place`).
     """
-    stored, tables = _stored(config, storage), stored_tables(config, storage)
-    views = table_views(config, database, tables)
-    statements = [view.drop(database) for view in reversed(views)]
-    for table in tables:
-        name = _quoted(database, table.name)
-        statements.append(f"DROP TABLE IF EXISTS {name}")
-        if table.stored:
-            statements.append(_create_table(name, table.location, table.comment, columns=table.columns))
-    return statements + [view.create(database) for view in views if stored[view.asset]]
+    return [view.create(database) if wanted else view.drop(database) for view, wanted in _every_view(config, storage, database)]
 
 
 def sync_statements(configs: Sequence[TableConfig], storage: WarehouseStorage, database: str) -> list[str]:
-    """Every statement of a fresh sync: the database, each table's objects, the runs log; then ``USE database``."""
+    """Every statement of a fresh sync: the database, each table's views, the runs log; then ``USE database``.
+
+    Their session must open the warehouse's ``lake`` catalog (a view is checked against its table when created)."""
     statements = [_create_database(storage, database)]
     for config in configs:
         statements += table_statements(config, storage, database)
     runs_log = _quoted(database, RUNS_LOG)
     statements.append(f"DROP TABLE IF EXISTS {runs_log}")
     if storage.list_names(storage.runs_log_path()):
-        statements.append(_create_table(runs_log, storage.runs_log_path(), RUNS_LOG_COMMENT))
+        statements.append(_create_runs_log(runs_log, storage.runs_log_path()))
     statements.append(f"USE {quote_identifier(database, Dialect.spark)}")
     return statements
 
@@ -296,7 +325,7 @@ class SyncReport:
         self.statements.append(statement)
 
     def attempt(self, what: str, action: Callable[[], None]) -> None:
-        """``action``, again after a pause while it fails on a file a commit renamed away meanwhile."""
+        """``action``, again after a pause while it fails on a file that went meanwhile."""
         for attempt in range(1, SYNC_ATTEMPTS + 1):
             try:
                 action()
@@ -313,16 +342,15 @@ class SyncReport:
 def sync_in_place(spark: SparkSession, configs: Sequence[TableConfig], storage: WarehouseStorage, database: str) -> SyncReport:
     """Bring the catalog in ``spark``'s metastore to what is stored, without any name going missing.
 
-    A table that exists keeps its definition, brought up to date: the declared columns it lacks are
-    added (``ALTER TABLE ... ADD COLUMNS``, so a column a config gained reads as NULL on older dates), its
-    location is set if it moved, and ``REFRESH TABLE`` drops this session's listing. A table not yet
-    registered is created. A view that exists gets its new query in place (``ALTER VIEW ... AS``;
-    Spark's ``CREATE OR REPLACE VIEW`` drops it first). So a query planned while a sync runs finds
-    every name. Dropped are only the objects of an asset with nothing stored, and a table whose
-    registered partitioning or columns no longer match its declared ones (a widened column's type, a
-    column it should no longer have, a table registered before schemas were declared): it is dropped
-    and created again, the one case where a name is missing for a moment.
+    Runs in ``spark`` with the warehouse's ``lake`` catalog opened (``storage.tables.session_for``). A
+    view that exists gets its new query in place (``ALTER VIEW ... AS``, one metastore update; Spark's
+    ``CREATE OR REPLACE VIEW`` drops it first), so a query planned while a sync runs finds every name; a
+    view not yet there is created. Dropped are only the views of an asset with nothing stored, and a
+    table in a view's name (an external table of a catalog synced before the warehouse held Iceberg
+    tables), which is dropped and the view created: the one case where a name is missing for a moment.
+    The runs log's table is created, or brought to its files' columns (:func:`_define_runs_log`).
     """
+    spark = storage.tables.session_for(spark)
     report = SyncReport()
     report.run(spark, _create_database(storage, database))
     for config in configs:
@@ -332,60 +360,47 @@ def sync_in_place(spark: SparkSession, configs: Sequence[TableConfig], storage: 
 
 
 def _sync_table_in_place(spark: SparkSession, report: SyncReport, config: TableConfig, storage: WarehouseStorage, database: str) -> None:
-    stored, tables = _stored(config, storage), stored_tables(config, storage)
-    for table in tables:
-        if table.stored:
-            if _is_view(spark, database, table.name):  # the table's storage mode changed since the last sync
-                report.run(spark, f"DROP VIEW IF EXISTS {_quoted(database, table.name)}")
-            _define_table(spark, report, database, table.name, table.location, table.comment, [BUSINESS_DATE], table.columns)
-    for view in table_views(config, database, tables):
-        if not stored[view.asset]:
-            report.run(spark, view.drop(database))
-        elif _is_view(spark, database, view.name):
+    for view, wanted in _every_view(config, storage, database):
+        exists = spark.catalog.tableExists(f"{database}.{view.name}")
+        is_view = exists and _is_view(spark, database, view.name)
+        if not wanted:
+            if exists:
+                report.run(spark, view.drop(database) if is_view else f"DROP TABLE IF EXISTS {_quoted(database, view.name)}")
+        elif is_view:
             report.run(spark, view.alter(database))
         else:
-            if spark.catalog.tableExists(f"{database}.{view.name}"):  # a table of the other storage mode
+            if exists:
                 report.run(spark, f"DROP TABLE IF EXISTS {_quoted(database, view.name)}")
             report.run(spark, view.create(database, replace=False))
-    for table in tables:
-        if not table.stored and not _is_view(spark, database, table.name):
-            report.run(spark, f"DROP TABLE IF EXISTS {_quoted(database, table.name)}")
 
 
 def _is_view(spark: SparkSession, database: str, name: str) -> bool:
-    return spark.catalog.tableExists(f"{database}.{name}") and spark.catalog.getTable(f"{database}.{name}").tableType == "VIEW"
+    return spark.catalog.getTable(f"{database}.{name}").tableType == "VIEW"
 
 
 def _sync_runs_log_in_place(spark: SparkSession, report: SyncReport, storage: WarehouseStorage, database: str) -> None:
     if storage.list_names(storage.runs_log_path()):
-        _define_table(spark, report, database, RUNS_LOG, storage.runs_log_path(), RUNS_LOG_COMMENT, [])
+        _define_runs_log(spark, report, database, storage.runs_log_path())
     else:
         report.run(spark, f"DROP TABLE IF EXISTS {_quoted(database, RUNS_LOG)}")
 
 
-def _define_table(spark: SparkSession, report: SyncReport, database: str, name: str, location: str, comment: str,
-                  partition_columns: list[str], columns: Sequence[tuple[str, str]] | None = None) -> None:  # fmt: skip
-    """Create the table, or bring the registered one to ``columns`` (declared; None: the stored files'
-    merged schema, for the runs log): add the ones it lacks, or drop and create it again when its
-    partitioning, a column's type or (declared) a column it should not have differs."""
-    quoted = _quoted(database, name)
-    if not spark.catalog.tableExists(f"{database}.{name}"):
-        report.run(spark, _create_table(quoted, location, comment, if_not_exists=True, columns=columns))
+def _define_runs_log(spark: SparkSession, report: SyncReport, database: str, location: str) -> None:
+    """Create the runs log's table, or bring the registered one to its files' merged schema: add the
+    columns it lacks, set its location if the warehouse moved, or drop and create it again when a column's
+    type differs or it is partitioned (Spark cannot change either in place)."""
+    quoted = _quoted(database, RUNS_LOG)
+    if not spark.catalog.tableExists(f"{database}.{RUNS_LOG}"):
+        report.run(spark, _create_runs_log(quoted, location, if_not_exists=True))
         return
-    registered = {column.name.lower(): column for column in spark.catalog.listColumns(f"{database}.{name}")}
-    if columns is None:
-        merged = spark.read.option("mergeSchema", "true").parquet(location).schema
-        wanted = [(field.name, field.dataType.simpleString()) for field in merged.fields]
-    else:
-        wanted = list(columns)
-    wanted_names = {column.lower() for column, _ in wanted}
-    partitioned = [key for key, column in registered.items() if column.isPartition]
+    registered = {column.name.lower(): column for column in spark.catalog.listColumns(f"{database}.{RUNS_LOG}")}
+    merged = spark.read.option("mergeSchema", "true").parquet(location).schema
+    wanted = [(field.name, field.dataType.simpleString()) for field in merged.fields]
+    partitioned = any(column.isPartition for column in registered.values())
     conflicts = [column for column, data_type in wanted if column.lower() in registered and registered[column.lower()].dataType != data_type]
-    undeclared = columns is not None and any(key not in wanted_names for key, column in registered.items() if not column.isPartition)
-    if partitioned != [column.lower() for column in partition_columns] or conflicts or undeclared:
-        # Spark cannot change a column's type or drop one of a Parquet table in place.
+    if partitioned or conflicts:
         report.run(spark, f"DROP TABLE IF EXISTS {quoted}")
-        report.run(spark, _create_table(quoted, location, comment, columns=columns))
+        report.run(spark, _create_runs_log(quoted, location))
         return
     if _registered_location(spark, quoted) != _normalized_location(location):
         report.run(spark, f"ALTER TABLE {quoted} SET LOCATION {_string_literal(location)}")
@@ -408,4 +423,3 @@ def _normalized_location(location: str) -> str:
     if parsed.scheme in ("", "file"):
         return os.path.normpath(unquote(parsed.path))
     return location.rstrip("/")
-

@@ -43,13 +43,11 @@ RESERVED_COLUMNS = {
 INTAKE_COLUMNS = {"_source_file", "_raw_record", "_reject_reason", "_record_id", "_corrupt_record", "_metadata", "business_date"}
 INTERNAL_PREFIX = "__cdc_"
 # Every name the pipeline uses for itself besides RESERVED_COLUMNS, the one list of them: the intake's
-# columns; the storage's version folder key (resources/storage/layout.py VERSION_KEY: a stored column of
-# that name would be replaced by the folder's value on read); the columns other outputs put beside a
-# table's own (hashed_incoming's unavailable_columns); and the working columns of the later stages
+# columns; the columns other outputs put beside a table's own (hashed_incoming's unavailable_columns); and the working columns of the later stages
 # (core/incoming.py, core/changes.py, core/changeset.py), some of them a prefix and a configured
 # column's name or position (``_in_3``, ``_before_amount``).
 INTERNAL_COLUMNS = INTAKE_COLUMNS | {
-    "_cdc_version", "unavailable_columns",
+    "unavailable_columns",
     "_record_number", "_day_before", "_hash_before", "_day_after", "_sequence", "_filled", "_unfillable",
 }
 # The columns late_changes puts beside a change set's own (core/changeset.py REASON, APPLIED_SEQUENCE):

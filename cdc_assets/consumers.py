@@ -6,8 +6,11 @@ full copy and each date's changes); the other two are computed from the stored `
 Each shows the table's columns as configured now, whatever config a date was stored under: a column
 added since reads as NULL on older dates, a renamed one carries its former name's values, a widened
 one has its configured type (:mod:`cdc_assets.core.as_configured`; docs/consumers.md).
-None is an asset. They only read: no lock is taken and nothing is written or repaired. ``cdc-current``,
-``cdc-scd2`` and ``cdc-changes`` (``cdc_assets/cli.py``) run them from the command line.
+None is an asset. They only read: no lock is taken and nothing is written or repaired, and each
+reads every Iceberg table it needs at one snapshot (the one committed when it starts), whatever is
+committed meanwhile. ``cdc-current``, ``cdc-scd2`` and ``cdc-changes`` (``cdc_assets/cli.py``) run them
+from the command line; the DuckDB queries read the tables with DuckDB's iceberg extension
+(:mod:`cdc_assets.duckdb_iceberg`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import uuid
 from datetime import date, timedelta
 
+import duckdb
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc_assets.config import TableConfig, load_table_configs, table_configs_dir
@@ -28,9 +32,10 @@ from cdc_assets.core.state import untouched_operation
 from cdc_assets.names import CURRENT, HISTORY
 from cdc_assets.stored_schema import stored_configured_names, stored_former_names
 from resources.state import read_state
-from resources.storage import VERSION_KEY, WarehouseStorage, folder_schema, state_changes_asset, warehouse_root
+from cdc_assets.duckdb_iceberg import load_extensions
+from resources.storage import WarehouseStorage, state_changes_asset, warehouse_root
 
-# What the views need of history besides the configured columns (business_date comes from the folders).
+# What the views need of history besides the configured columns and business_date.
 _HISTORY_COLUMNS = ((KEY_HASH, "string"), (NON_KEY_HASH, "string"), (OPERATION, "string"))
 
 
@@ -89,48 +94,58 @@ def current_as_of(config: TableConfig, as_of: str | date | None = None, warehous
 def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, as_of: str | date | None = None) -> str:
     """A DuckDB query of :func:`current_state`: the state as of ``as_of`` (default: the newest stored date).
 
-    The query names the stored files of that state as they are now (the full copy's version folder and
-    those of the changes after it), so it reads the same state however long it runs and whatever is
-    committed meanwhile; generate it again for a later state. Its columns are those of
-    :func:`current_state`. Run it with e.g. ``duckdb.sql(current_duckdb_sql("orders"))``.
+    The query reads current_table (and, for a state stored as a full copy and changes, its changes)
+    with DuckDB's ``iceberg_scan`` of each table's metadata file as committed now: it reads that
+    snapshot however long it runs and whatever is committed meanwhile; generate it again for a later
+    state. Its columns are those of :func:`current_state`. Run it with e.g.
+    ``duckdb.sql(current_duckdb_sql("orders"))``: this call loads the iceberg extension into DuckDB's
+    default connection (offline, :func:`cdc_assets.duckdb_iceberg.load_extensions`); on a connection of
+    your own, open it with :func:`cdc_assets.duckdb_iceberg.duckdb_connection`.
     """
     config = table_config(config)
     storage = WarehouseStorage(warehouse_root(warehouse))
     day = current_as_of(config, as_of, warehouse)
     layout = storage.state_layout(config.name, CURRENT, day)
-    full_folder = storage.stored_path(config.name, CURRENT, layout.full_date)
-    full_stored = folder_schema(full_folder).names
+    full_stored = storage.stored_schema(config.name, CURRENT, layout.full_date).names
     untouched = untouched_operation(config.load_type)
 
-    def listed(folder: str) -> str:
-        return "'" + f"{folder}/*.parquet".replace("'", "''") + "'"
-
     def select(stored: list[str], operation: str) -> str:
-        # Only names the relation has: DuckDB fails on a column no file of it stores.
         configured = configured_select_list(config.columns, stored, Dialect.duckdb)
         own = [operation if name == OPERATION else quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(full_stored)]
         return ", ".join([*configured, *own])
 
-    full = f"read_parquet({listed(full_folder)}, hive_partitioning = false, union_by_name = true)"
+    def dated(asset: str, days: list[str]) -> str:
+        listed = ", ".join(f"DATE '{stored}'" for stored in days)
+        return f"(SELECT * FROM {_iceberg_scan(storage, config.name, asset)} WHERE {BUSINESS_DATE} IN ({listed}))"
+
+    full = f"{dated(CURRENT, [layout.full_date])} AS full_copy"
     if not layout.change_dates:
         if layout.full_date == day:
             return f"SELECT {select(full_stored, OPERATION)} FROM {full}"
         return f"SELECT {select(full_stored, f'{_sql_string(untouched)} AS {OPERATION}')} FROM {full}"
-    folders = [storage.stored_path(config.name, state_changes_asset(CURRENT), change) for change in layout.change_dates]
-    changes_stored = sorted({name for folder in folders for name in folder_schema(folder).names})
-    changes = (
-        f"read_parquet([{', '.join(listed(folder) for folder in folders)}], hive_partitioning = true, union_by_name = true)"
-    )
+    changes_asset = state_changes_asset(CURRENT)
+    changes_stored = sorted({name for change in layout.change_dates for name in storage.stored_schema(config.name, changes_asset, change).names})
     on_day = f"DATE '{day}'"
     full_operation = OPERATION if layout.full_date == day else f"{_sql_string(untouched)} AS {OPERATION}"
     return (
-        f"WITH changes AS (SELECT * EXCLUDE ({VERSION_KEY}) FROM {changes}),\n"
+        f"WITH changes AS {dated(changes_asset, layout.change_dates)},\n"
         "newest AS (SELECT * FROM changes QUALIFY row_number() OVER (PARTITION BY key_hash ORDER BY business_date DESC) = 1)\n"
         f"SELECT {select(full_stored, full_operation)} FROM {full} WHERE key_hash NOT IN (SELECT key_hash FROM changes)\n"
         "UNION ALL\n"
         f"SELECT {select(changes_stored, f'CASE WHEN business_date = {on_day} THEN {OPERATION} ELSE {_sql_string(untouched)} END AS {OPERATION}')} "
         f"FROM newest WHERE {OPERATION} <> 'D'"
     )
+
+
+def _iceberg_scan(storage: WarehouseStorage, table: str, asset: str) -> str:
+    """``iceberg_scan('<metadata file>')`` of the asset's table as committed now: a metadata file is never
+    rewritten, so the query reads this one snapshot. Loads the iceberg extension into DuckDB's default
+    connection, which ``duckdb.sql`` runs the query on."""
+    loaded = storage.tables.load(table, asset)
+    if loaded is None or loaded.current_snapshot() is None:
+        raise ValueError(f"{table} has no stored {asset} (looked in {storage.asset_path(table, asset)}): materialize the table first")
+    load_extensions(duckdb.default_connection())
+    return f"iceberg_scan({_sql_string(loaded.metadata_location)})"
 
 
 def _sql_string(value: str) -> str:
@@ -158,7 +173,9 @@ def scd2_view(
     # it runs, so a later call for the same table must not replace the view under it.
     view = f"cdc_scd2_history_{config.name}_{uuid.uuid4().hex[:12]}"
     history.createOrReplaceTempView(view)
-    return spark.sql(
+    # The view lives in the session the history was read in: the storage reads a warehouse through a
+    # session of its own when ``spark`` opened another warehouse's catalog (LakeTables.session_for).
+    return history.sparkSession.sql(
         scd2_sql(
             [column.name for column in config.columns],
             quote_identifier(view, Dialect.spark),
@@ -173,22 +190,24 @@ def scd2_view(
 def scd2_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, as_of: str | date | None = None) -> str:
     """The SCD type 2 query of :func:`scd2_view` for DuckDB, reading the table's stored history.
 
-    It reads ``read_parquet('<root>/<table>/history_partition/*/*.parquet', hive_partitioning = true,
-    union_by_name = true)`` and shows the configured columns as :func:`read_history` does (partitions
-    written before a column was added read it as NULL, a renamed column its former name's values).
-    ``as_of`` defaults to the newest stored date. Run it with e.g. ``duckdb.sql(scd2_duckdb_sql("orders"))``.
+    It reads history_partition with DuckDB's ``iceberg_scan`` of the table's metadata file as committed
+    now (that one snapshot, whatever is committed meanwhile) and shows the configured columns as
+    :func:`read_history` does (dates written before a column was added read it as NULL, a renamed
+    column its former name's values). ``as_of`` defaults to the newest stored date. Run it with e.g.
+    ``duckdb.sql(scd2_duckdb_sql("orders"))``: this call loads the iceberg extension into DuckDB's
+    default connection (offline, :func:`cdc_assets.duckdb_iceberg.load_extensions`); on a connection of
+    your own, open it with :func:`cdc_assets.duckdb_iceberg.duckdb_connection`.
     """
     config = table_config(config)
-    root = warehouse_root(warehouse)
+    storage = WarehouseStorage(warehouse_root(warehouse))
     day = scd2_as_of(config, as_of, warehouse)
-    storage = WarehouseStorage(root)
-    # Only names some file stores: DuckDB fails on a column no file has.
+    scan = _iceberg_scan(storage, config.name, HISTORY)
+    # Only names the table has: DuckDB fails on a column it does not have (a date lacking one reads NULL).
     stored = stored_configured_names(storage, config, HISTORY, storage.stored_dates(config.name, HISTORY))
-    glob = f"{root}/{config.name}/{HISTORY}/*/*.parquet".replace("'", "''")
     own = ", ".join(quote_identifier(name, Dialect.duckdb) for name, _ in _HISTORY_COLUMNS)
     relation = (
         f"(SELECT {', '.join(configured_select_list(config.columns, stored, Dialect.duckdb))}, {own}, {BUSINESS_DATE} "
-        f"FROM read_parquet('{glob}', hive_partitioning = true, union_by_name = true)) AS stored_history"
+        f"FROM {scan} WHERE {BUSINESS_DATE} <= DATE '{day}') AS stored_history"
     )
     return scd2_sql(
         [column.name for column in config.columns],

@@ -21,10 +21,8 @@ from resources.fields import env_or_default
 from resources.spark import SPARK_CONF_ENV, SPARK_MASTER_ENV, spark_conf_from_env
 from resources.storage import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,
-    DEFAULT_RETIRED_GRACE_SECONDS,
     DEFAULT_WAREHOUSE,
     LOCK_TIMEOUT_ENV,
-    RETIRED_GRACE_ENV,
     WAREHOUSE_ENV,
 )
 
@@ -42,7 +40,6 @@ def build_definitions(tables: list[TableDefinitions]) -> Definitions:
         pyspark=spark,
         warehouse_root=env_or_default(WAREHOUSE_ENV, DEFAULT_WAREHOUSE),
         lock_timeout_seconds=env_or_default(LOCK_TIMEOUT_ENV, f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}"),
-        retired_version_grace_seconds=env_or_default(RETIRED_GRACE_ENV, f"{DEFAULT_RETIRED_GRACE_SECONDS:g}"),
     )
     alert_webhook = AlertWebhook(
         webhook_url=env_or_default(WEBHOOK_URL_ENV, ""), ui_base_url=env_or_default(UI_BASE_URL_ENV, DEFAULT_UI_BASE_URL)

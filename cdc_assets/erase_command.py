@@ -33,8 +33,9 @@ from resources.storage.erasure import TORN, torn_ledger_error
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cdc-erase",
-        description="Erase keys (a right-to-be-forgotten request) from every stored partition of a table, replaced "
-        "versions included, and record it in the table's ledger; or, with --verify, scan every stored file for them.",
+        description="Erase keys (a right-to-be-forgotten request) from every stored partition of a table, the data "
+        "files of replaced snapshots included, and record it in the table's ledger; or, with --verify, scan every "
+        "data file under the table for them.",
     )
     parser.add_argument("table", help="table name, as in its config's name field")
     parser.add_argument(
@@ -47,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--verify",
         action="store_true",
-        help="erase nothing: scan every stored file, by key hash and by key value, and print where the keys still are",
+        help="erase nothing: scan every data file under the table (live or not), by key hash and by key value, and "
+        "print where the keys still are",
     )
     try:
         args = parser.parse_args(argv)
@@ -95,13 +97,14 @@ def _report_verification(table: str, found: Verification) -> int:
         else ""
     )
     if not found.holding:
-        print(f"cdc-erase: {table}: 0 stored files hold the keys (every version and staged write scanned){note}")
+        print(f"cdc-erase: {table}: 0 stored files hold the keys (every data file under the table scanned, live or not){note}")
         return 0
-    print(f"cdc-erase: {table}: {len(found.holding)} stored version(s) still hold the keys{note}:")
-    for asset, day, folder, current, rows in found.holding:
-        by_value = found.by_value_only.get(folder)
+    print(f"cdc-erase: {table}: {len(found.holding)} stored file(s) still hold the keys{note}:")
+    for asset, day, path, live, rows in found.holding:
+        by_value = found.by_value_only.get(path)
+        # A live file is one a table's current snapshot reads; any other is a replaced snapshot's (or a killed write's).
         print(
-            f"  {asset} {day or '(staged)'}: {rows} row(s) in {'the current' if current else 'a replaced'} version {folder}"
+            f"  {asset} {day or '(undated)'}: {rows} row(s) in {'a live' if live else 'a replaced'} file {path}"
             + (f" ({by_value} of them found by key value only)" if by_value else "")
         )
     if found.by_value_only:

@@ -3,8 +3,9 @@
 :func:`erase_keys` is what ``cdc-erase`` and the table's erase job run; ``cdc_assets/erasure_events.py``
 tells Dagster about it. The order makes a kill harmless: the ledger's record comes first (so the next
 date's intake already sets the keys aside), then each asset's partitions that hold the keys are
-rewritten through the one commit path under the table's writer lock, the record growing as they
-commit; then every replaced version is deleted at once. Run again with the same keys, an erase killed
+rewritten (one Iceberg commit per asset and schema) under the table's writer lock, the record growing
+as they commit; then the snapshots that still reference the removed rows are expired and every file
+no snapshot references is deleted. Run again with the same keys, an erase killed
 part-way finds the partitions it had not finished and completes the same request.
 """
 
@@ -37,7 +38,7 @@ from cdc_assets.core.erasure import (
 from cdc_assets.core.hashing import KEY_HASH
 from cdc_assets.names import CLASSIFICATION, CURRENT, REJECTS
 from resources.state import state_rows
-from resources.storage import MissingPartitionError, WarehouseStorage, folder_schema, state_changes_asset
+from resources.storage import MissingPartitionError, WarehouseStorage, state_changes_asset
 from resources.storage.erasure import TORN
 
 ERASING, COMPLETE = "erasing", "complete"
@@ -72,8 +73,9 @@ class ErasureResult:
 
 @dataclass
 class Verification:
-    """Where the keys still are: (asset, date, folder, current, rows) per version holding them, and the
-    rejects that name no parseable key, per date. ``by_value_only``: per folder of ``holding``, the rows
+    """Where the keys still are: (asset, date, file, live, rows) per data file holding them (``live``: a
+    table's current snapshot reads it; otherwise it is a replaced snapshot's, or a killed write's), and
+    the rejects that name no parseable key, per date. ``by_value_only``: per file of ``holding``, the rows
     found by their key values alone, their ``key_hash`` not the one the keys hash to (a hash computed
     otherwise, e.g. under an earlier key definition): an erase, which matches hashes, leaves them."""
 
@@ -167,7 +169,7 @@ def erase_keys(
         dates = storage.stored_dates(table, asset)
         if not dates:
             continue
-        result.bytes_stored += sum(_folder_bytes(storage.stored_path(table, asset, day)) for day in dates)
+        result.bytes_stored += sum(storage.bytes_stored(table, asset, dates).values())
         hits, unverifiable, by_operation = _rows_of_erased_keys(spark, storage, config, asset, dates, erased)
         if asset == REJECTS:
             result.unverifiable_rejects = unverifiable
@@ -175,14 +177,14 @@ def erase_keys(
             result.removed_operations = by_operation
         affected = sorted(day for day, rows in hits.items() if rows)
         for group in _same_schema(storage, table, asset, affected):
-            result.bytes_rewritten += sum(_folder_bytes(storage.stored_path(table, asset, day)) for day in group)
+            result.bytes_rewritten += sum(storage.bytes_stored(table, asset, group).values())
             _rewrite_without(spark, storage, config, asset, group, erased)
         for day in affected:
             result.removed[(asset, day)] = hits[day]
         record["partitions"] = {**record.get("partitions", {}), **{f"{a}/{d}": n for (a, d), n in result.removed.items()}}
         record["bytes_rewritten"] = rewritten_before + result.bytes_rewritten
         storage.record_erasure(table, request_id, record)
-    storage.purge_replaced_versions(table)
+    storage.purge_unreferenced_files(table)
     if tracks_state:
         result.state_rows_after = _state_rows(storage, table, current_dates)
     record.update(
@@ -204,7 +206,8 @@ def _same_keys(request: dict, fingerprint: str) -> bool:
 
 
 def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableConfig, keys_path: str) -> Verification:
-    """Scan every stored file of the table, replaced versions and staged writes included, for the keys:
+    """Scan every data file under the table's Iceberg tables, live or not (a file a killed write left, one an
+    expired snapshot referenced), for the keys:
     by ``key_hash`` and by the key values themselves, so a row whose hash was computed otherwise is
     found too. Rejects are matched by the key parsed from their raw record.
 
@@ -216,14 +219,11 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
     holding: list[tuple[str, str, str, bool, int]] = []
     unverifiable: dict[str, int] = {}
     by_value_only: dict[str, int] = {}
-    by_asset: dict[str, list[tuple[str, str, bool]]] = defaultdict(list)
-    for asset, day, folder, current in storage.version_folders(config.name):
-        by_asset[asset].append((day, folder, current))
-    for asset, versions in sorted(by_asset.items()):
-        files = {path: (day, folder, current) for day, folder, current in versions for path in _parquet_files(folder)}
-        if not files:
-            continue
-        read = _keys_as_stored(spark, config, asset, versions)
+    by_asset: dict[str, dict[str, tuple[str, bool]]] = defaultdict(dict)
+    for asset, day, path, live in storage.data_files(config.name):
+        by_asset[asset][path] = (day, live)
+    for asset, files in sorted(by_asset.items()):
+        read = _keys_as_stored(spark, config, asset, sorted(files))
         marked = read.join(F.broadcast(erased.withColumn(_ERASED, F.lit(True))), on=KEY_HASH, how="left").join(
             F.broadcast(values.withColumn(_BY_VALUE, F.lit(True))), on=[name for name, _ in columns], how="left"
         )
@@ -233,34 +233,29 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
             F.count_if(by_value & ~by_hash).alias("by_value_only"),
             F.count_if(F.col(KEY_HASH).isNull()).alias("unparsed"),
         )
-        per_folder: dict[str, int] = defaultdict(int)
         for row in counts.collect():  # a row per file
-            day, folder, current = files[_local_path(row[_FILE])]
-            per_folder[folder] += row["erased"]
+            path = _local_path(row[_FILE])
+            day, live = files[path]
+            if row["erased"]:
+                holding.append((asset, day, path, live, row["erased"]))
             if row["by_value_only"]:
-                by_value_only[folder] = by_value_only.get(folder, 0) + row["by_value_only"]
-            if asset == REJECTS and current and row["unparsed"]:
+                by_value_only[path] = row["by_value_only"]
+            if asset == REJECTS and live and row["unparsed"]:
                 unverifiable[day] = unverifiable.get(day, 0) + row["unparsed"]
-        for day, folder, current in versions:
-            if per_folder.get(folder):
-                holding.append((asset, day, folder, current, per_folder[folder]))
     return Verification(holding=sorted(holding), unverifiable_rejects=unverifiable, by_value_only=by_value_only)
 
 
-def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, versions: list[tuple[str, str, bool]]) -> DataFrame:
-    """Every row of the asset's ``versions`` as its ``key_hash``, its key columns (NULL where a version does
+def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, files: list[str]) -> DataFrame:
+    """Every row of the asset's data ``files`` as its ``key_hash``, its key columns (NULL where a file does
     not store them with their configured types) and its file. Rejects: the key parsed from the raw record."""
     columns = key_columns(config)
     if asset == REJECTS:
-        files = [path for _, folder, _ in versions for path in _parquet_files(folder)]
         read = spark.read.schema(StructType([StructField(RAW_RECORD, StringType())])).parquet(*files)
         read = with_raw_key_values(read.withColumn(_FILE, F.col("_metadata.file_path")), columns)
         return with_raw_key_hash(read, columns).withColumnRenamed(RAW_KEY_HASH, KEY_HASH).drop(RAW_RECORD)
-    with_keys, without_keys = [], []
-    for _, folder, _ in versions:
-        found = _parquet_files(folder)
-        if found:
-            (with_keys if _stores_keys(found[0], columns) else without_keys).extend(found)
+    stores_keys = {path: _stores_keys(path, columns) for path in files}
+    with_keys = [path for path in files if stores_keys[path]]
+    without_keys = [path for path in files if not stores_keys[path]]
     parts = []
     if with_keys:
         schema = ", ".join([f"`{KEY_HASH}` string", *(f"`{name}` {spark_type}" for name, spark_type in columns)])
@@ -275,7 +270,11 @@ def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, versio
 
 def _stores_keys(parquet_file: str, columns: list[tuple[str, str]]) -> bool:
     """Whether the Parquet file's schema holds every key column with its configured type (a footer read)."""
-    stored = {field.name: field.dataType.simpleString() for field in folder_schema(os.path.dirname(parquet_file)).fields}
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = from_arrow_schema(pq.read_schema(parquet_file).remove_metadata(), prefer_timestamp_ntz=True)
+    stored = {field.name: field.dataType.simpleString() for field in schema.fields}
     return all(stored.get(name) == spark_type for name, spark_type in columns)
 
 
@@ -323,7 +322,7 @@ def _same_schema(storage: WarehouseStorage, table: str, asset: str, dates: list[
     """``dates`` in groups stored with one schema (a schema change splits them), each rewritten in one write."""
     groups: dict[str, list[str]] = defaultdict(list)
     for day in dates:
-        groups[folder_schema(storage.stored_path(table, asset, day)).json()].append(day)
+        groups[storage.stored_schema(table, asset, day).json()].append(day)
     return list(groups.values())
 
 
@@ -331,25 +330,17 @@ def _rewrite_without(spark, storage: WarehouseStorage, config: TableConfig, asse
     """Commit ``dates`` of the asset again without the erased keys' rows, with the schema they were stored
     with (its metadata included: current_table's record of what its hashes cover)."""
     table = config.name
-    schema = folder_schema(storage.stored_path(table, asset, dates[0]))
+    schema = storage.stored_schema(table, asset, dates[0])
     stored = storage.read(spark, table, asset, dates, schema=schema)
     if asset == REJECTS:
         parsed = with_raw_key_hash(stored, key_columns(config))
         kept = without(parsed, erased, key_hash=RAW_KEY_HASH).drop(RAW_KEY_HASH)
     else:
         kept = without(stored, erased)
-    storage.write(kept.select(*schema.names, BUSINESS_DATE), table, asset, dates)
-
-
-def _folder_bytes(folder: str) -> int:
-    return sum(os.path.getsize(path) for path in _parquet_files(folder))
-
-
-def _parquet_files(folder: str) -> list[str]:
-    found = []
-    for current, _, names in os.walk(folder):
-        found += [os.path.join(current, name) for name in names if name.endswith(".parquet")]
-    return sorted(found)
+    # In the Iceberg table's column order (Spark's Iceberg writer refuses a frame whose columns are ordered otherwise).
+    ordered = [f.name for f in storage.tables.load(table, asset).schema().fields if f.name in {*schema.names, BUSINESS_DATE}]
+    rest = [name for name in [*schema.names, BUSINESS_DATE] if name not in ordered]
+    storage.write(kept.select(*ordered, *rest), table, asset, dates)
 
 
 def _local_path(uri: str) -> str:

@@ -188,5 +188,5 @@ def describe(config: TableConfig, result: ErasureResult) -> str:
         + (" (" + ", ".join(f"{asset} {rows}" for asset, rows in sorted(assets.items())) + ")" if assets else "")
         + f"; {result.bytes_rewritten} of {result.bytes_stored} stored bytes rewritten"
         + (f"; {unverifiable} reject(s) name no parseable key and were kept (unverifiable)" if unverifiable else "")
-        + f". Replaced versions deleted; ledger {os.path.join('_erasures', result.request_id)}."
+        + f". Replaced snapshots expired and their files deleted; ledger {os.path.join('_erasures', result.request_id)}."
     )

@@ -1,6 +1,5 @@
-"""Which columns a table's stored dates hold, read from their Parquet footers (pyarrow: no Spark job).
-
-A date's files are written by one write, so one file's footer tells the date's columns. Readers
+"""Which columns a table's stored dates hold, from the schema each date was written with (no Spark job).
+ Readers
 need this to read across a change of the table's config (:mod:`cdc_assets.core.as_configured`):
 which former names of renamed columns some date still stores, and which columns DuckDB may name.
 """
@@ -13,11 +12,12 @@ from pyspark.sql.types import StructType
 
 from cdc_assets.config import TableConfig
 from cdc_assets.core.as_configured import former_names, stored_names
-from resources.storage import WarehouseStorage, folder_schema
+from resources.storage import WarehouseStorage
+
 
 def date_schema(storage: WarehouseStorage, table: str, asset: str, business_date: str) -> StructType:
-    """The Spark schema the date's current version of ``[table, asset]`` was stored with."""
-    return folder_schema(storage.stored_path(table, asset, business_date))
+    """The Spark schema the date of ``[table, asset]`` was stored with."""
+    return storage.stored_schema(table, asset, business_date)
 
 
 def stored_among(storage: WarehouseStorage, table: str, asset: str, dates: Sequence[str], wanted: Collection[str]) -> set[str]:

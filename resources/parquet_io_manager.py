@@ -34,10 +34,8 @@ from resources.spark import for_each_date
 from resources.state import read_state
 from resources.storage import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,
-    DEFAULT_RETIRED_GRACE_SECONDS,
     DEFAULT_WAREHOUSE,
     LOCK_TIMEOUT_ENV,
-    RETIRED_GRACE_ENV,
     WAREHOUSE_ENV,
     WarehouseStorage,
     as_stored,
@@ -46,9 +44,6 @@ from resources.storage import (
 )
 
 PREVIEW_ROWS = 5
-# Up to this many rows in a range, its previews come from one scan that keeps each file's first rows;
-# beyond it that scan would decode every row, so each date gets its own small limit job instead.
-ONE_PREVIEW_SCAN_MAX_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -139,13 +134,6 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         default=f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}",
         description=f"How long a run waits for another run's writer lock on a table, in seconds ({LOCK_TIMEOUT_ENV}).",
     )
-    retired_version_grace_seconds: str = Field(
-        default=f"{DEFAULT_RETIRED_GRACE_SECONDS:g}",
-        description=(
-            "How long a replaced or dropped version stays on disk for readers that resolved it before, in seconds "
-            f"({RETIRED_GRACE_ENV})."
-        ),
-    )
 
     _storage: WarehouseStorage | None = PrivateAttr(default=None)
 
@@ -172,9 +160,6 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             self.root,
             run_id=run_id,
             lock_timeout=seconds_field(self.lock_timeout_seconds, "lock_timeout_seconds", LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_SECONDS),
-            retired_grace=seconds_field(
-                self.retired_version_grace_seconds, "retired_version_grace_seconds", RETIRED_GRACE_ENV, DEFAULT_RETIRED_GRACE_SECONDS
-            ),
         )
 
     def partition_path(self, table: str, asset: str, business_date: str) -> str:
@@ -300,24 +285,15 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     def _previews(self, table: str, asset: str, rows: dict[str, int]) -> dict[str, list[tuple]]:
         """Up to ``PREVIEW_ROWS`` stored rows of each date, read back from the committed partitions.
 
-        A date without rows needs no read. A range of small dates is read in one job that keeps each
-        file's first rows by their position in the file (no sort, no shuffle).
+        A date without rows needs no read; each other date is a small limit job (several at once).
         """
         previews: dict[str, list[tuple]] = {day: [] for day in rows}
         with_rows = [day for day, count in rows.items() if count]
-        if len(with_rows) > 1 and sum(rows[day] for day in with_rows) <= ONE_PREVIEW_SCAN_MAX_ROWS:
-            stored = self.read_partitions(table, asset, with_rows)
-            # A date written by several tasks has several files: up to PREVIEW_ROWS rows from each.
-            for row in stored.filter(F.col("_metadata.row_index") < PREVIEW_ROWS).collect():
-                day = str(row[BUSINESS_DATE])
-                if len(previews[day]) < PREVIEW_ROWS:
-                    previews[day].append(tuple(row)[:-1])  # business_date is last
-        else:
 
-            def preview(day: str) -> list[tuple]:
-                return [tuple(row) for row in self.read_partition(table, asset, day).limit(PREVIEW_ROWS).collect()]
+        def preview(day: str) -> list[tuple]:
+            return [tuple(row) for row in self.read_partition(table, asset, day).limit(PREVIEW_ROWS).collect()]
 
-            previews.update(zip(with_rows, for_each_date(preview, with_rows)))
+        previews.update(zip(with_rows, for_each_date(preview, with_rows)))
         return previews
 
 

@@ -27,6 +27,7 @@ from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 from cdc_assets.core.caching import release_persisted
+from cdc_assets.services.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.services.process import HOST
 from cdc_assets.services.spark_home import write_properties_file
 from resources.fields import resolved_field
@@ -140,8 +141,11 @@ def parse_spark_conf(raw: str, source: str) -> dict[str, str]:
     return {str(key): str(value) for key, value in conf.items()}
 
 
-# Conf a Spark Connect client cannot set on its session: the server's JVM is already running.
-_SERVER_ONLY_PREFIXES = ("spark.master", "spark.driver.", "spark.executor.", "spark.ui.", "spark.app.name", "spark.python.")
+# Conf a Spark Connect client cannot set on its session: the server's JVM is already running (it has the
+# Iceberg runtime's jars and extensions of its own: cdc_assets/services/connect_server.py).
+_SERVER_ONLY_PREFIXES = (
+    "spark.master", "spark.driver.", "spark.executor.", "spark.ui.", "spark.app.name", "spark.python.", "spark.jars", "spark.sql.extensions",
+)  # fmt: skip
 
 
 def spark_config_from_environment(master: str | None = None, conf: dict[str, Any] | None = None) -> dict[str, str]:
@@ -159,7 +163,9 @@ def spark_config(master: str | None, extra: dict[str, str], conf: dict[str, Any]
     """Pipeline defaults, then ``extra`` (the user's conf), then ``conf``, as a session on ``remote`` takes them.
 
     Without ``remote`` the master is ``master``, else ``local[*]``, the driver listens on loopback
-    (``LOOPBACK_DEFAULTS``), and the local defaults apply to a local master only. With ``remote`` (Spark Connect) only session conf is kept: what the server's
+    (``LOOPBACK_DEFAULTS``), the local defaults apply to a local master only, and the JVM loads the Iceberg
+    runtime (:func:`~cdc_assets.services.iceberg_runtime.with_iceberg_runtime`: raises when ``make install``
+    has not put its jars in ``.jars/``). With ``remote`` (Spark Connect) only session conf is kept: what the server's
     JVM fixed at its start (master, driver and executor settings, the UI) belongs in the server's own
     conf. A run that finds the project's server later drops the same keys (:func:`session_conf`).
     """
@@ -172,6 +178,8 @@ def spark_config(master: str | None, extra: dict[str, str], conf: dict[str, Any]
             merged.update(LOCAL_DEFAULTS)
     merged.update(extra)
     merged.update({key: str(value) for key, value in (conf or {}).items()})
+    if not remote:
+        merged = with_iceberg_runtime(merged)
     return session_conf(merged, remote=remote)
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from datetime import date
 
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc_assets.config import LoadType
 from cdc_assets.core.changes import DELETE, INSERT, OPERATION
 from cdc_assets.core.state import StateSince, state_from_parts
-from resources.storage import WarehouseStorage, folder_schema, state_changes_asset
+from resources.storage import WarehouseStorage, state_changes_asset
 
 # Up to this many change rows are broadcast against the full copy (as the CDC step's payload join does).
 BROADCAST_MAX_CHANGE_ROWS = 2_000_000
@@ -47,17 +47,15 @@ def read_state(storage: WarehouseStorage, spark: SparkSession, table: str, asset
 
 
 def state_rows(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> int:
-    """Rows of the state as of ``as_of`` without reading it: the full copy's rows (Parquet footers) plus,
+    """Rows of the state as of ``as_of`` without reading it: the full copy's rows (the table's manifests) plus,
     for each date of changes after it, its I rows less its D rows (the ``operation`` column only)."""
     layout = storage.state_layout(table, asset, as_of)
     rows = storage.row_counts(table, asset, [layout.full_date])[layout.full_date]
     changes_asset = state_changes_asset(asset)
-    for day in layout.change_dates:
-        folder = storage.stored_path(table, changes_asset, day)
-        for name in storage.list_names(folder):
-            if name.endswith(".parquet"):
-                operations = pq.read_table(f"{folder}/{name}", columns=[OPERATION]).column(OPERATION).to_pylist()
-                rows += operations.count(INSERT) - operations.count(DELETE)
+    if layout.change_dates:
+        operations = storage.tables.column(table, changes_asset, layout.change_dates, OPERATION)
+        rows += pc.sum(pc.equal(operations, INSERT)).as_py() or 0
+        rows -= pc.sum(pc.equal(operations, DELETE)).as_py() or 0
     return rows
 
 
@@ -73,8 +71,8 @@ def state_since_full(storage: WarehouseStorage, table: str, asset: str, as_of: s
 
 
 def stored_fields(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> list[dict] | None:
-    """The Spark schema fields (name, type, metadata) the state as of ``as_of`` was written with, from one
-    Parquet footer of its newest part (the date's full copy, or its changes); None when nothing is stored.
+    """The Spark schema fields (name, type, metadata) the state as of ``as_of`` was written with, from its
+    newest part (the date's full copy, or its changes); None when nothing is stored.
 
     A date whose columns changed is always stored as a full copy, so the newest part speaks for the state.
     """
@@ -83,7 +81,4 @@ def stored_fields(storage: WarehouseStorage, table: str, asset: str, as_of: str)
     except RuntimeError:  # MissingPartitionError, DroppedPartitionError: the CDC step reports them
         return None
     newest = (state_changes_asset(asset), layout.change_dates[-1]) if layout.change_dates else (asset, layout.full_date)
-    try:
-        return folder_schema(storage.stored_path(table, *newest)).jsonValue()["fields"]
-    except ValueError:  # no Parquet file
-        return None
+    return storage.stored_schema(table, *newest).jsonValue()["fields"]

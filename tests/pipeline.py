@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+
+from pyspark.sql import DataFrame
 
 import yaml
 from dagster import DagsterInstance, Definitions
@@ -54,12 +57,60 @@ def run_range(defs: Definitions, first: str, last: str, instance: DagsterInstanc
     )
 
 
-def operation_counts(spark, path: Path | str) -> dict[str, int]:
-    return {row["operation"]: row["count"] for row in spark.read.parquet(str(path)).groupBy("operation").count().collect()}
+@dataclass(frozen=True)
+class StoredPartition:
+    """One business date of an asset in a warehouse: read through the project's storage (an Iceberg table)."""
+
+    warehouse: Path
+    table: str
+    asset: str
+    day: str
+
+    def read(self, spark) -> DataFrame:
+        from resources.storage import WarehouseStorage
+
+        return WarehouseStorage(str(self.warehouse)).read_one(spark, self.table, self.asset, self.day)
+
+    def exists(self) -> bool:
+        from resources.storage import WarehouseStorage
+
+        return WarehouseStorage(str(self.warehouse)).has_partition(self.table, self.asset, self.day)
 
 
-def partition_dir(warehouse: Path, table: str, asset: str, day: str) -> Path:
-    return warehouse / table / asset / f"business_date={day}"
+@dataclass(frozen=True)
+class StoredAsset:
+    """Every stored business date of an asset (with its ``business_date`` column), read through the storage."""
+
+    warehouse: Path
+    table: str
+    asset: str
+
+    def read(self, spark) -> DataFrame:
+        from resources.storage import WarehouseStorage
+
+        storage = WarehouseStorage(str(self.warehouse))
+        return storage.read(spark, self.table, self.asset, storage.stored_dates(self.table, self.asset))
+
+
+def stored_asset(warehouse: Path, table: str, asset: str) -> StoredAsset:
+    return StoredAsset(Path(warehouse), table, asset)
+
+
+def read_stored(spark, where: "StoredPartition | StoredAsset | Path | str") -> DataFrame:
+    """A stored date's or asset's rows (through the storage), or a Parquet folder's (never an Iceberg table's:
+    its folder also holds the files of replaced snapshots)."""
+    if isinstance(where, (StoredPartition, StoredAsset)):
+        return where.read(spark)
+    assert not (Path(where) / "metadata").is_dir(), f"{where} is an Iceberg table: read it through the storage"
+    return spark.read.parquet(str(where))
+
+
+def operation_counts(spark, where: "StoredPartition | Path | str") -> dict[str, int]:
+    return {row["operation"]: row["count"] for row in read_stored(spark, where).groupBy("operation").count().collect()}
+
+
+def partition_dir(warehouse: Path, table: str, asset: str, day: str) -> StoredPartition:
+    return StoredPartition(Path(warehouse), table, asset, day)
 
 
 # Who wrote a row differs between any two runs, by design (docs/operations.md, "Audit columns and the runs log"): comparisons of
@@ -67,12 +118,12 @@ def partition_dir(warehouse: Path, table: str, asset: str, day: str) -> Path:
 AUDIT_COLUMNS = ("process_id", "processed_at")
 
 
-def sorted_rows(spark, path: Path | str, with_audit: bool = False) -> list[tuple]:
-    """Every row of a Parquet folder as sorted tuples: a content comparison independent of file layout.
+def sorted_rows(spark, where: "StoredPartition | Path | str", with_audit: bool = False) -> list[tuple]:
+    """Every row of a stored date (or a Parquet folder) as sorted tuples: a content comparison independent of file layout.
 
     Without ``with_audit`` the audit columns are left out, so outputs of different runs compare.
     """
-    frame = spark.read.parquet(str(path))
+    frame = read_stored(spark, where)
     if not with_audit:
         frame = frame.drop(*AUDIT_COLUMNS)
     return sorted((tuple(row) for row in frame.collect()), key=repr)
@@ -88,3 +139,13 @@ def own_catalog_database(spark, monkeypatch, name: str):
     spark.catalog.setCurrentDatabase("default")  # a fresh sync ends with USE
     spark.sql(f"DROP DATABASE IF EXISTS {name} CASCADE")
     spark.conf.set("spark.sql.hive.manageFilesourcePartitions", previous)
+
+
+def stored_arrow(warehouse: Path, table: str, asset: str, day: str, columns: tuple[str, ...] | None = None):
+    """A stored date's rows as an Arrow table, read by pyiceberg at the table's current snapshot (no Spark)."""
+    from pyiceberg.catalog import load_catalog
+
+    from resources.storage.lake import CATALOG_NAME, pyiceberg_properties
+
+    iceberg = load_catalog(CATALOG_NAME, **pyiceberg_properties(str(warehouse))).load_table(f"{table}.{asset}")
+    return iceberg.scan(row_filter=f"business_date = '{day}'", selected_fields=columns or ("*",)).to_arrow()

@@ -11,7 +11,7 @@ from dagster import DagsterInstance
 
 from cdc_assets.config import load_table_config
 from cdc_assets.names import APPLIED_SEQUENCES, CDC_OUTPUTS, LATE_CHANGES
-from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates, run_range, sorted_rows
+from tests.pipeline import definitions_for, operation_counts, partition_dir, read_stored, run_dates, run_range, sorted_rows
 
 REPO = Path(__file__).resolve().parent.parent
 DATES = ["2024-02-01", "2024-02-02", "2024-02-03"]
@@ -50,7 +50,7 @@ def test_accounts_three_days(spark, by_day):
         return operation_counts(spark, partition_dir(warehouse, "accounts", asset, day))
 
     def current(day):
-        frame = spark.read.parquet(str(partition_dir(warehouse, "accounts", "current_table", day)))
+        frame = read_stored(spark, partition_dir(warehouse, "accounts", "current_table", day))
         return {row.account_id: row for row in frame.collect()}
 
     # Day 1: four inserts; 1002's earlier record is superseded by its later update.
@@ -69,10 +69,10 @@ def test_accounts_three_days(spark, by_day):
     assert day2[1003].changed_at == datetime(2024, 2, 2, 12, 0)  # N takes the winner's untracked values
     figures = _materialization_metadata(results, "hash_join_classification", DATES[1])
     assert (figures["duplicate_events"], figures["deletes_of_unknown_keys"], figures["superseded"]) == (1, 1, 2)
-    history = spark.read.parquet(str(partition_dir(warehouse, "accounts", "history_partition", DATES[1])))
+    history = read_stored(spark, partition_dir(warehouse, "accounts", "history_partition", DATES[1]))
     deleted = history.filter("operation = 'D'").collect()
     assert [(row.account_id, row.balance, row.status) for row in deleted] == [(1004, Decimal("0.00"), "open")]
-    incoming = spark.read.parquet(str(partition_dir(warehouse, "accounts", "hashed_incoming", DATES[1])))
+    incoming = read_stored(spark, partition_dir(warehouse, "accounts", "hashed_incoming", DATES[1]))
     assert incoming.count() == 7  # every accepted record of the day, the repeat included
     assert sorted(row.change_flag for row in incoming.filter("account_id = 1005").collect()) == ["D", "I", "U"]
 
@@ -82,11 +82,11 @@ def test_accounts_three_days(spark, by_day):
     assert sorted(day3) == [1001, 1002, 1003, 1006]
     assert (day3[1001].balance, day3[1001].operation) == (Decimal("150.00"), "X")
     assert (day3[1002].balance, day3[1002].operation) == (Decimal("90.00"), "U")
-    late = spark.read.parquet(str(partition_dir(warehouse, "accounts", LATE_CHANGES, DATES[2])))
+    late = read_stored(spark, partition_dir(warehouse, "accounts", LATE_CHANGES, DATES[2]))
     assert sorted((row.account_id, row.reason) for row in late.collect()) == [(1001, "late"), (1004, "late")]
     applied = {row.account_id: row.applied_sequence.changed_at for row in late.collect()}
     assert applied == {1001: datetime(2024, 2, 2, 10, 0), 1004: datetime(2024, 2, 2, 11, 0)}
-    tombstones = spark.read.parquet(str(partition_dir(warehouse, "accounts", APPLIED_SEQUENCES, DATES[2])))
+    tombstones = read_stored(spark, partition_dir(warehouse, "accounts", APPLIED_SEQUENCES, DATES[2]))
     assert tombstones.filter("deleted").count() == 2  # 1004 and 1005
 
 

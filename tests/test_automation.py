@@ -22,7 +22,7 @@ from cdc_assets.config import TableConfigError
 from cdc_assets.core.source import read_source
 from cdc_assets.factory import build_table_definitions
 from cdc_assets.names import CURRENT, HASHED_INCOMING, asset_key
-from tests.pipeline import definitions_for, partition_dir, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, write_table_config
 
 # The tags the sensor daemon puts on a run it launches for a sensor's run request.
 RUN_KEY_TAG, SENSOR_NAME_TAG = "dagster/run_key", "dagster/sensor_name"
@@ -179,7 +179,7 @@ def test_sensor_requests_a_date_copied_in_two_steps_once_its_files_stop_changing
 
     [run] = sensor.launch(complete)
     assert run.success and sensor.materialized() == [day] and sensor.launch(sensor.tick()) == []
-    assert spark.read.parquet(str(partition_dir(warehouse, "synthetic", HASHED_INCOMING, day))).count() == 4
+    assert read_stored(spark, partition_dir(warehouse, "synthetic", HASHED_INCOMING, day)).count() == 4
 
     # The extract changes after its date ran: reported once (tick message, and an observation of the
     # date's hashed_incoming), never re-run.

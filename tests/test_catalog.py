@@ -150,10 +150,11 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
     with pytest.raises(CatalogBusy, match=f"the SQL server on 127.0.0.1:{port}"):
         hold_catalog(catalog_dir(storage), "a test")
 
-    # The replaced partition as it is on disk, not the old files or a mix: I and U rows carry the
-    # re-run's id, N and X rows keep the writer of their stored version (README, "Audit columns").
+    # The replaced date as the re-run committed it, not the old files (still in the date's data folder
+    # until they are expired) nor a mix: I and U rows carry the re-run's id, N and X rows keep the writer
+    # of their stored version (README, "Audit columns").
     query = f"SELECT process_id, count(*) FROM orders_current WHERE business_date = DATE '{ORDERS_DAYS[1]}' GROUP BY 1"
-    on_disk = spark.read.parquet(storage.partition_path("orders", "current_table", ORDERS_DAYS[1])).groupBy("process_id").count().collect()
+    on_disk = storage.read(spark, "orders", "current_table", [ORDERS_DAYS[1]]).groupBy("process_id").count().collect()
     writers = {process_id: int(count) for process_id, count in _beeline(lake, port, query)}
     assert writers == {row["process_id"]: row["count"] for row in on_disk}
     assert rerun.run_id in writers
@@ -171,7 +172,7 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
     assert orders_run.returncode == 0, output[-6000:]
     assert accounts_run.success
 
-    # orders' new date is there without any registration: the commit's folder is the partition.
+    # orders' new date is there without any registration: each query reads the Iceberg table's current snapshot.
     current = _beeline(lake, port, "SELECT business_date, count(*) FROM orders_current GROUP BY 1 ORDER BY 1")
     assert list(_counts_by_date(current)) == ORDERS_DAYS
     assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")

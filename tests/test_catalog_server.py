@@ -14,6 +14,7 @@ import re
 import subprocess
 import threading
 import time
+from datetime import date
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,6 +25,7 @@ import yaml
 from cdc_assets.services.process import free_port, port_accepts
 from cdc_assets.services.spark_home import spark_env, spark_home
 from cdc_assets.services.sql_server import beeline_command, run_beeline
+from resources.storage import WarehouseStorage
 
 pytestmark = pytest.mark.slow
 
@@ -43,29 +45,33 @@ CONFIG = {
     "keys": [{"name": "id", "type": "int"}],
     "non_keys": [{"name": "name", "type": "string"}],
 }
-# What a run stores on each date (the columns the catalog reads; a run stores more).
-DAY_1_ROWS = {"id": pa.array([1, 2], pa.int32()), "name": ["a", "b"], "key_hash": ["h1", "h2"], "operation": ["I", "I"]}
-# Day 2 was written after the config gained the column "extra".
-DAY_2_ROWS = {"id": pa.array([1, 3], pa.int32()), "name": ["a", "c"], "extra": [1.5, 2.5], "key_hash": ["h1", "h3"], "operation": ["U", "I"]}
+# What a run stores on each date (the columns the catalog reads; a run stores more): (id, name, key_hash, operation).
+DAY_1_ROWS = [(1, "a", "h1", "I"), (2, "b", "h2", "I")]
+DAY_1_SCHEMA = "id int, name string, key_hash string, operation string"
+# Day 2 was written after the config gained the column "extra" (after business_date: the storage's Iceberg
+# write refuses a new column before one the table has, see tests/test_catalog_sync.py).
+DAY_2_ROWS = [(1, "a", "h1", "U", date(2024, 1, 2), 1.5), (3, "c", "h3", "I", date(2024, 1, 2), 2.5)]
+DAY_2_SCHEMA = "id int, name string, key_hash string, operation string, business_date date, extra double"
 _ROW = re.compile(r"(?:^|> )(\w+)\t(-?\d+)$")
 
 
-def _store(warehouse: Path, day: str, rows: dict) -> None:
+def _store(spark, warehouse: Path, day: str, rows: list[tuple], schema: str) -> None:
+    """``rows`` as the date of both assets, one Iceberg commit each (what a run does)."""
+    storage = WarehouseStorage(str(warehouse))
     for asset in ("current_table", "history_partition"):
-        folder = warehouse / TABLE / asset / f"business_date={day}"
-        folder.mkdir(parents=True)
-        pq.write_table(pa.table(rows), folder / "part-0.parquet")
+        storage.write(spark.createDataFrame(rows, schema), TABLE, asset, [day])
+    storage.release()
 
 
 @pytest.fixture(scope="module")
-def tiny_lake(tmp_path_factory):
+def tiny_lake(spark, tmp_path_factory):
     """A warehouse holding one date of a two-column table and one runs log row; the env of its CLI."""
     root = tmp_path_factory.mktemp("catalog_server")
     configs = root / "configs"
     configs.mkdir()
     (configs / f"{TABLE}.yaml").write_text(yaml.safe_dump(CONFIG, sort_keys=False))
     warehouse = root / "warehouse"
-    _store(warehouse, DAY_1, DAY_1_ROWS)
+    _store(spark, warehouse, DAY_1, DAY_1_ROWS, DAY_1_SCHEMA)
     (warehouse / "_runs").mkdir()
     pq.write_table(pa.table({"table": [TABLE], "business_date": [DAY_1], "status": ["succeeded"]}), warehouse / "_runs" / f"{TABLE}-1.parquet")
     env = {key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}
@@ -135,7 +141,7 @@ def _count_every_object() -> dict[str, str]:
 
 
 def _expected_counts() -> dict[str, str]:
-    rows = len(DAY_1_ROWS["id"])  # one date: every key is current, latest and one open version
+    rows = len(DAY_1_ROWS)  # one date: every key is current, latest and one open version
     return {f"{TABLE}_current": str(rows), f"{TABLE}_history": str(rows), f"{TABLE}_latest": str(rows), f"{TABLE}_scd2": str(rows), "runs_log": "1"}
 
 
@@ -182,13 +188,13 @@ def _created(env, port: int) -> dict[str, str]:
     return dict(zip(OBJECTS, created))
 
 
-def test_every_name_is_there_at_each_start_and_during_syncs_and_a_gained_column_reads_null_on_older_dates(tiny_lake):
+def test_every_name_is_there_at_each_start_and_during_syncs_and_a_gained_column_reads_null_on_older_dates(spark, tiny_lake):
     """The starts' test, then, on the server of its last start (one start fewer than a test each), a reader
     querying in a loop while syncs run."""
     port = _every_name_the_moment_each_start_listens(tiny_lake)
 
     # The table gained a column: its config lists it, and a date stored since has it.
-    _store(Path(tiny_lake["CDC_WAREHOUSE"]), DAY_2, DAY_2_ROWS)
+    _store(spark, Path(tiny_lake["CDC_WAREHOUSE"]), DAY_2, DAY_2_ROWS, DAY_2_SCHEMA)
     config = Path(tiny_lake["CDC_TABLE_CONFIGS"]) / f"{TABLE}.yaml"
     config.write_text(yaml.safe_dump({**CONFIG, "non_keys": [*CONFIG["non_keys"], {"name": "extra", "type": "double"}]}, sort_keys=False))
 
@@ -234,9 +240,9 @@ def test_every_name_is_there_at_each_start_and_during_syncs_and_a_gained_column_
         "latest_extra": f"count(extra) FROM cdc.{TABLE}_latest",
     })  # fmt: skip
     client.close()
-    with_extra = sum(value is not None for value in DAY_2_ROWS["extra"])
+    with_extra = sum(row[-1] is not None for row in DAY_2_ROWS)
     assert answers == {
-        "day1_rows": str(len(DAY_1_ROWS["id"])), "day1_extra": "0", "day2_extra": str(with_extra),
+        "day1_rows": str(len(DAY_1_ROWS)), "day1_extra": "0", "day2_extra": str(with_extra),
         "history_extra": str(with_extra), "scd2_extra": str(with_extra), "latest_extra": str(with_extra),
     }  # fmt: skip
 

@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from cdc_assets.catalog_ddl import catalog_database, catalog_dir, sync_statements
@@ -21,30 +19,35 @@ from resources.storage import WarehouseStorage
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _store(root: Path, table: str, asset: str, day: str) -> None:
-    folder = root / table / asset / f"business_date={day}"
-    folder.mkdir(parents=True)
-    pq.write_table(pa.table({"key_hash": ["a"]}), folder / "part-0.parquet")
+def _store(spark, storage: WarehouseStorage, table: str, asset: str, day: str) -> None:
+    storage.write(spark.createDataFrame([("a",)], "key_hash string"), table, asset, [day])
+    storage.release()
 
 
-def test_sync_defines_what_is_stored_and_drops_what_is_not(tmp_path, monkeypatch):
+def test_sync_defines_views_over_the_lake_tables_of_what_is_stored_and_drops_what_is_not(spark, tmp_path, monkeypatch):
     monkeypatch.delenv("CDC_CATALOG_DIR", raising=False)
     root = tmp_path / "ware'house"  # a quote in the path must stay inside the SQL string literal
-    _store(root, "orders", "current_table", "2024-01-01")
-    _store(root, "orders", "history_partition", "2024-01-01")
+    storage = WarehouseStorage(str(root))
+    _store(spark, storage, "orders", "current_table", "2024-01-01")
+    _store(spark, storage, "orders", "history_partition", "2024-01-01")
     configs = [load_table_config(REPO / "table_configs" / f"{name}.yaml") for name in ("orders", "accounts")]
-    statements = sync_statements(configs, WarehouseStorage(str(root)), "cdc")
+    statements = sync_statements(configs, storage, "cdc")
 
     creates = [statement for statement in statements if statement.startswith("CREATE")]
-    assert creates[0].startswith("CREATE DATABASE IF NOT EXISTS `cdc` LOCATION")
+    assert creates[0] == f"CREATE DATABASE IF NOT EXISTS `cdc` LOCATION '{tmp_path}/ware\\'house/_catalog/cdc.db'"
+    # Views only, none an external table over the data folders (they hold replaced snapshots' files too).
     assert [re.match(r"CREATE (TABLE|OR REPLACE VIEW) (`cdc`\.`\w+`)", statement).groups() for statement in creates[1:]] == [
-        ("TABLE", "`cdc`.`orders_current`"), ("TABLE", "`cdc`.`orders_history`"),
+        ("OR REPLACE VIEW", "`cdc`.`orders_current`"), ("OR REPLACE VIEW", "`cdc`.`orders_history`"),
         ("OR REPLACE VIEW", "`cdc`.`orders_latest`"), ("OR REPLACE VIEW", "`cdc`.`orders_scd2`"),
     ]  # fmt: skip
-    assert f"LOCATION '{tmp_path}/ware\\'house/orders/current_table'" in creates[1]
+    assert creates[1].endswith("FROM `lake`.`orders`.`current_table`")
+    assert creates[2].endswith("FROM `lake`.`orders`.`history_partition`")
+    # The configured columns as configured (NULL while the Iceberg table has none of them), then key_hash as stored.
+    assert "CAST(NULL AS date) AS `order_date`" in creates[1] and "CAST(`key_hash` AS string) AS `key_hash`" in creates[1]
+    assert "LOCATION" not in " ".join(creates[1:])
     assert "max(business_date)" in creates[3] and "LEAD(business_date)" in creates[4]
-    # accounts has nothing stored: its objects are dropped (a reset warehouse leaves no stale table).
-    assert "DROP TABLE IF EXISTS `cdc`.`accounts_current`" in statements
+    # accounts has nothing stored: its views are dropped (a reset warehouse leaves no stale name).
+    assert "DROP VIEW IF EXISTS `cdc`.`accounts_current`" in statements
     assert not [statement for statement in creates if "accounts" in statement or "runs_log" in statement]
     assert statements[-1] == "USE `cdc`"
     # Every statement is one line: the sync file has one per line, ;-terminated.

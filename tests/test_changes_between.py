@@ -16,6 +16,8 @@ from cdc_assets.config import TableConfig
 from cdc_assets.consumers import changes_between
 from cdc_assets.core.between import changes_between_states
 from cdc_assets.core.hashing import add_hashes
+from resources.storage import WarehouseStorage
+from tests.pipeline import partition_dir, read_stored
 
 TABLE = "between_demo"
 D1, D2, D3 = date(2024, 1, 1), date(2024, 1, 2), date(2024, 1, 3)
@@ -91,15 +93,20 @@ def rows_of(frame) -> list[tuple]:
     return sorted((tuple(row) for row in frame.collect()), key=repr)
 
 
-def _write(spark, config: TableConfig, rows, schema: str, folder: str) -> None:
-    """``rows`` hashed and stored as the pipeline stores an asset, one folder per business date."""
+def _write(spark, config: TableConfig, rows, schema: str, root: Path, asset: str) -> None:
+    """``rows`` hashed and stored as the pipeline stores an asset's dates D1, D2 and D3."""
     frame = spark.createDataFrame(rows, schema).withColumn("amount", F.col("amount").cast("decimal(10,2)"))
     hashed = add_hashes(frame, [(c.name, c.type) for c in config.keys], [(c.name, c.type) for c in config.non_keys])
     operation = F.col("operation") if "operation" in frame.columns else F.lit("N")
-    hashed.select(
+    stored = hashed.select(
         *(c.name for c in config.columns), "key_hash", "non_key_hash", operation.alias("operation"),
         F.col("business_date").alias("eff_start_date"), F.lit("run-1").alias("process_id"), "business_date",
-    ).write.partitionBy("business_date").parquet(folder)
+    )
+    storage = WarehouseStorage(str(root))
+    try:
+        storage.write(stored, TABLE, asset, [day.isoformat() for day in (D1, D2, D3)])
+    finally:
+        storage.release()
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +115,8 @@ def states_warehouse(spark, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("between_warehouse")
     config = TableConfig.model_validate(CONFIG)
     columns = "id int, name string, amount string, note string"
-    _write(spark, config, STATES, f"{columns}, business_date date", f"{root}/{TABLE}/current_table")
-    _write(spark, config, HISTORY, f"{columns}, operation string, business_date date", f"{root}/{TABLE}/history_partition")
+    _write(spark, config, STATES, f"{columns}, business_date date", root, "current_table")
+    _write(spark, config, HISTORY, f"{columns}, operation string, business_date date", root, "history_partition")
     return root
 
 
@@ -124,8 +131,7 @@ def test_changes_from_the_first_to_the_third_date(spark, states_warehouse):
 @pytest.mark.parametrize(("from_date", "to_date"), [(D1, D2), (D1, D3), (D2, D3)])
 def test_history_gives_what_comparing_the_two_current_states_gives(spark, states_warehouse, from_date, to_date):
     config = TableConfig.model_validate(CONFIG)
-    folder = states_warehouse / TABLE / "current_table"
-    before, after = (spark.read.parquet(str(folder / f"business_date={day}")) for day in (from_date, to_date))
+    before, after = (read_stored(spark, partition_dir(states_warehouse, TABLE, "current_table", day.isoformat())) for day in (from_date, to_date))
     from_states = changes_between_states(before, after, config, from_date, to_date)
     from_history = changes_between(spark, config, from_date, to_date, warehouse=str(states_warehouse))
     expected = rows_of(from_states)
@@ -152,8 +158,12 @@ def test_dates_that_cannot_be_compared(spark, states_warehouse, from_date, to_da
 
 
 def test_a_history_date_missing_in_between_is_an_error(spark, tmp_path):
-    for day in (D1, D3):
-        (tmp_path / TABLE / "history_partition" / f"business_date={day}").mkdir(parents=True)
+    storage = WarehouseStorage(str(tmp_path))
+    try:  # D1 and D3 stored (without rows), D2 not
+        storage.write(spark.createDataFrame([], "key_hash string, operation string, business_date date"), TABLE,
+                      "history_partition", [D1.isoformat(), D3.isoformat()])
+    finally:
+        storage.release()
     with pytest.raises(ValueError) as error:
         changes_between(spark, TableConfig.model_validate(CONFIG), D1, D3, warehouse=str(tmp_path))
     assert str(error.value) == (

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from cdc_assets.names import CDC_OUTPUTS, CURRENT, HASHED_INCOMING, HISTORY, REJECTS
 from tests.changeset_reference import Applied, Row, Tie, apply_day, apply_days
-from tests.pipeline import definitions_for, partition_dir, run_dates, run_range, sorted_rows, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
 
 TABLE = "t"
 LATE = "late_changes"
@@ -71,7 +71,7 @@ def dates(first: date, count: int) -> list[str]:
 
 def table_rows(spark, warehouse: Path, asset: str, day: date | str) -> list[tuple]:
     """current_table / history_partition as sorted (id, value, cdc_timestamp, operation, eff_start_date)."""
-    frame = spark.read.parquet(str(partition_dir(warehouse, TABLE, asset, str(day))))
+    frame = read_stored(spark, partition_dir(warehouse, TABLE, asset, str(day)))
     selected = frame.select(
         "id", "value", F.date_format("cdc_timestamp", "yyyy-MM-dd HH:mm:ss").alias("ts"), "operation", "eff_start_date"
     )
@@ -80,7 +80,7 @@ def table_rows(spark, warehouse: Path, asset: str, day: date | str) -> list[tupl
 
 def late_rows(spark, warehouse: Path, day: date | str) -> list[tuple]:
     """late_changes as sorted (id, cdc_timestamp, reason)."""
-    frame = spark.read.parquet(str(partition_dir(warehouse, TABLE, LATE, str(day))))
+    frame = read_stored(spark, partition_dir(warehouse, TABLE, LATE, str(day)))
     selected = frame.select("id", F.date_format("cdc_timestamp", "yyyy-MM-dd HH:mm:ss").alias("ts"), "reason")
     return sorted((r["id"], r["ts"], r["reason"]) for r in selected.collect())
 
@@ -171,9 +171,9 @@ def test_seed_003_table_1(spark, warehouse, tmp_path):
 
     assert table_rows(spark, warehouse, CURRENT, D2) == SEED_CURRENT  # IDs 1 and 3 absent
     assert table_rows(spark, warehouse, HISTORY, D2) == SEED_HISTORY  # nothing for ID 1
-    classification = spark.read.parquet(str(partition_dir(warehouse, TABLE, "hash_join_classification", D2.isoformat())))
+    classification = read_stored(spark, partition_dir(warehouse, TABLE, "hash_join_classification", D2.isoformat()))
     assert sorted(r["operation"] for r in classification.collect()) == ["D", "U"]
-    incoming = spark.read.parquet(str(partition_dir(warehouse, TABLE, HASHED_INCOMING, D2.isoformat())))
+    incoming = read_stored(spark, partition_dir(warehouse, TABLE, HASHED_INCOMING, D2.isoformat()))
     kept = incoming.select("id", "value", "change_flag", F.date_format("cdc_timestamp", "yyyy-MM-dd HH:mm:ss").alias("ts"))
     assert sorted(tuple(r) for r in kept.collect()) == sorted(
         (r["id"], r["value"], r["flag"], r["cdc_timestamp"].strftime(TIMESTAMP)) for r in SEED_TABLE_1
@@ -427,7 +427,7 @@ TIE_DAY2 = [
 
 def set_aside_rows(spark, warehouse: Path, day: date) -> list[tuple]:
     """late_changes as sorted (id, value, cdc_timestamp, reason)."""
-    frame = spark.read.parquet(str(partition_dir(warehouse, TABLE, LATE, day.isoformat())))
+    frame = read_stored(spark, partition_dir(warehouse, TABLE, LATE, day.isoformat()))
     selected = frame.select("id", "value", F.date_format("cdc_timestamp", "yyyy-MM-dd HH:mm:ss").alias("ts"), "reason")
     return sorted(tuple(r) for r in selected.collect())
 
@@ -441,7 +441,7 @@ def test_a_late_tie_is_late_and_a_tie_fails_the_run_naming_key_and_sequence(spar
     instance = DagsterInstance.ephemeral()
     assert all(result.success for result in run_dates(defs, dates(D1, 2), instance))
     assert set_aside_rows(spark, warehouse, D2) == [(3, 31, "2018-01-01 09:30:00", "late"), (3, 32, "2018-01-01 09:30:00", "late")]
-    assert spark.read.parquet(str(partition_dir(warehouse, TABLE, REJECTS, D2.isoformat()))).count() == 0
+    assert read_stored(spark, partition_dir(warehouse, TABLE, REJECTS, D2.isoformat())).count() == 0
 
     [failed] = run_dates(defs, [D3.isoformat()], instance, raise_on_error=False)
     assert not failed.success
@@ -451,7 +451,7 @@ def test_a_late_tie_is_late_and_a_tie_fails_the_run_naming_key_and_sequence(spar
     assert "id=3" not in message  # key 3's records are late, not tied
     assert not partition_dir(warehouse, TABLE, CURRENT, D3.isoformat()).exists()
     # The runs log, kept beyond the run and out of an erase's reach, has the count and a key_hash: no key, no sequence.
-    (logged,) = [row["error"] for row in spark.read.parquet(str(warehouse / "_runs")).collect() if row["run_id"] == failed.run_id]
+    (logged,) = [row["error"] for row in read_stored(spark, warehouse / "_runs").collect() if row["run_id"] == failed.run_id]
     assert re.fullmatch(
         rf"DuplicateKeysError: table {TABLE}, 2018-01-03: 1 key\(s\) have different records with the same greatest sequence, "
         r"so their last change is unknown, e\.g\. key_hash [0-9a-f]{32}\. No CDC output was written .*\(to late_changes, reason tied\)\.",
@@ -466,7 +466,7 @@ def test_a_tie_is_set_aside_and_the_key_left_unchanged(spark, warehouse, tmp_pat
     results = run_dates(definitions_for(table_config(tmp_path / "configs", source, "quarantine")), dates(D1, 2))
     assert all(result.success for result in results)
 
-    assert spark.read.parquet(str(partition_dir(warehouse, TABLE, REJECTS, D2.isoformat()))).count() == 0
+    assert read_stored(spark, partition_dir(warehouse, TABLE, REJECTS, D2.isoformat())).count() == 0
     assert set_aside_rows(spark, warehouse, D2) == [
         (1, 9, "2018-01-02 08:00:00", "tied"),
         (1, 11, "2018-01-02 10:00:00", "tied"),

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from cdc_assets.config import load_table_config
 from cdc_assets.names import APPLIED_SEQUENCES, CURRENT, HISTORY, LATE_CHANGES
 from tests.changeset_reference import apply_days
-from tests.pipeline import definitions_for, partition_dir, run_dates, run_range
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range
 
 TABLE = "events"
 DAYS = ["2024-01-01", "2024-01-02", "2024-01-03"]
@@ -84,7 +84,7 @@ def _config(tmp_path: Path):
 
 
 def _read(spark, warehouse: Path, asset: str, day: str):
-    return spark.read.parquet(str(partition_dir(warehouse, TABLE, asset, day)))
+    return read_stored(spark, partition_dir(warehouse, TABLE, asset, day))
 
 
 def _lsn(column: str):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,9 @@ from pyspark.sql import functions as F
 from cdc_assets.config import load_table_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.factory import build_table_definitions
-from tests.pipeline import partition_dir, run_dates
+from resources.storage import WarehouseStorage
+from resources.storage.lake import CATALOG_NAME
+from tests.pipeline import partition_dir, read_stored, run_dates
 
 REPO = Path(__file__).resolve().parent.parent
 DAY1, DAY2 = "2024-01-01", "2024-01-02"
@@ -32,7 +33,8 @@ ALL_CHECKS = {
 
 @pytest.fixture(scope="module")
 def orders_warehouse(spark, tmp_path_factory):
-    """Two good days of the shipped orders table, materialized once; tests work on copies."""
+    """Two good days of the shipped orders table, materialized once; a test breaks it and
+    :func:`warehouse` puts every asset back at its good snapshot afterwards."""
     root = tmp_path_factory.mktemp("checks_good")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CDC_DATA_ROOT", str(REPO))
@@ -113,18 +115,41 @@ BREAKAGES = [
 
 
 def _break(spark, warehouse: Path, asset: str, day: str, how) -> None:
-    path = partition_dir(warehouse, "orders", asset, day)
-    broken = how(spark.read.parquet(str(path))).localCheckpoint()  # materialize before the source is replaced
-    shutil.rmtree(path)
-    broken.write.parquet(str(path))
+    """Replace the stored date with a broken copy of its rows: one Iceberg commit, as a run's write."""
+    storage = WarehouseStorage(str(warehouse), run_id="breaking-on-purpose")
+    broken = how(read_stored(spark, partition_dir(warehouse, "orders", asset, day))).withColumn("business_date", F.lit(day).cast("date"))
+    # In the table's column order (hashed_incoming stores business_date among the extract's columns), and
+    # materialized before the date is replaced.
+    broken = broken.select(*[column.name for column in storage.tables.load("orders", asset).schema().fields]).localCheckpoint()
+    try:
+        storage.write(broken, "orders", asset, [day])
+    finally:
+        storage.release()
+
+
+def _current_snapshots(storage: WarehouseStorage) -> dict[str, int]:
+    return {asset: storage.tables.load("orders", asset).current_snapshot().snapshot_id for asset in storage.stored_assets("orders")}
+
+
+@pytest.fixture
+def warehouse(spark, orders_warehouse, monkeypatch):
+    """The good warehouse, to break; afterwards each asset is set back to the snapshot it had (the Iceberg
+    tables' locations are absolute paths in their metadata: a copied warehouse would still write into this one)."""
+    good, _, _ = orders_warehouse
+    monkeypatch.setenv("CDC_WAREHOUSE", str(good))
+    storage = WarehouseStorage(str(good))
+    before = _current_snapshots(storage)
+    yield good
+    session = storage.tables.session_for(spark)
+    for asset, snapshot_id in before.items():
+        if storage.tables.load("orders", asset).current_snapshot().snapshot_id != snapshot_id:
+            session.sql(f"CALL {CATALOG_NAME}.system.set_current_snapshot(table => 'orders.{asset}', snapshot_id => {snapshot_id})").collect()
+    assert _current_snapshots(storage) == before
 
 
 @pytest.mark.parametrize("asset, day, how, failing", BREAKAGES, ids=[f"{b[0]}-{b[1]}-{b[2].__name__}" for b in BREAKAGES])
-def test_check_fails_on_a_broken_partition(spark, orders_warehouse, tmp_path, monkeypatch, asset, day, how, failing):
-    good, instance, _ = orders_warehouse
-    warehouse = tmp_path / "warehouse"
-    shutil.copytree(good, warehouse)
-    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+def test_check_fails_on_a_broken_partition(spark, orders_warehouse, warehouse, asset, day, how, failing):
+    _, instance, _ = orders_warehouse
     _break(spark, warehouse, asset, day, how)
 
     result = _defs().resolve_job_def("checks_only").execute_in_process(tags={"dagster/partition": DAY2}, instance=instance, raise_on_error=False)
@@ -140,14 +165,11 @@ def test_check_fails_on_a_broken_partition(spark, orders_warehouse, tmp_path, mo
             assert evaluation.metadata["left"].value != evaluation.metadata["right"].value
 
 
-def test_failed_blocking_intake_check_stops_the_cdc_step(spark, orders_warehouse, tmp_path, monkeypatch):
-    good, instance, _ = orders_warehouse
-    warehouse = tmp_path / "warehouse"
-    shutil.copytree(good, warehouse)
-    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+def test_failed_blocking_intake_check_stops_the_cdc_step(spark, orders_warehouse, warehouse):
+    _, instance, _ = orders_warehouse
     _break(spark, warehouse, "hashed_incoming", DAY2, _duplicate_a_row)
-    current = partition_dir(warehouse, "orders", "current_table", DAY2)
-    before = sorted(p.name for p in current.iterdir())
+    current = WarehouseStorage(str(warehouse)).tables
+    before = current.load("orders", "current_table").current_snapshot().snapshot_id
 
     result = _defs().resolve_job_def("gated_cdc").execute_in_process(tags={"dagster/partition": DAY2}, instance=instance, raise_on_error=False)
 
@@ -155,4 +177,4 @@ def test_failed_blocking_intake_check_stops_the_cdc_step(spark, orders_warehouse
     step_events = {(e.step_key, e.event_type_value) for e in result.all_events if e.step_key}
     assert ("orders__intake_checks", "STEP_FAILURE") in step_events
     assert not any(key == "orders__cdc" and kind == "STEP_START" for key, kind in step_events)
-    assert sorted(p.name for p in current.iterdir()) == before  # the CDC step never wrote
+    assert current.load("orders", "current_table").current_snapshot().snapshot_id == before  # the CDC step never wrote

@@ -29,7 +29,7 @@ from cdc_assets.services.cluster import ClusterLayout, master_state, registered_
 from cdc_assets.config import TableConfig, load_table_config
 from cdc_assets.services.connect_server import start_server, stop_server
 from cdc_assets.generator import generate
-from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates, run_range, sorted_rows, write_table_config
+from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates, run_range, sorted_rows, stored_asset, write_table_config
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def _materialize(env: dict, selection: str, *dates: str) -> None:
 
 def _outputs(spark, warehouse: Path, table: str, day: str | None = None) -> dict:
     """Every row of every asset (one date's, or all dates'), audit columns left out."""
-    return {asset: sorted_rows(spark, partition_dir(warehouse, table, asset, day) if day else warehouse / table / asset) for asset in ASSETS}
+    return {asset: sorted_rows(spark, partition_dir(warehouse, table, asset, day) if day else stored_asset(warehouse, table, asset)) for asset in ASSETS}
 
 
 def _applications(cluster) -> dict[str, dict]:
@@ -159,7 +159,7 @@ def test_the_seed_scenario_on_the_cluster_equals_local_spark(spark, tables, loca
         assert _outputs(spark, warehouse, table) == _outputs(spark, local_warehouse, table), table
     # Not vacuous: the seed's changes on day 2, and rows a delta did not supply kept as X.
     assert operation_counts(spark, partition_dir(warehouse, "synthetic", "history_partition", DAYS[1])) == {"I": 200, "U": 400, "D": 200}
-    assert "X" in operation_counts(spark, warehouse / "orders" / "current_table")
+    assert "X" in operation_counts(spark, stored_asset(warehouse, "orders", "current_table"))
 
     # One application per run, each with an executor on both workers that ran its tasks.
     run_apps = set(_applications(cluster)) - before

@@ -153,7 +153,6 @@ INVALID = {
     ),
     "pipeline working column name": (variant(non_keys=[{"name": "_source_file", "type": "string"}]), "non_keys.0.name"),
     "pipeline working column prefix": (variant(keys=[{"name": "__cdc_typed_0", "type": "string"}]), "keys.0.name"),
-    "storage version key as a column": (variant(non_keys__1={"name": "_cdc_version", "type": "string"}), "non_keys.1.name"),
     "spark file metadata column": (variant(untracked_columns=[{"name": "_METADATA", "type": "string"}]), "untracked_columns.0.name"),
     "late_changes column in a changeset table": (
         variant(
@@ -305,10 +304,9 @@ def test_every_name_the_pipeline_uses_for_itself_is_reserved():
     from cdc_assets.config import CHANGESET_COLUMNS, reserved_name_problem
     from cdc_assets.core import between, changes, changeset, compare, hashing, scd2, source
     from cdc_assets.core.columns import BUSINESS_DATE
-    from resources.storage.layout import VERSION_KEY
 
     named = [
-        BUSINESS_DATE, VERSION_KEY, hashing.KEY_HASH, hashing.NON_KEY_HASH, changes.OPERATION, changes.EFF_START_DATE,
+        BUSINESS_DATE, hashing.KEY_HASH, hashing.NON_KEY_HASH, changes.OPERATION, changes.EFF_START_DATE,
         changes.PROCESS_ID, changes.PROCESSED_AT, compare.CHANGED_COLUMNS, source.SOURCE_FILE, source.RAW_RECORD,
         source.REJECT_REASON, source.RECORD_ID, source._CORRUPT, source.FLAG, source.TOMBSTONE, source.READER_PROBLEM,
         source.RAW_LINE, source.UNAVAILABLE, source.UNAVAILABLE_COLUMNS, source.CHANGE_FLAG, source.CHANGE_SEQUENCE,

@@ -22,7 +22,7 @@ import yaml
 from dagster import DagsterInstance
 
 from resources.storage import WarehouseStorage
-from tests.pipeline import definitions_for, partition_dir, run_dates, sorted_rows, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, sorted_rows, stored_asset, write_table_config
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def _run(env: dict, selection: str, day: str) -> str:
 def _outputs(spark, warehouse: Path, table: str) -> dict:
     """Every row of every asset (all dates), sorted: a comparison independent of file layout."""
     return {
-        asset: sorted_rows(spark, warehouse / table / asset)
+        asset: sorted_rows(spark, stored_asset(warehouse, table, asset))
         for asset in ASSETS
     }
 
@@ -113,7 +113,7 @@ def classic(spark, tmp_path_factory):
 
 
 def _operations(spark, warehouse: Path, table: str, asset: str) -> set[str]:
-    return {row["operation"] for row in spark.read.parquet(str(warehouse / table / asset)).select("operation").distinct().collect()}
+    return {row["operation"] for row in read_stored(spark, stored_asset(warehouse, table, asset)).select("operation").distinct().collect()}
 
 
 def test_seed_scenario_and_a_rerun_through_connect_equal_the_classic_session(spark, tmp_path, connect_server, classic):
@@ -135,7 +135,6 @@ def test_seed_scenario_and_a_rerun_through_connect_equal_the_classic_session(spa
     # The seed's shape on day 2 of the full load, and X rows kept by the delta.
     assert _operations(spark, warehouse, "synth", "history_partition") == {"I", "U", "D"}
     assert "X" in _operations(spark, warehouse, "orders", "current_table")
-    assert not list((warehouse / "synth" / "_staging").rglob("*.parquet"))
 
 
 def test_a_run_killed_during_a_commit_through_connect_keeps_the_stored_outputs(spark, tmp_path, connect_server):
@@ -146,6 +145,8 @@ def test_a_run_killed_during_a_commit_through_connect_keeps_the_stored_outputs(s
         _run(env, "group:synth", day)
     warehouse = Path(env["CDC_WAREHOUSE"])
     before = _outputs(spark, warehouse, "synth")
+    tables = WarehouseStorage(str(warehouse)).tables
+    snapshot_before = tables.load("synth", "current_table").current_snapshot().snapshot_id
 
     paused = {**env, "CDC_PAUSE_BEFORE_COMMIT": "synth/current_table", "CDC_PAUSE_MARKER": str(marker)}
     process = _materialize(paused, "group:synth", DAYS[1], log=tmp_path / "killed.log")
@@ -154,8 +155,10 @@ def test_a_run_killed_during_a_commit_through_connect_keeps_the_stored_outputs(s
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert marker.exists(), (tmp_path / "killed.log").read_text()[-4000:]
-        staged = list((warehouse / "synth" / "_staging" / "current_table").rglob("*.parquet"))
-        assert staged, "current_table was staged, not committed, when the run was killed"
+        # Paused before current_table's commit: the run wrote its earlier assets, not this one.
+        assert tables.load("synth", "current_table").current_snapshot().snapshot_id == snapshot_before
+        assert tables.load("synth", "hashed_incoming").current_snapshot().summary["cdc.run-id"] != \
+            tables.load("synth", "current_table").current_snapshot().summary["cdc.run-id"]
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=60)
@@ -164,10 +167,10 @@ def test_a_run_killed_during_a_commit_through_connect_keeps_the_stored_outputs(s
     # What readers see of current_table and history is the version from before the killed run.
     assert after_kill["current_table"] == before["current_table"]
     assert after_kill["history_partition"] == before["history_partition"]
+    assert tables.load("synth", "current_table").current_snapshot().snapshot_id == snapshot_before
 
-    _run(env, "group:synth", DAYS[1])  # the next run takes the dead run's lock and sweeps its leftovers
+    _run(env, "group:synth", DAYS[1])  # the next run takes the dead run's lock
     assert _outputs(spark, warehouse, "synth") == before
-    assert not list((warehouse / "synth" / "_staging").rglob("*.parquet"))
 
 
 def _wait_for(condition, process, log: Path, timeout: float = 600) -> None:
@@ -230,7 +233,7 @@ def test_change_sets_through_connect_equal_the_classic_session(spark, tmp_path, 
 
     def stored(root: Path, table: str) -> dict:
         return {
-            asset: sorted_rows(spark, root / table / asset)
+            asset: sorted_rows(spark, stored_asset(root, table, asset))
             for asset in CHANGESET_ASSETS
         }
 
@@ -261,7 +264,7 @@ def test_change_sets_through_connect_equal_the_classic_session(spark, tmp_path, 
 
 def test_a_schema_change_through_connect(spark, tmp_path, connect_server):
     """A date whose config adds a column and renames one, run through Spark Connect: the state's recorded
-    columns (Parquet metadata written by the server) are read back, and no key is re-versioned."""
+    columns (the schema recorded with the server's commit) are read back, and no key is re-versioned."""
     import csv
 
     from resources.state import stored_fields
@@ -313,12 +316,12 @@ def test_a_killed_runs_cached_intake_is_never_read_by_the_rerun_of_a_replaced_ex
     env = _environment(tmp_path, "replaced", configs, connect_server.url)
     warehouse = Path(env["CDC_WAREHOUSE"])
     marker, log = tmp_path / "paused.marker", tmp_path / "killed.log"
-    # Paused before hashed_incoming's commit: its rows were staged from the intake's cache, which is filled.
+    # Paused before hashed_incoming's commit: the intake was read (and cached), nothing of the date committed.
     paused = {**env, "CDC_PAUSE_BEFORE_COMMIT": "replaced/hashed_incoming", "CDC_PAUSE_MARKER": str(marker)}
     process = _materialize(paused, "group:replaced", DAYS[0], log=log)
     try:
         _wait_for(lambda: marker.exists(), process, log)
-        assert list((warehouse / "replaced" / "_staging" / "hashed_incoming").rglob("*.parquet")), "the intake was staged"
+        assert not WarehouseStorage(str(warehouse)).has_partition("replaced", "hashed_incoming", DAYS[0])
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=60)

@@ -26,7 +26,7 @@ from dagster import DagsterInstance
 
 from cdc_assets import cli
 from cdc_assets.consumers import changes_between, scd2_duckdb_sql, scd2_view
-from tests.pipeline import definitions_for, partition_dir, run_dates, run_range, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range, write_table_config
 
 D1, D2, D3, D4, D5 = "2024-03-01", "2024-03-02", "2024-03-03", "2024-03-04", "2024-03-05"
 HEADER = "op,id,name,score,balance,joined,changed_at"
@@ -88,7 +88,7 @@ def chain(spark, tmp_path_factory):
 
 
 def _read(spark, chain, asset, day):
-    return spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, asset, day)))
+    return read_stored(spark, partition_dir(chain["warehouse"], TABLE, asset, day))
 
 
 def _history(spark, chain, day):
@@ -105,9 +105,9 @@ def test_changed_columns_name_the_non_keys_that_changed(spark, chain):
     # A decimal; key 4's record changed only changed_at (untracked): N, so it is not in history at all.
     assert changed(D3) == {(1, "U"): ["balance"], (2, "I"): [], (5, "D"): []}
     assert changed(D4) == {(4, "U"): ["joined"]}
-    updates = spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, "updates", D2)))
+    updates = read_stored(spark, partition_dir(chain["warehouse"], TABLE, "updates", D2))
     assert {r["id"]: r["changed_columns"] for r in updates.collect()} == {1: ["score"], 3: ["joined"]}
-    current = spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, "current_table", D3)))
+    current = read_stored(spark, partition_dir(chain["warehouse"], TABLE, "current_table", D3))
     assert "changed_columns" not in current.columns
     assert {r["id"]: r["operation"] for r in current.collect()}[4] == "N"
 
@@ -117,7 +117,7 @@ def test_audit_columns_after_a_backfill(spark, chain):
     started = chain["instance"].get_run_record_by_id(run_id).start_time
     for day in (D1, D2, D3, D4):
         for asset in ("current_table", "history_partition"):
-            frame = spark.read.parquet(str(partition_dir(chain["warehouse"], TABLE, asset, day)))
+            frame = read_stored(spark, partition_dir(chain["warehouse"], TABLE, asset, day))
             stamps = {(r["process_id"], r["processed_at"].timestamp()) for r in frame.collect()}
             assert len(stamps) == 1, (asset, day)
             (process_id, processed_at), = stamps
@@ -125,7 +125,7 @@ def test_audit_columns_after_a_backfill(spark, chain):
 
 
 def test_runs_log_has_a_row_per_date_of_the_backfill_and_the_failed_run(spark, chain):
-    runs = spark.read.parquet(str(chain["warehouse"] / "_runs")).orderBy("business_date").collect()
+    runs = read_stored(spark, chain["warehouse"] / "_runs").orderBy("business_date").collect()
     backfill = [row for row in runs if row["run_id"] == chain["backfill"].run_id]
     assert [row["business_date"].isoformat() for row in backfill] == [D1, D2, D3, D4]
     assert {(row["status"], row["step"], row["table"]) for row in backfill} == {("succeeded", "cdc", TABLE)}
@@ -211,7 +211,7 @@ def test_cdc_scd2_command_with_deletion_rows_and_a_high_end_date(spark, chain, t
     monkeypatch.setenv("CDC_WAREHOUSE", str(chain["warehouse"]))
     out = tmp_path / "scd2"
     assert cli.scd2_main([TABLE, "--out", str(out)]) == 0
-    rows = spark.read.parquet(str(out)).collect()
+    rows = read_stored(spark, out).collect()
     deletions = _versions([r for r in rows if r["is_deleted"]])
     # Bob's deletion row runs until he comes back; Ed's is still open, at the high date.
     assert deletions == sorted(
@@ -231,7 +231,7 @@ def test_cdc_changes_from_day_1_to_day_3(spark, chain, tmp_path, monkeypatch):
     rows = sorted(
         (r["id"], r["_change_type"], r["name"], r["balance"], r["changed_columns"], r["_from_date"].isoformat(),
          r["_to_date"].isoformat())
-        for r in spark.read.parquet(str(out)).collect()
+        for r in read_stored(spark, out).collect()
     )
     assert rows == [
         # Updated twice in between: one preimage (day 1) and one postimage (day 3).
@@ -261,7 +261,7 @@ def test_runs_log_records_a_run_that_failed_storing_an_output(spark, tmp_path, m
     (warehouse / TABLE / "history_partition").write_text("a file where the asset's folder belongs")
     (result,) = run_dates(definitions_for(config), [D1], DagsterInstance.ephemeral(), raise_on_error=False)
     assert not result.success
-    runs = spark.read.parquet(str(warehouse / "_runs")).collect()
+    runs = read_stored(spark, warehouse / "_runs").collect()
     assert [(r["run_id"], r["status"], r["step"], r["inserts"]) for r in runs] == [(result.run_id, "failed", "cdc", 4)]
     assert "outputs were stored" in runs[0]["error"]
 
@@ -315,7 +315,8 @@ def test_out_refuses_the_current_directory_its_parents_and_the_warehouse_even_wi
         err = capsys.readouterr().err
         assert f"is {what}: an export replaces its folder and everything in it, so this one is refused, even with --overwrite" in err
     assert _tree(tmp_path) == before
-    assert (warehouse / TABLE / "current_table" / f"business_date={D4}").is_dir()
+    assert partition_dir(warehouse, TABLE, "current_table", D4).exists()
+    assert (warehouse / TABLE / "current_table" / "data" / f"business_date={D4}").is_dir()
 
 
 def test_out_replaces_an_earlier_export_of_the_same_command_and_table_only(spark, chain, tmp_path, capsys):
@@ -324,7 +325,7 @@ def test_out_replaces_an_earlier_export_of_the_same_command_and_table_only(spark
     marker = json.loads((out / "_cdc_export.json").read_text())
     assert (marker["command"], marker["table"], marker["format"]) == ("cdc-current", TABLE, "parquet")
     assert marker["files"] and all((out / name).exists() for name in marker["files"])
-    assert spark.read.parquet(str(out)).count() == 4  # the marker is not read as data
+    assert read_stored(spark, out).count() == 4  # the marker is not read as data
     # An earlier export of the same command and table: replaced.
     assert cli.current_main([TABLE, "--as-of", D2, "--out", str(out), "--format", "csv"]) == 0
     assert spark.read.option("header", True).csv(str(out)).count() == 4  # day 2: 1, 3, 4, 5
@@ -344,4 +345,4 @@ def test_out_replaces_an_earlier_export_of_the_same_command_and_table_only(spark
     assert cli.changes_main([TABLE, "--from", D1, "--to", D3, "--out", str(out), "--overwrite"]) == 0
     assert not (out / "README.txt").exists()
     assert json.loads((out / "_cdc_export.json").read_text())["command"] == "cdc-changes"
-    assert spark.read.parquet(str(out)).count() == 6
+    assert read_stored(spark, out).count() == 6

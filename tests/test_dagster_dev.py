@@ -18,11 +18,12 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
-import pyarrow.parquet as pq
 import pytest
 import requests
 from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance
 
+from resources.storage import WarehouseStorage
+from tests.pipeline import stored_arrow
 from tests.processes import free_port, stop_process_tree, tail
 
 pytestmark = pytest.mark.slow
@@ -344,12 +345,13 @@ def test_dagster_dev_backfills(tmp_path):
 
     for table, case in CASES.items():
         DATES, ASSETS, CHECKS, EXPECTED = (case[name] for name in ("dates", "assets", "checks", "expected"))
-        # 5. The outputs on disk, read with pyarrow (no Spark in the test process).
+        # 5. The outputs stored, read with pyiceberg (no Spark in the test process).
+        storage = WarehouseStorage(str(warehouse))
         for asset in ASSETS:
             for day in DATES:
-                assert (warehouse / table / asset / f"business_date={day}").is_dir(), f"{table} {asset} {day} was not written"
+                assert storage.has_partition(table, asset, day), f"{table} {asset} {day} was not written"
         for (asset, day), expected in EXPECTED.items():
-            stored = pq.read_table(warehouse / table / asset / f"business_date={day}")
+            stored = stored_arrow(warehouse, table, asset, day, ("operation",))
             counts = dict(Counter(stored.column("operation").to_pylist()))
             assert counts == expected, f"{table} {asset} {day}: {counts} != {expected}"
 

@@ -9,7 +9,7 @@ import yaml
 from dagster import DagsterInstance
 
 from cdc_assets.config import load_table_config
-from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates
+from tests.pipeline import definitions_for, operation_counts, partition_dir, read_stored, run_dates
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DATES = ["2024-03-01", "2024-03-02", "2024-03-03"]
@@ -29,7 +29,7 @@ def _checks(results) -> list:
 
 
 def _ids(spark, warehouse: Path, table: str, asset: str, day: str, key: str) -> dict[int, str]:
-    frame = spark.read.parquet(str(partition_dir(warehouse, table, asset, day)))
+    frame = read_stored(spark, partition_dir(warehouse, table, asset, day))
     return {row[key]: row["operation"] for row in frame.collect()}
 
 
@@ -54,7 +54,7 @@ def test_customers_debezium_sample(spark, warehouse, monkeypatch):
     # Day 2: customer 3 is deleted with a key-only `before`; history's D row carries its payload from current.
     day2 = current(SAMPLE_DATES[1])
     assert 3 not in day2 and day2[9] == "I" and day2[10] == "I" and day2[7] == "U" and day2[4] == "X"
-    history = spark.read.parquet(str(partition_dir(warehouse, "customers_debezium", "history_partition", SAMPLE_DATES[1])))
+    history = read_stored(spark, partition_dir(warehouse, "customers_debezium", "history_partition", SAMPLE_DATES[1]))
     deleted = history.filter("operation = 'D'").collect()
     assert [(row.customer_id, row.name, row.email) for row in deleted] == [(3, "Grace Hopper", "grace@example.com")]
 
@@ -63,7 +63,7 @@ def test_customers_debezium_sample(spark, warehouse, monkeypatch):
     assert sorted(day3) == [1, 2, 3, 4, 6, 8, 10, 11]
     assert day3[3] == "I" and day3[11] == "I" and day3[8] == "U"
     assert operation_counts(spark, partition_dir(warehouse, "customers_debezium", "history_partition", SAMPLE_DATES[2]))["D"] == 2
-    stored = spark.read.parquet(str(partition_dir(warehouse, "customers_debezium", "current_table", SAMPLE_DATES[2])))
+    stored = read_stored(spark, partition_dir(warehouse, "customers_debezium", "current_table", SAMPLE_DATES[2]))
     assert dict(stored.dtypes)["balance"] == "decimal(12,2)" and dict(stored.dtypes)["birth_date"] == "date"
     assert "change_flag" not in stored.columns
 
@@ -98,13 +98,13 @@ def test_debezium_truncate_bad_lines_and_tombstones(spark, warehouse, tmp_path):
     assert _ids(spark, warehouse, "events", "current_table", days[0], "id") == {10: "I", 12: "I"}
     intake = _metadata(results, "hashed_incoming", days[0])
     assert (intake["rows_read"], intake["rows_rejected"], intake["tombstone_lines"], intake["rows_accepted"]) == (16, 4, 2, 10)
-    rejects = spark.read.parquet(str(partition_dir(warehouse, "events", "rejects", days[0]))).collect()
+    rejects = read_stored(spark, partition_dir(warehouse, "events", "rejects", days[0])).collect()
     assert len(rejects) == 4 and all(row.reason and row.raw_record is not None for row in rejects)
     figures = _metadata(results, "hash_join_classification", days[0])
     # Winners: 10, 12 and the truncate; superseded: the six records before the truncate.
     assert (figures["winners"], figures["superseded"], figures["duplicate_events"], figures["truncates"]) == (3, 6, 1, 1)
     assert figures["deletes_of_unknown_keys"] == 0
-    incoming = spark.read.parquet(str(partition_dir(warehouse, "events", "hashed_incoming", days[0])))
+    incoming = read_stored(spark, partition_dir(warehouse, "events", "hashed_incoming", days[0]))
     assert incoming.filter("change_flag = 'T'").count() == 1 and incoming.count() == 10
 
     # Day 2: key 1's update is newer than the truncate (the table's floor): inserted again; key 3's

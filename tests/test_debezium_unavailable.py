@@ -15,7 +15,7 @@ from dagster import DagsterInstance
 
 from cdc_assets.config import DEBEZIUM_UNAVAILABLE_VALUE, load_table_config
 from cdc_assets.names import CURRENT, HISTORY, LATE_CHANGES
-from tests.pipeline import definitions_for, partition_dir, run_dates
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates
 
 TABLE = "notes"
 DAYS = ["2024-01-01", "2024-01-02"]
@@ -69,7 +69,7 @@ def test_a_left_out_column_keeps_its_previous_value(spark, warehouse, tmp_path):
     assert checks and all(check.passed for check in checks)
 
     def read(asset: str):
-        return spark.read.parquet(str(partition_dir(warehouse, TABLE, asset, DAYS[1])))
+        return read_stored(spark, partition_dir(warehouse, TABLE, asset, DAYS[1]))
 
     current = {r["id"]: (r["value"], r["notes"], r["operation"]) for r in read(CURRENT).collect()}
     assert current == {

@@ -13,7 +13,7 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, EventRecordsFilter
 
 from cdc_assets.core.erasure import RAW_KEY_HASH, KeysFileError, erased_key_hashes, with_raw_key_hash
-from cdc_assets.erasure import verify_erased
+from cdc_assets.erasure import read_keys_file, verify_erased
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, write_table_config
 
@@ -49,6 +49,7 @@ def _config(tmp_path: Path, **fields):
 
 
 def _files_holding(root: Path, text: str) -> list[str]:
+    """Every file under the table's folder (data, Iceberg metadata, the ledger) whose bytes hold ``text``."""
     return sorted(str(path.relative_to(root)) for path in (root / TABLE).rglob("*") if path.is_file() and text.encode() in path.read_bytes())
 
 
@@ -95,6 +96,11 @@ def test_an_erased_key_is_gone_from_every_file_stays_out_and_the_checks_stay_tru
             ("current_table", "2024-02-03"), ("applied_sequences", "2024-02-03"), ("history_partition", "2024-02-01"),
             ("hash_join_classification", "2024-02-02"), ("updates", "2024-02-02")} <= held
     assert _files_holding(warehouse, NAME), "the name must be findable in the stored bytes for its absence to mean anything"
+    key_hash = read_keys_file(spark, config, keys).first()[0]
+    assert _files_holding(warehouse, key_hash)
+    # Only data files hold them: the tables' metadata keeps no stored value (manifests: counts, no min/max
+    # bounds), so an erase need not reach it.
+    assert [path for path in _files_holding(warehouse, NAME) + _files_holding(warehouse, key_hash) if "/data/" not in path] == []
 
     erased = defs.get_job_def(f"{TABLE}_erase").execute_in_process(
         run_config={"ops": {f"{TABLE}__erase": {"config": {"keys_file": keys, "reason": "ticket GDPR-17"}}}}, instance=instance
@@ -102,7 +108,10 @@ def test_an_erased_key_is_gone_from_every_file_stays_out_and_the_checks_stay_tru
     assert erased.success
     after = verify_erased(spark, storage, config, keys)
     assert after.holding == []
-    assert _files_holding(warehouse, NAME) == []  # replaced versions and staging included: nothing kept for readers
+    # The files of the snapshots the erase replaced are gone: no file holds the name, nor the key's hash
+    # but the ledger's record of what it erased.
+    assert _files_holding(warehouse, NAME) == []
+    assert [path for path in _files_holding(warehouse, key_hash) if not path.startswith(f"{TABLE}/_erasures/")] == []
     assert after.unverifiable_rejects == {"2024-02-02": 1}  # the malformed line: counted, never taken for clean
     assert storage.row_counts(TABLE, "rejects", ["2024-02-02"]) == {"2024-02-02": 1}
 

@@ -76,12 +76,14 @@ def test_cdc_erase_removes_padded_case_variant_and_composite_keys_exactly_and_ve
     assert "0 stored files hold the keys" in capsys.readouterr().out
 
     # A row that holds an erased key under another key_hash (written by other code, here planted in
-    # _staging) is found by its key values, and --verify fails naming it.
-    planted = warehouse / TABLE / "_staging" / "current_table" / "planted"
-    spark.createDataFrame([("0" * 32, "c001", "x")], "key_hash string, code string, part string").write.parquet(str(planted))
+    # the table's data folder, where no snapshot reads it) is found by its key values, and --verify
+    # fails naming its file.
+    planted = Path(storage.partition_path(TABLE, "current_table", DAY1)) / "planted"
+    spark.createDataFrame([("0" * 32, "c001", "x")], "key_hash string, code string, part string").coalesce(1).write.parquet(str(planted))
+    (planted_file,) = planted.glob("*.parquet")
     assert erase_main([TABLE, "--verify", "--keys", str(keys)]) == 1
     out = capsys.readouterr().out
-    assert f"current_table (staged): 1 row(s) in a replaced version {planted}" in out
+    assert f"current_table {DAY1}: 1 row(s) in a replaced file {planted_file}" in out
     assert "1 of them found by key value only" in out and "does not remove them" in out
     shutil.rmtree(planted)
 

@@ -1,4 +1,8 @@
-"""A ``kill -9`` in the middle of ``cdc-erase``, then the same command again: the erase completes."""
+"""A ``kill -9`` in the middle of ``cdc-erase``, then the same command again: the erase completes.
+
+Each asset is an Iceberg table: the kill leaves every one at a whole snapshot (the erased one or the
+one before), and the run again completes the same request; then no file under the table, data or
+metadata, holds the erased key's bytes."""
 
 from __future__ import annotations
 
@@ -31,6 +35,11 @@ def _files_holding(root: Path, text: str) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in (root / TABLE).rglob("*") if p.is_file() and text.encode() in p.read_bytes())
 
 
+def _snapshots(storage: WarehouseStorage) -> dict[str, int]:
+    """Each asset's current snapshot id."""
+    return {asset: storage.tables.load(TABLE, asset).current_snapshot().snapshot_id for asset in storage.stored_assets(TABLE)}
+
+
 def test_a_kill_during_an_erase_then_the_same_command_again_completes_it(spark, warehouse, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CDC_DATA_ROOT", str(REPO))
     monkeypatch.setenv("CDC_TABLE_CONFIGS", str(REPO / "table_configs"))
@@ -40,14 +49,17 @@ def test_a_kill_during_an_erase_then_the_same_command_again_completes_it(spark, 
     keys = tmp_path / "keys.csv"
     keys.write_text("order_id,store_code\n" + f"{KEY[1]},{KEY[0]}\n")
     assert _files_holding(warehouse, NAME)
+    storage = WarehouseStorage(str(warehouse))
+    before = _snapshots(storage)
+    rows_before = {asset: storage.row_counts(TABLE, asset, storage.stored_dates(TABLE, asset)) for asset in before}
 
     marker, log = tmp_path / "paused.marker", tmp_path / "erase.log"
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
         # Assets are erased in name order: current_table, deletes, hash_join_classification and hashed_incoming
-        # are committed when history_partition's first rewritten date is placed but not yet pointed to.
-        "CDC_PAUSE_IN_COMMIT": f"{TABLE}/history_partition",
+        # are committed when history_partition's rewrite is about to commit.
+        "CDC_PAUSE_BEFORE_COMMIT": f"{TABLE}/history_partition",
         "CDC_PAUSE_MARKER": str(marker),
         "CDC_SPARK_CONF": json.dumps({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}),
     }
@@ -67,17 +79,28 @@ def test_a_kill_during_an_erase_then_the_same_command_again_completes_it(spark, 
         erase.wait(timeout=60)
     assert erase.returncode == -signal.SIGKILL
 
-    storage = WarehouseStorage(str(warehouse))
     (request,) = storage.erasure_requests(TABLE)
     assert request["status"] == "erasing" and request["reason"] == "GDPR-42"
     assert {"current_table/2024-01-03", "hashed_incoming/2024-01-01"} <= set(request["partitions"])
+    # Each table is at a whole snapshot: the ones erased at their erase's, history_partition (and those
+    # after it) at the one they had; every stored date reads in full at it.
+    after_kill = _snapshots(storage)
+    assert after_kill["current_table"] != before["current_table"] and after_kill["hashed_incoming"] != before["hashed_incoming"]
+    assert after_kill["history_partition"] == before["history_partition"]
+    for asset in after_kill:
+        days = storage.stored_dates(TABLE, asset)
+        counts = storage.row_counts(TABLE, asset, days)
+        if days:
+            assert storage.read(spark, TABLE, asset, days).count() == sum(counts.values()), asset
+        if asset >= "history_partition":
+            assert counts == rows_before[asset], asset
     # Part-way: --verify names what still holds the key and exits 1: the assets not reached yet, and the
-    # versions the erase replaced (deleted only once every asset is done).
+    # files of the snapshots the erase replaced (deleted only once every asset is done).
     assert erase_main([TABLE, "--verify", "--keys", str(keys)]) == 1
     listed = [line.strip() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
-    assert any(line.startswith("history_partition 2024-01-01") and "the current version" in line for line in listed), listed
+    assert any(line.startswith("history_partition 2024-01-01") and "a live file" in line for line in listed), listed
     current_table = [line for line in listed if line.startswith("current_table ")]
-    assert current_table and all("a replaced version" in line for line in current_table), listed
+    assert current_table and all("a replaced file" in line for line in current_table), listed
 
     assert erase_main([TABLE, "--keys", str(keys), "--reason", "GDPR-42"]) == 0
     assert "(resumed)" in capsys.readouterr().out
@@ -86,4 +109,5 @@ def test_a_kill_during_an_erase_then_the_same_command_again_completes_it(spark, 
     assert {"history_partition/2024-01-01", "current_table/2024-01-03"} <= set(request["partitions"])
     assert erase_main([TABLE, "--verify", "--keys", str(keys)]) == 0
     assert "0 stored files hold the keys" in capsys.readouterr().out
-    assert _files_holding(warehouse, NAME) == []  # the killed commit's placed version and its staging too
+    # Data and metadata files alike (manifests keep no min/max bounds), the replaced snapshots' files too.
+    assert _files_holding(warehouse, NAME) == []

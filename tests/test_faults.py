@@ -1,4 +1,4 @@
-"""Faults end to end: bad input, guards, header problems, a run killed with SIGKILL mid-commit, pools.
+"""Faults end to end: bad input, guards, header problems, a run killed with SIGKILL mid-run, pools.
 
 Real Dagster runs with the project's IO manager, real Spark, tiny hand-written CSVs in tmp_path. Every
 test checks the outcome and that nothing was lost: rows read = accepted + rejected, and the outputs of
@@ -23,10 +23,13 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from cdc_assets.factory import MASS_DELETE_OVERRIDE_TAG
 from cdc_assets.names import CDC_OUTPUTS, HASHED_INCOMING, REJECTS
+from resources.storage import WarehouseStorage, WriterLockTimeout
 from tests.pipeline import (
+    AUDIT_COLUMNS,
     definitions_for,
     operation_counts,
     partition_dir,
+    read_stored,
     run_dates,
     run_range,
     sorted_rows,
@@ -82,14 +85,13 @@ def _failed_steps(result) -> set[str]:
 
 
 def _snapshot(spark, warehouse: Path, table: str = TABLE) -> dict[tuple[str, str], list[tuple]]:
-    """Every stored partition of every asset of the table, as sorted rows (staging folders skipped)."""
-    snapshot = {}
-    for asset_dir in sorted((warehouse / table).iterdir()):
-        if asset_dir.name.startswith("_"):
-            continue
-        for part in sorted(asset_dir.iterdir()):
-            snapshot[(asset_dir.name, part.name)] = sorted_rows(spark, part)
-    return snapshot
+    """Every stored date of every asset (Iceberg table) of the table, as sorted rows."""
+    storage = WarehouseStorage(str(warehouse))
+    return {
+        (asset, f"business_date={day}"): sorted_rows(spark, partition_dir(warehouse, table, asset, day))
+        for asset in storage.stored_assets(table)
+        for day in storage.stored_dates(table, asset)
+    }
 
 
 def _for_day(snapshot: dict, day: str) -> dict:
@@ -101,17 +103,15 @@ def _written(warehouse: Path, day: str, table: str = TABLE) -> set[str]:
     return {asset for asset in ALL_ASSETS if partition_dir(warehouse, table, asset, day).exists()}
 
 
-def _staged(warehouse: Path, day: str, table: str = TABLE) -> list[Path]:
-    staging = warehouse / table / "_staging"
-    # A date is staged as business_date=<day>.<token>.new, or inside a range's folder as business_date=<day>/.
-    names = (f"business_date={day}.", f"business_date={day}/")
-    return [p for p in staging.rglob("*.parquet") if any(name in str(p) for name in names)] if staging.exists() else []
+def _unreferenced(warehouse: Path, day: str, table: str = TABLE) -> list[str]:
+    """The date's data files that no table's current snapshot reads (what a failed write would leave)."""
+    return [path for _, found_day, path, live in WarehouseStorage(str(warehouse)).data_files(table) if found_day == day and not live]
 
 
-def _versions(warehouse: Path, asset: str, day: str, table: str = TABLE) -> list[Path]:
-    """The version folders stored for the date (resources/storage/layout.py: ``_versions``)."""
-    folder = warehouse / table / "_versions" / asset / f"business_date={day}"
-    return sorted(p.resolve() for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
+def _current_snapshots(warehouse: Path, table: str = TABLE) -> dict[str, int]:
+    """The current snapshot id of each asset's Iceberg table."""
+    storage = WarehouseStorage(str(warehouse))
+    return {asset: storage.tables.load(table, asset).current_snapshot().snapshot_id for asset in storage.stored_assets(table)}
 
 
 def _metadata(instance: DagsterInstance, asset: str, day: str, table: str = TABLE) -> dict:
@@ -123,7 +123,7 @@ def _metadata(instance: DagsterInstance, asset: str, day: str, table: str = TABL
 
 
 def _count(spark, warehouse: Path, asset: str, day: str, table: str = TABLE) -> int:
-    return spark.read.parquet(str(partition_dir(warehouse, table, asset, day))).count()
+    return read_stored(spark, partition_dir(warehouse, table, asset, day)).count()
 
 
 def _assert_intake_balances(spark, warehouse: Path, instance: DagsterInstance, day: str, rows_read: int, table: str = TABLE):
@@ -157,7 +157,7 @@ def test_bad_records_are_quarantined_by_default(spark, warehouse, tmp_path):
     [result] = run_dates(definitions_for(_table(tmp_path)), [DAY1], instance)
     assert result.success
 
-    rejects = spark.read.parquet(str(partition_dir(warehouse, TABLE, REJECTS, DAY1)))
+    rejects = read_stored(spark, partition_dir(warehouse, TABLE, REJECTS, DAY1))
     assert rejects.columns == ["raw_record", "reason", "source_file"]
     rows = rejects.collect()
     assert len(rows) == 3
@@ -169,7 +169,7 @@ def test_bad_records_are_quarantined_by_default(spark, warehouse, tmp_path):
     assert "column qty" in parsed["gamma"] and "abc" in parsed["gamma"]
     assert "key column id" in parsed["delta"] and "NULL or empty" in parsed["delta"]
 
-    incoming = spark.read.parquet(str(partition_dir(warehouse, TABLE, HASHED_INCOMING, DAY1)))
+    incoming = read_stored(spark, partition_dir(warehouse, TABLE, HASHED_INCOMING, DAY1))
     assert sorted((r["id"], r["name"], r["qty"], r["amount"]) for r in incoming.collect()) == [
         (1, "alpha", 10, Decimal("1.50")),
         (5, "eps", 6, Decimal("5.00")),
@@ -210,7 +210,7 @@ def test_bad_records_fail_policy_fails_the_date_and_writes_nothing(spark, wareho
     assert "key column id" in lines[4]
     # Nothing for the date, not even the quarantine; the day before is exactly as it was.
     assert _written(warehouse, DAY2) == set()
-    assert _staged(warehouse, DAY2) == []
+    assert _unreferenced(warehouse, DAY2) == []  # no data file was even written
     assert _snapshot(spark, warehouse) == before
 
 
@@ -244,10 +244,10 @@ def test_duplicate_keys_fail_by_default_and_can_be_quarantined(spark, warehouse,
     [quarantined] = run_dates(definitions_for(_table(tmp_path, duplicate_keys="quarantine")), [DAY2], instance)
 
     assert quarantined.success
-    rejects = spark.read.parquet(str(partition_dir(warehouse, TABLE, REJECTS, DAY2))).collect()
+    rejects = read_stored(spark, partition_dir(warehouse, TABLE, REJECTS, DAY2)).collect()
     assert all("duplicate" in row["reason"] for row in rejects)
     assert sorted(json.loads(row["raw_record"])["id"] for row in rejects) == ["2", "2", "5", "5", "5"]
-    incoming = spark.read.parquet(str(partition_dir(warehouse, TABLE, HASHED_INCOMING, DAY2)))
+    incoming = read_stored(spark, partition_dir(warehouse, TABLE, HASHED_INCOMING, DAY2))
     assert sorted(row["id"] for row in incoming.collect()) == [1, 3, 4, 6]
     assert _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=9) == (4, 5)
     assert _metadata(instance, HASHED_INCOMING, DAY2)["duplicate_keys"] == 2
@@ -359,7 +359,7 @@ def test_header_missing_extra_and_reordered_columns(spark, warehouse, tmp_path):
     instance = DagsterInstance.ephemeral()
     [first] = run_dates(strict, [DAY1], instance)
     assert first.success
-    current = spark.read.parquet(str(partition_dir(warehouse, TABLE, "current_table", DAY1)))
+    current = read_stored(spark, partition_dir(warehouse, TABLE, "current_table", DAY1))
     assert current.columns[:4] == ["id", "name", "qty", "amount"]
     assert sorted((r["id"], r["name"], r["qty"], r["amount"]) for r in current.collect()) == [
         (1, "one", 7, Decimal("1.25")),
@@ -385,7 +385,7 @@ def test_header_missing_extra_and_reordered_columns(spark, warehouse, tmp_path):
     [allowed] = run_dates(definitions_for(_table(tmp_path, allow_extra_columns=True)), [DAY2], instance)
     assert allowed.success
     for asset in ALL_ASSETS:
-        columns = spark.read.parquet(str(partition_dir(warehouse, TABLE, asset, DAY2))).columns
+        columns = read_stored(spark, partition_dir(warehouse, TABLE, asset, DAY2)).columns
         assert "colour" not in columns, (asset, columns)
     assert operation_counts(spark, partition_dir(warehouse, TABLE, "current_table", DAY2)) == {"N": 1, "U": 1}
     _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=2)
@@ -406,7 +406,15 @@ job.execute_in_process(partition_key=sys.argv[2], instance=DagsterInstance.ephem
 
 
 def _listing(warehouse: Path, asset: str, day: str) -> list[str]:
-    return sorted(p.name for p in partition_dir(warehouse, TABLE, asset, day).iterdir())
+    """The data files the asset's current snapshot reads for the date."""
+    return sorted(WarehouseStorage(str(warehouse)).tables.live_files(TABLE, asset, [day]))
+
+
+def _whole(spark, warehouse: Path, asset: str) -> list[tuple]:
+    """The asset's Iceberg table read as a whole through Spark's catalog, as any engine reads it."""
+    lake = WarehouseStorage(str(warehouse)).tables.session_for(spark)
+    frame = lake.table(f"lake.{TABLE}.{asset}").drop(*AUDIT_COLUMNS)
+    return sorted((tuple(row) for row in frame.collect()), key=repr)
 
 
 def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
@@ -437,7 +445,7 @@ def _processes_with_env(name: str, value: str) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, warehouse, tmp_path):
+def test_sigkill_before_current_table_commit_keeps_every_table_at_a_whole_snapshot(spark, warehouse, tmp_path):
     original_day2 = _csv(1, 2, 3, 4, 6, qty_offset=0).replace("2,n2,2,", "2,n2,20,")  # 5 deleted, 6 new, 2 updated
     changed_day2 = _csv(1, 2, 3, 4, 7, qty_offset=100)  # other values: a re-run would write other outputs
     _land(tmp_path, DAY1, _csv(1, 2, 3, 4, 5))
@@ -449,7 +457,8 @@ def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, wareh
     good = _snapshot(spark, warehouse)
     assert len(good) == 2 * len(ALL_ASSETS)
     listings = {asset: _listing(warehouse, asset, DAY2) for asset in ALL_ASSETS}
-    whole = {asset: sorted_rows(spark, warehouse / TABLE / asset) for asset in ("current_table", "history_partition")}
+    whole = {asset: _whole(spark, warehouse, asset) for asset in ("current_table", "history_partition")}
+    committed = _current_snapshots(warehouse)
 
     day2_source.write_text(changed_day2)
     marker, log = tmp_path / "paused.marker", tmp_path / "killed_run.log"
@@ -457,8 +466,8 @@ def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, wareh
         **os.environ,
         "PYTHONPATH": str(REPO),
         "CDC_WAREHOUSE": str(warehouse),
-        # Inside current_table's commit: the new version is in place, the date's pointer not yet switched.
-        "CDC_PAUSE_IN_COMMIT": f"{TABLE}/current_table",
+        # Just before current_table's Iceberg write: the outputs before it in the run are committed.
+        "CDC_PAUSE_BEFORE_COMMIT": f"{TABLE}/current_table",
         "CDC_PAUSE_MARKER": str(marker),
         "CDC_SPARK_CONF": json.dumps(
             {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}
@@ -482,11 +491,13 @@ def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, wareh
         run_processes = [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]
         assert any("java" in process.name() for process in run_processes), [p.name() for p in run_processes]
         assert any("java" in p.name() for p in _processes_with_env("CDC_PAUSE_MARKER", str(marker)))
-        placed = _versions(warehouse, "current_table", DAY2)
-        assert len(placed) == 2, placed  # the stored version and the new one, which no pointer names yet
-        pointer = partition_dir(warehouse, TABLE, "current_table", DAY2)
-        stored_version = (pointer.parent / os.readlink(pointer)).resolve()
-        assert stored_version in placed
+        # The paused run holds the table's writer lock: a second writer waits for it, then gives up naming it.
+        second = WarehouseStorage(str(warehouse), run_id="second-writer", lock_timeout=1.0)
+        started = time.monotonic()
+        with pytest.raises(WriterLockTimeout, match=str(run.pid)):
+            second.hold_writer_lock(TABLE)
+        assert time.monotonic() - started >= 0.9
+        second.release()
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)  # start_new_session: the group id is the run's pid
@@ -497,38 +508,45 @@ def test_sigkill_during_current_table_commit_keeps_previous_outputs(spark, wareh
     survivors = _wait_gone(_processes_with_env("CDC_PAUSE_MARKER", str(marker)), timeout=30)
     assert survivors == [], [(p.pid, p.name()) for p in survivors]
 
+    # Every table is readable at a whole snapshot: its current snapshot's data files are all there, and
+    # Spark's catalog reads as many rows as the snapshot's manifests count.
+    storage = WarehouseStorage(str(warehouse))
+    assert sorted(storage.stored_assets(TABLE)) == sorted(ALL_ASSETS)
+    for asset in ALL_ASSETS:
+        live = storage.tables.live_files(TABLE, asset)
+        assert all(os.path.exists(path) for path in live), asset
+        counted = storage.row_counts(TABLE, asset, storage.stored_dates(TABLE, asset))
+        assert len(_whole(spark, warehouse, asset)) == sum(counted.values()), asset
     after_kill = _snapshot(spark, warehouse)
     # current_table and history_partition (written after it) were never committed: every date reads as before.
+    now = _current_snapshots(warehouse)
+    assert {asset: now[asset] for asset in whole} == {asset: committed[asset] for asset in whole}
     for asset in ("current_table", "history_partition"):
         for day in (DAY1, DAY2):
             key = (asset, f"business_date={day}")
             assert after_kill[key] == good[key], key
         assert _listing(warehouse, asset, DAY2) == listings[asset]  # the very same files
-        # The whole asset folder as one dataset: the staged leftover under _staging is not picked up.
-        assert sorted_rows(spark, warehouse / TABLE / asset) == whole[asset]
+        # The whole table as one dataset, as any engine reads it.
+        assert _whole(spark, warehouse, asset) == whole[asset]
     assert _for_day(after_kill, DAY1) == _for_day(good, DAY1)
     # What the kill leaves behind (a design gap, not atomic per run): the steps and outputs committed
     # before the pause hold the CHANGED input's results. hashed_incoming and rejects (intake step) and
     # hash_join_classification, inserts, deletes, updates (the CDC step yields its outputs in this
     # order, each committed on its own) were rewritten; so day 2 is a mix of new intake/classification/
     # change sets and the old current_table/history_partition until the date is re-run.
-    rewritten = {asset for asset in ALL_ASSETS if _listing(warehouse, asset, DAY2) != listings[asset]}
+    rewritten = {asset for asset in ALL_ASSETS if now[asset] != committed[asset]}  # a new Iceberg commit
     assert rewritten == {*INTAKE_OUTPUTS, "hash_join_classification", "inserts", "deletes", "updates"}
     changed_content = {asset for asset in ALL_ASSETS if after_kill[(asset, f"business_date={DAY2}")] != good[(asset, f"business_date={DAY2}")]}
     # rejects stay empty and the one deleted key (5) carries the same payload either way.
     assert changed_content == {HASHED_INCOMING, "hash_join_classification", "inserts", "updates"}
 
-    # Restore the original extract and re-run day 2: back to the uninterrupted outputs, staging swept.
+    # Restore the original extract and re-run day 2: back to the uninterrupted outputs, and the lock the
+    # killed run held is free (the kernel released it with the process).
     day2_source.write_text(original_day2)
     [rerun] = run_dates(defs, [DAY2], instance)
     assert rerun.success
     assert _snapshot(spark, warehouse) == good
-    assert _staged(warehouse, DAY2) == []
-    # The killed commit's version, never pointed to, was deleted by the re-run's writer; the replaced
-    # version stays for the grace period (CDC_RETIRED_VERSION_GRACE_SECONDS), beside the new current one.
-    versions = _versions(warehouse, "current_table", DAY2)
-    assert [v for v in placed if v != stored_version and v in versions] == []
-    assert stored_version in versions and len(versions) == 2
+    assert {asset: _whole(spark, warehouse, asset) for asset in whole} == whole
     _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=5)
 
 
@@ -551,7 +569,7 @@ def test_mass_delete_guard_in_a_range_of_full_loads_fails_before_any_cdc_output(
     assert DAY2 in message and "would delete 7 of 10" in message and "allow_mass_delete" in message
     for day in (DAY1, DAY2, DAY3):
         assert _written(warehouse, day) == set(INTAKE_OUTPUTS), day  # the intake committed; no CDC output
-        assert _staged(warehouse, day) == []
+        assert _unreferenced(warehouse, day) == []
 
 
 # --- 8: one writer per table ----------------------------------------------------------------------

@@ -31,7 +31,7 @@ from cdc_assets.config import LoadType
 from cdc_assets.names import APPLIED_SEQUENCES, CLASSIFICATION, CURRENT, DELETES, HISTORY
 from resources.state import read_state
 from resources.storage import WarehouseStorage, state_changes_asset
-from tests.pipeline import AUDIT_COLUMNS, definitions_for, partition_dir, run_dates, run_range, sorted_rows, write_table_config
+from tests.pipeline import AUDIT_COLUMNS, definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
 
 pytestmark = pytest.mark.slow
 
@@ -155,7 +155,7 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
         expected = sorted_rows(spark, partition_dir(snapshot, "t", CURRENT, day))
         state = current_state(spark, configs["incremental"], day)
         assert _rows(state) == expected, f"current_table as of {day}"
-        assert state.columns == spark.read.parquet(str(partition_dir(snapshot, "t", CURRENT, day))).columns
+        assert state.columns == read_stored(spark, partition_dir(snapshot, "t", CURRENT, day)).columns
         # DuckDB reads the same state from the same files.
         columns = [name for name in state.columns if name not in AUDIT_COLUMNS]
         found = duckdb.sql(f"SELECT {', '.join(columns)} FROM ({current_duckdb_sql(configs['incremental'], as_of=day)})")
@@ -164,10 +164,10 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
             spark, partition_dir(snapshot, "t", HISTORY, day)
         ), f"history_partition of {day}"
         for root in (incremental, snapshot):  # X is counted, not written
-            assert spark.read.parquet(str(partition_dir(root, "t", DELETES, day))).filter("operation <> 'D'").count() == 0
-            assert spark.read.parquet(str(partition_dir(root, "t", CLASSIFICATION, day))).filter("operation = 'X'").count() == 0
+            assert read_stored(spark, partition_dir(root, "t", DELETES, day)).filter("operation <> 'D'").count() == 0
+            assert read_stored(spark, partition_dir(root, "t", CLASSIFICATION, day)).filter("operation = 'X'").count() == 0
     # The changes stored for date 2 are the touched keys only.
-    stored = spark.read.parquet(str(storage.stored_path("t", state_changes_asset(CURRENT), DAYS[1])))
+    stored = read_stored(spark, partition_dir(incremental, "t", state_changes_asset(CURRENT), DAYS[1]))
     untouched = "N" if load_type == "full" else "X"
     assert stored.count() and stored.filter(f"operation = '{untouched}'").count() == 0
 
@@ -178,12 +178,13 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
             assert _rows(state) == expected, f"applied_sequences as of {day}"
         assert storage.stored_dates("t", state_changes_asset(APPLIED_SEQUENCES)) == [DAYS[1], DAYS[3]]
 
-    # The SQL catalog's view of every date's state, over the two stored folders.
+    # Every date's state in SQL, over the two Iceberg tables as Spark's catalog reads them.
+    lake = storage.tables.session_for(spark)
     full_view, changes_view = f"state_full_{load_type}", f"state_changes_{load_type}"
-    spark.read.parquet(str(incremental / "t" / CURRENT)).createOrReplaceTempView(full_view)
-    spark.read.parquet(str(incremental / "t" / state_changes_asset(CURRENT))).createOrReplaceTempView(changes_view)
+    lake.table(f"lake.t.{CURRENT}").createOrReplaceTempView(full_view)
+    lake.table(f"lake.t.{state_changes_asset(CURRENT)}").createOrReplaceTempView(changes_view)
     untouched_op = "N" if load_type == "full" else "X"
-    every_state = spark.sql(state_sql(state_columns(configs["incremental"]), full_view, changes_view, untouched_op))
+    every_state = lake.sql(state_sql(state_columns(configs["incremental"]), full_view, changes_view, untouched_op))
     for day in DAYS:
         expected = sorted_rows(spark, partition_dir(snapshot, "t", CURRENT, day))
         assert _rows(every_state.filter(f"business_date = DATE'{day}'").drop("business_date")) == expected, f"SQL, {day}"
@@ -191,7 +192,7 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
     monkeypatch.setenv("CDC_TABLE_CONFIGS", str(tmp_path / "configs-incremental"))
     out = tmp_path / "cdc-current"
     assert current_main(["t", "--as-of", DAYS[3], "--out", str(out)]) == 0
-    assert _rows(spark.read.parquet(str(out))) == sorted_rows(spark, partition_dir(snapshot, "t", CURRENT, DAYS[3]))
+    assert _rows(read_stored(spark, out)) == sorted_rows(spark, partition_dir(snapshot, "t", CURRENT, DAYS[3]))
 
 
 def _incremental_delta(tmp_path: Path):
@@ -248,8 +249,8 @@ def test_a_kill_during_compaction_then_a_rerun_leaves_every_date_state_as_withou
         **os.environ,
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
         "CDC_WAREHOUSE": str(killed),
-        # Date 3 is a compaction: its full copy is in place under _versions, its pointer not yet switched.
-        "CDC_PAUSE_IN_COMMIT": "t/current_table",
+        # Date 3 is a compaction: paused just before its full copy's Iceberg write.
+        "CDC_PAUSE_BEFORE_COMMIT": "t/current_table",
         "CDC_PAUSE_MARKER": str(marker),
         "CDC_SPARK_CONF": json.dumps({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}),
     }
@@ -289,9 +290,9 @@ def test_a_reader_of_the_state_never_sees_a_missing_or_mixed_state_while_compact
     config, configs, warehouse, _ = delta_chain  # full copy on date 3, changes on 4; rewritten here
     monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
     storage = WarehouseStorage(str(warehouse))
-    full = spark.read.parquet(str(storage.stored_path("t", CURRENT, DAYS[2])))
+    full = read_stored(spark, partition_dir(warehouse, "t", CURRENT, DAYS[2]))
     frame = full.localCheckpoint()
-    changed_keys = {row.id for row in spark.read.parquet(str(storage.stored_path("t", state_changes_asset(CURRENT), DAYS[3]))).collect()}
+    changed_keys = {row.id for row in read_stored(spark, partition_dir(warehouse, "t", state_changes_asset(CURRENT), DAYS[3])).collect()}
     versions, failures, seen, done = 12, [], set(), threading.Event()
     expected_rows = {day: current_state(spark, config, day).count() for day in (DAYS[2], DAYS[3])}
     first = WarehouseStorage(str(warehouse))
@@ -322,7 +323,7 @@ def test_a_reader_of_the_state_never_sees_a_missing_or_mixed_state_while_compact
                 out = tmp_path / f"read-{reads}"
                 try:
                     assert current_main(["t", "--as-of", day, "--out", str(out)]) == 0
-                    rows = spark.read.parquet(str(out)).select("id", "name").collect()
+                    rows = read_stored(spark, out).select("id", "name").collect()
                 except Exception as error:  # noqa: BLE001 - any failed read is what the test looks for
                     failures.append(f"{day}: {error!r}")
                     continue

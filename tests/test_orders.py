@@ -10,7 +10,7 @@ from dagster import DagsterInstance
 
 from cdc_assets.config import load_table_config
 from cdc_assets.names import CDC_OUTPUTS
-from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates, run_range, sorted_rows
+from tests.pipeline import definitions_for, operation_counts, partition_dir, read_stored, run_dates, run_range, sorted_rows
 
 REPO = Path(__file__).resolve().parent.parent
 DATES = ["2024-01-01", "2024-01-02", "2024-01-03"]
@@ -37,7 +37,7 @@ def test_orders_three_days(spark, warehouse, monkeypatch):
     assert counts("deletes", DATES[2]) == {}  # X is counted, not stored
     assert counts("hash_join_classification", DATES[2]) == {"I": 1, "U": 2}
 
-    current = spark.read.parquet(str(partition_dir(warehouse, "orders", "current_table", DATES[2])))
+    current = read_stored(spark, partition_dir(warehouse, "orders", "current_table", DATES[2]))
     rows = {(row.store_code, row.order_id): row for row in current.collect()}
     assert dict(current.dtypes)["amount"] == "decimal(10,2)" and dict(current.dtypes)["order_date"] == "date"
     # Unchanged on 01-02, then not supplied on 01-03: payload and eff_start_date of its last version kept,

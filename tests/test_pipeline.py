@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+from pyiceberg.catalog import load_catalog
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -15,10 +16,13 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from cdc_assets.generator import generate
+from resources.storage import WarehouseStorage
+from resources.storage.lake import pyiceberg_properties
 from tests.pipeline import (
     definitions_for,
     operation_counts,
     partition_dir,
+    read_stored,
     run_dates,
     run_range,
     sorted_rows,
@@ -85,7 +89,7 @@ def test_seed_scenario_full_load(spark, day_by_day):
 
     current = partition_dir(warehouse, "synthetic", "current_table", DAY2)
     assert operation_counts(spark, current) == {"U": 4000, "N": 4000, "I": 2000}
-    unchanged_dates = spark.read.parquet(str(current)).filter("operation = 'N'").select("eff_start_date").distinct().collect()
+    unchanged_dates = read_stored(spark, current).filter("operation = 'N'").select("eff_start_date").distinct().collect()
     assert [row[0].isoformat() for row in unchanged_dates] == [DAY1]
     assert operation_counts(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY2)) == {
         "I": 2000,
@@ -115,32 +119,30 @@ def test_seed_scenario_full_load(spark, day_by_day):
         "key_hash", "non_key_hash", "operation", "eff_start_date", "process_id", "processed_at"
     ]
     assert current_metadata["preview"].count("\n") == 1 + 5  # header, separator and five rows
-    assert current_metadata["path"].endswith("synthetic/current_table/business_date=2019-06-19")
+    assert current_metadata["path"].endswith("synthetic/current_table/data/business_date=2019-06-19")
 
 
 def test_output_schema_and_history_as_one_dataset(spark, day_by_day):
     warehouse = day_by_day.warehouse
-    current = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "current_table", DAY2)))
+    current = read_stored(spark, partition_dir(warehouse, "synthetic", "current_table", DAY2))
     expected = [f"key_{i}" for i in range(1, 6)] + [f"nonkey_{i}" for i in range(1, 11)]
     assert current.columns == [*expected, "key_hash", "non_key_hash", "operation", "eff_start_date", "process_id", "processed_at"]
     types = dict(current.dtypes)
     assert types["nonkey_1"] == "double" and types["eff_start_date"] == "date" and types["processed_at"] == "timestamp"
-    history = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "history_partition", DAY2)))
+    history = read_stored(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY2))
     assert history.columns == [*current.columns, "changed_columns"]
     assert dict(history.dtypes)["changed_columns"] == "array<string>"
     assert current.filter("key_hash not rlike '^[0-9a-f]{32}$' or non_key_hash not rlike '^[0-9a-f]{32}$'").count() == 0
 
-    history_root = warehouse / "synthetic" / "history_partition"
-    history = spark.read.parquet(str(history_root))
+    # Every date at once: the Iceberg table in the warehouse's catalog.
+    history = WarehouseStorage(str(warehouse)).tables.session_for(spark).table("lake.synthetic.history_partition")
     by_date = {(row[0].isoformat(), row[1]): row[2] for row in history.groupBy("business_date", "operation").count().collect()}
     assert by_date == {
         (DAY1, "I"): 10000, (DAY2, "I"): 2000, (DAY2, "U"): 4000, (DAY2, "D"): 2000, (DAY3, "I"): 700, (DAY3, "U"): 1000, (DAY3, "D"): 500,
     }  # fmt: skip
-    # The same folder read outside Spark, as a hive-partitioned dataset.
-    duck = duckdb.sql(
-        f"select cast(business_date as varchar), count(*) from read_parquet('{history_root}/*/*.parquet', hive_partitioning=true) "
-        "group by 1 order by 1"
-    ).fetchall()
+    # The same table read outside Spark: pyiceberg's scan, queried in DuckDB.
+    rows = load_catalog("lake", **pyiceberg_properties(str(warehouse))).load_table("synthetic.history_partition").scan().to_arrow()
+    duck = duckdb.sql("select cast(business_date as varchar), count(*) from rows group by 1 order by 1").fetchall()
     assert duck == [(DAY1, 10000), (DAY2, 8000), (DAY3, 2200)]
 
 
@@ -150,7 +152,7 @@ def test_seed_scenario_delta_load(spark, warehouse, tmp_path, seed_data):
 
     current = partition_dir(warehouse, "synthetic_delta", "current_table", DAY2)
     assert operation_counts(spark, current) == {"U": 4000, "N": 4000, "I": 2000, "X": 2000}
-    not_supplied = spark.read.parquet(str(current)).filter("operation = 'X'")
+    not_supplied = read_stored(spark, current).filter("operation = 'X'")
     assert [row[0].isoformat() for row in not_supplied.select("eff_start_date").distinct().collect()] == [DAY1]
     assert operation_counts(spark, partition_dir(warehouse, "synthetic_delta", "history_partition", DAY2)) == {
         "I": 2000,
@@ -164,17 +166,16 @@ def test_seed_scenario_delta_load(spark, warehouse, tmp_path, seed_data):
 
 def _snapshot(spark, warehouse: Path, table: str, with_audit: bool = False) -> dict[tuple[str, str], list[tuple]]:
     snapshot = {}
-    for asset_dir in sorted((warehouse / table).iterdir()):
-        if asset_dir.name.startswith("_"):
-            continue
-        for part in sorted(asset_dir.iterdir()):
-            snapshot[(asset_dir.name, part.name)] = sorted_rows(spark, part, with_audit=with_audit)
+    storage = WarehouseStorage(str(warehouse))
+    for asset in storage.stored_assets(table):
+        for day in storage.stored_dates(table, asset):
+            snapshot[(asset, f"business_date={day}")] = sorted_rows(spark, partition_dir(warehouse, table, asset, day), with_audit=with_audit)
     return snapshot
 
 
 def _writers(spark, warehouse: Path, asset: str, day: str) -> set[tuple[str, str]]:
     """(operation, process_id) pairs of a stored partition."""
-    frame = spark.read.parquet(str(partition_dir(warehouse, "synthetic", asset, day)))
+    frame = read_stored(spark, partition_dir(warehouse, "synthetic", asset, day))
     return {(row[0], row[1]) for row in frame.select("operation", "process_id").distinct().collect()}
 
 
@@ -227,7 +228,8 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, m
     }
     before = _snapshot(spark, warehouse, "synthetic")
     audited_before = _snapshot(spark, warehouse, "synthetic", with_audit=True)
-    day3_files = sorted(p.name for p in partition_dir(warehouse, "synthetic", "current_table", DAY3).iterdir())
+    storage = WarehouseStorage(str(warehouse))
+    day3_files = sorted(storage.tables.live_files("synthetic", "current_table", [DAY3]))
 
     (rerun,) = run_dates(defs, [DAY2], instance)
 
@@ -242,13 +244,16 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, m
     assert rewritten == {(asset, f"business_date={DAY2}") for asset in audited}
     assert _writers(spark, warehouse, "history_partition", DAY2) == {(op, rerun.run_id) for op in "IUD"}
     assert _writers(spark, warehouse, "current_table", DAY2) == {("I", rerun.run_id), ("U", rerun.run_id), ("N", first_runs[0])}
-    processed_at = spark.read.parquet(str(partition_dir(warehouse, "synthetic", "history_partition", DAY2)))
+    processed_at = read_stored(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY2))
     started = instance.get_run_record_by_id(rerun.run_id).start_time
     stamps = [row[0].timestamp() for row in processed_at.select("processed_at").distinct().collect()]
     assert len(stamps) == 1 and stamps[0] == pytest.approx(started, abs=1e-3)  # the run's start
     # Re-running day 2 rewrote day 2 only: day 3's files are the very same files.
-    assert sorted(p.name for p in partition_dir(warehouse, "synthetic", "current_table", DAY3).iterdir()) == day3_files
-    assert not any((warehouse / "synthetic" / "_staging").rglob("*.parquet")), "no staging leftovers after a clean run"
+    assert sorted(storage.tables.live_files("synthetic", "current_table", [DAY3])) == day3_files
+    # Each table's newest snapshot says who wrote which dates.
+    summary = storage.tables.load("synthetic", "history_partition").current_snapshot().summary
+    assert (summary["cdc.run-id"], summary["cdc.business-dates"]) == (rerun.run_id, DAY2)
+    assert "added-records=8000" in summary[f"partitions.business_date={DAY2}"].split(",")
 
 
 def test_a_date_whose_previous_state_is_missing_fails_clearly(spark, warehouse, tmp_path, seed_data):

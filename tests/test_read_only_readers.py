@@ -3,7 +3,7 @@
 A change set table (tests/test_consumers.py's chain) is materialized through real Dagster runs; then one
 process, with the warehouse mounted read-only (a read-only bind mount in a mount namespace of its own
 when the tests run as root, who ignores file modes; ``chmod -R a-w`` otherwise), reads it every way a
-consumer does: the storage's reads and footers, ``cdc-scd2``, ``cdc-changes``, the SCD2 view in
+consumer does: the storage's reads and manifests, ``cdc-scd2``, ``cdc-changes``, the SCD2 view in
 DuckDB, and a Dagster run of the table's asset checks alone.
 """
 
@@ -20,7 +20,8 @@ import pytest
 from dagster import DagsterInstance
 
 from cdc_assets.consumers import changes_between, scd2_view
-from tests.pipeline import definitions_for, run_range
+from resources.storage import WarehouseStorage
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_range
 from tests.test_consumers import D1, D3, DAYS, HEADER, TABLE, write_members_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +51,7 @@ storage = WarehouseStorage(warehouse)
 dates = storage.stored_dates(config.name, "current_table")
 figures = {
     "dates": dates,
-    "current_rows": storage.read(spark, config.name, "current_table", [*dates, last]).count(),
+    "current_rows": storage.read(spark, config.name, "current_table", dates).count(),
     "last_rows": storage.read_one(spark, config.name, "current_table", last).count(),
     "footers": storage.row_counts(config.name, "history_partition", [first, "2024-03-02", last]),
     "has_last": storage.has_partition(config.name, "history_partition", last),
@@ -104,16 +105,18 @@ def test_every_read_path_works_on_a_read_only_warehouse_and_changes_nothing(spar
         assert run_range(definitions_for(config), D1, D3, instance).success
     finally:
         del os.environ["CDC_WAREHOUSE"]
-    # What killed writers leave behind, which only the next writer may clean up: a date whose commit (of
-    # a release that renamed the stored folder aside first) died between its two renames, a staged
-    # write, and a version no pointer names.
-    pointer = warehouse / TABLE / "current_table" / f"business_date={D3}"
-    shutil.copytree(os.path.realpath(pointer), warehouse / TABLE / "_staging" / "current_table" / f"business_date={D3}.dead.old")
-    shutil.rmtree(pointer) if not pointer.is_symlink() else pointer.unlink()
-    leftover = warehouse / TABLE / "_staging" / "history_partition" / "killed-1"
-    shutil.copytree(os.path.realpath(warehouse / TABLE / "history_partition" / f"business_date={D3}"), leftover)
-    orphan = warehouse / TABLE / "_versions" / "history_partition" / f"business_date={D3}" / "_cdc_version=killed-1"
-    shutil.copytree(leftover, orphan)
+    # What writers leave in the tables' folders, which only a later writer may clean up: the data files of
+    # a snapshot a later commit replaced (D3's history written again) and of a write killed before its
+    # commit (a data file no snapshot names). Readers read each table's snapshot, never these.
+    storage = WarehouseStorage(str(warehouse))
+    try:
+        storage.write(storage.read(spark, TABLE, "history_partition", [D3]), TABLE, "history_partition", [D3])
+    finally:
+        storage.release()
+    live = storage.tables.live_files(TABLE, "history_partition", [D3])
+    killed = Path(next(iter(live)))
+    shutil.copyfile(killed, killed.with_name(f"killed-1-{killed.name}"))
+    assert len(storage.tables.data_file_paths(TABLE, "history_partition")) > len(storage.tables.live_files(TABLE, "history_partition"))
     before = _tree(warehouse)
     command = [sys.executable, "-c", READ_EVERYTHING, str(warehouse), str(out), str(tmp_path / "configs" / f"{TABLE}.yaml"), D1, D3]
     env = {**os.environ, "PYTHONPATH": str(REPO), "CDC_WAREHOUSE": str(warehouse),
@@ -130,11 +133,10 @@ def test_every_read_path_works_on_a_read_only_warehouse_and_changes_nothing(spar
     figures = json.loads(lines[0].removeprefix("FIGURES "))
     assert _tree(warehouse) == before, "a reader created, deleted, renamed or touched something"
 
-    assert figures["dates"] == [D1, "2024-03-02"]  # D3's current_table is in staging, read in place
-    current = {day: spark.read.parquet(str(warehouse / TABLE / "current_table" / f"business_date={day}")).count() for day in (D1, "2024-03-02")}
-    current[D3] = spark.read.parquet(str(warehouse / TABLE / "_staging" / "current_table" / f"business_date={D3}.dead.old")).count()
+    assert figures["dates"] == [D1, "2024-03-02", D3]
+    current = {day: read_stored(spark, partition_dir(warehouse, TABLE, "current_table", day)).count() for day in figures["dates"]}
     assert figures["current_rows"] == sum(current.values()) and figures["last_rows"] == current[D3] > 0
-    history = {day: spark.read.parquet(str(warehouse / TABLE / "history_partition" / f"business_date={day}")).count() for day in (D1, "2024-03-02", D3)}
+    history = {day: read_stored(spark, partition_dir(warehouse, TABLE, "history_partition", day)).count() for day in figures["dates"]}
     assert figures["footers"] == history and figures["has_last"] is True
     # The same views computed here, on the writable warehouse, give the same rows.
     assert figures["scd2_rows"] == figures["duckdb_scd2_rows"] == scd2_view(spark, config, warehouse=str(warehouse)).count() > 0

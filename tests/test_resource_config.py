@@ -21,7 +21,6 @@ DAY = "2024-01-02"
 SETTINGS = {
     "CDC_WAREHOUSE": ("parquet_io_manager", "warehouse_root"),
     "CDC_WRITER_LOCK_TIMEOUT": ("parquet_io_manager", "lock_timeout_seconds"),
-    "CDC_RETIRED_VERSION_GRACE_SECONDS": ("parquet_io_manager", "retired_version_grace_seconds"),
     "CDC_SPARK_MASTER": ("pyspark", "spark_master"),
     "CDC_SPARK_CONF": ("pyspark", "spark_conf_json"),
 }
@@ -50,18 +49,21 @@ def _unset_settings(monkeypatch) -> None:
 def test_the_resource_page_names_the_variable_behind_each_setting_and_shows_defaults_for_unset_ones(monkeypatch):
     _unset_settings(monkeypatch)
     monkeypatch.setenv("CDC_WAREHOUSE", "/srv/cdc-warehouse")
-    monkeypatch.setenv("CDC_WRITER_LOCK_TIMEOUT", "30")
     monkeypatch.setenv("CDC_SPARK_CONF", '{"spark.sql.shuffle.partitions": "4"}')
     defs = build_definitions([])
     shown = _configured_values(defs)
-    for name in ("CDC_WAREHOUSE", "CDC_WRITER_LOCK_TIMEOUT", "CDC_SPARK_CONF"):
+    for name in ("CDC_WAREHOUSE", "CDC_SPARK_CONF"):
         assert shown[SETTINGS[name]] == ResourceConfigEnvVarSnap(name=name), name
     # Unset when the code location loaded: the default, as a value (a run needs no variable).
-    assert shown[SETTINGS["CDC_RETIRED_VERSION_GRACE_SECONDS"]] == json.dumps("3600")
+    assert shown[SETTINGS["CDC_WRITER_LOCK_TIMEOUT"]] == json.dumps("900")
     assert shown[SETTINGS["CDC_SPARK_MASTER"]] == json.dumps("")
     used = RepositorySnap.from_def(defs.get_repository_def()).utilized_env_vars
-    assert {"CDC_WAREHOUSE", "CDC_WRITER_LOCK_TIMEOUT", "CDC_SPARK_CONF"} <= set(used)
-    assert "CDC_SPARK_MASTER" not in used
+    assert {"CDC_WAREHOUSE", "CDC_SPARK_CONF"} <= set(used)
+    assert not {"CDC_WRITER_LOCK_TIMEOUT", "CDC_SPARK_MASTER"} & set(used)
+
+    monkeypatch.setenv("CDC_WRITER_LOCK_TIMEOUT", "30")
+    shown = _configured_values(build_definitions([]))
+    assert shown[SETTINGS["CDC_WRITER_LOCK_TIMEOUT"]] == ResourceConfigEnvVarSnap(name="CDC_WRITER_LOCK_TIMEOUT")
 
     _unset_settings(monkeypatch)
     shown = _configured_values(build_definitions([]))
@@ -86,7 +88,7 @@ def test_a_variable_unset_when_the_code_location_loads_leaves_the_default_wareho
     monkeypatch.chdir(tmp_path)
     result = materialize([rows], partition_key=DAY, resources=build_definitions([]).resources, instance=DagsterInstance.ephemeral())
     assert result.success
-    assert (tmp_path / "warehouse" / "t" / "rows" / f"business_date={DAY}").is_dir()
+    assert WarehouseStorage(str(tmp_path / "warehouse")).row_counts("t", "rows", [DAY]) == {DAY: 2}
 
 
 def test_a_field_set_in_code_wins_over_the_variable(spark, tmp_path, monkeypatch):
@@ -126,11 +128,11 @@ def test_a_run_waits_for_a_held_lock_as_long_as_the_lock_timeout_variable_says(s
 def test_a_malformed_seconds_setting_fails_the_run_naming_the_field_and_variable(spark, tmp_path, monkeypatch):
     _unset_settings(monkeypatch)
     monkeypatch.setenv("CDC_WAREHOUSE", str(tmp_path / "warehouse"))
-    monkeypatch.setenv("CDC_RETIRED_VERSION_GRACE_SECONDS", "an hour")
+    monkeypatch.setenv("CDC_WRITER_LOCK_TIMEOUT", "an hour")
     with pytest.raises(Exception) as raised:
         materialize([rows], partition_key=DAY, resources=build_definitions([]).resources, instance=DagsterInstance.ephemeral())
     chain, error = [], raised.value
     while error is not None:
         chain.append(str(error))
         error = error.__cause__ or error.__context__
-    assert any("retired_version_grace_seconds='an hour' (CDC_RETIRED_VERSION_GRACE_SECONDS)" in message for message in chain), chain
+    assert any("lock_timeout_seconds='an hour' (CDC_WRITER_LOCK_TIMEOUT)" in message for message in chain), chain

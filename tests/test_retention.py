@@ -25,7 +25,7 @@ from cdc_assets.config import TableConfigError, load_table_config
 from cdc_assets.consumers import changes_between, scd2_view
 from cdc_assets.core.between import changes_between_states
 from resources.storage import DroppedPartitionError, MissingPartitionError, WarehouseStorage
-from tests.pipeline import definitions_for, partition_dir, run_dates, sorted_rows, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, sorted_rows, write_table_config
 
 D1, D2, D3, D4 = "2024-05-01", "2024-05-02", "2024-05-03", "2024-05-04"
 HEADER = "id,name,amount"
@@ -75,17 +75,25 @@ def chain(spark, tmp_path_factory):
 
 
 def _stored(warehouse: Path, table: str, asset: str) -> list[str]:
-    return sorted(p.name.removeprefix("business_date=") for p in (warehouse / table / asset).glob("business_date=*"))
+    """The dates the asset's Iceberg table holds now (its current snapshot)."""
+    return WarehouseStorage(str(warehouse)).stored_dates(table, asset)
 
 
-def test_only_the_newest_current_days_states_remain_and_history_keeps_every_date(chain):
+def _dates_in_rows(spark, warehouse: Path, table: str, asset: str) -> list[str]:
+    """The dates of the rows the asset's Iceberg table reads now, through Spark's catalog."""
+    lake = WarehouseStorage(str(warehouse)).tables.session_for(spark)
+    return sorted(str(row[0]) for row in lake.table(f"lake.{table}.{asset}").select("business_date").distinct().collect())
+
+
+def test_only_the_newest_current_days_states_remain_and_history_keeps_every_date(spark, chain):
     warehouse = chain["warehouse"]
     assert _stored(warehouse, RETAINED, "current_table") == [D3, D4]
     assert _stored(warehouse, KEPT, "current_table") == [D1, D2, D3, D4]
     for asset in set(CDC_OUTPUTS) - {"current_table"}:
         assert _stored(warehouse, RETAINED, asset) == [D1, D2, D3, D4], asset
-    # The drops went through staging and left nothing there.
-    assert not any(p.is_file() for p in (warehouse / RETAINED / "_staging").rglob("*"))
+    # The drops are Iceberg commits: the table read as a whole (as any engine reads it) holds no dropped date.
+    assert _dates_in_rows(spark, warehouse, RETAINED, "current_table") == [D3, D4]
+    assert _dates_in_rows(spark, warehouse, KEPT, "current_table") == [D1, D2, D3, D4]
 
 
 def test_what_is_kept_equals_a_run_without_retention(spark, chain):
@@ -131,12 +139,12 @@ def test_consumers_still_read_history_and_the_kept_states(spark, chain, tmp_path
     )
     out = tmp_path / "scd2"
     assert cli.scd2_main([RETAINED, "--out", str(out)]) == 0
-    assert spark.read.parquet(str(out)).count() == 9  # 6 keys; 1, 2 and 4 changed once each
+    assert read_stored(spark, out).count() == 9  # 6 keys; 1, 2 and 4 changed once each
 
     # cdc-changes reads history, which retention keeps: from day 1, whose current_table retention dropped,
     # it gives what comparing kept's two stored states gives.
     assert not partition_dir(chain["warehouse"], RETAINED, "current_table", D1).exists()
-    kept_states = [spark.read.parquet(str(partition_dir(chain["warehouse"], KEPT, "current_table", day))) for day in (D1, D4)]
+    kept_states = [read_stored(spark, partition_dir(chain["warehouse"], KEPT, "current_table", day)) for day in (D1, D4)]
     from_states = sorted(map(tuple, changes_between_states(*kept_states, chain["kept"], D1, D4).collect()))
     assert {row[-4] for row in from_states} == {"insert", "delete", "update_preimage", "update_postimage"}
     retained_changes = changes_between(spark, chain["retained"], D1, D4, warehouse=warehouse)
@@ -202,7 +210,7 @@ def test_a_run_never_drops_what_it_read_or_wrote_the_next_run_does(spark, tmp_pa
     third.release()
 
 
-def test_a_date_written_again_is_no_longer_a_dropped_one_and_a_dropped_version_goes_after_the_grace_period(spark, tmp_path):
+def test_a_date_written_again_is_no_longer_a_dropped_one_and_a_drop_is_a_commit_whose_files_go_when_purged(spark, tmp_path):
     root = tmp_path / "warehouse"
     first = WarehouseStorage(str(root), run_id="first")
     for number, day in enumerate((D1, D2)):
@@ -216,21 +224,24 @@ def test_a_date_written_again_is_no_longer_a_dropped_one_and_a_dropped_version_g
     assert [r["amount"] for r in second.read_one(spark, "t", "current_table", D1).collect()] == [7]
     second.release()
 
-    # A drop removes the date's pointer at once (readers see it as dropped) and retires its version: kept
-    # for readers that resolved it before, deleted by the first writer after the grace period.
+    # A drop is an Iceberg commit: readers see the date as dropped at once; a reader still on the snapshot
+    # before it reads the date whole, until the table's replaced files are purged.
     third = WarehouseStorage(str(root), run_id="third")
-    resolved = third.stored_path("t", "current_table", D1)
+    before_drop = third.tables.load("t", "current_table").current_snapshot().snapshot_id
     assert third.drop_outside_retention("t", "current_table", 1) == [D1]
     third.release()
-    assert not os.path.lexists(root / "t" / "current_table" / f"business_date={D1}")
     with pytest.raises(DroppedPartitionError):
         WarehouseStorage(str(root), run_id="reader").read_one(spark, "t", "current_table", D1)
-    assert [r["amount"] for r in spark.read.parquet(resolved).collect()] == [7]
-    writer = WarehouseStorage(str(root), run_id="writer", retired_grace=0)
-    writer.hold_writer_lock("t")
-    writer.release()
-    assert not os.path.exists(resolved)
-    assert not os.path.lexists(root / "t" / "current_table" / f"business_date={D1}")
+    lake = third.tables.session_for(spark)
+    assert [r["amount"] for r in lake.table("lake.t.current_table").collect()] == [1]  # D2's row only
+    in_flight = lake.read.option("snapshot-id", before_drop).table("lake.t.current_table")
+    assert sorted(r["amount"] for r in in_flight.collect()) == [1, 7]
+    dropped_files = [path for asset, day, path, live in third.data_files("t") if day == D1]
+    assert dropped_files and all(os.path.exists(path) for path in dropped_files)
+    third.purge_unreferenced_files("t")
+    third.release()
+    assert not any(os.path.exists(path) for path in dropped_files)
+    assert [day for _, day, _, _ in third.data_files("t")] == [D2]
     # A date that was never written is missing, not dropped.
     with pytest.raises(MissingPartitionError) as missing:
         WarehouseStorage(str(root), run_id="reader").read_one(spark, "t", "current_table", D4)
@@ -347,7 +358,7 @@ def test_staging_days_drops_old_staging_outputs_and_a_rerun_inside_or_outside_th
         run_config={"ops": {"staged__erase": {"config": {"keys_file": str(keys)}}}}, instance=instance
     )
     assert erased.success
-    assert 2 not in {row["id"] for row in spark.read.parquet(str(partition_dir(warehouse, "staged", "history_partition", D1))).collect()}
+    assert 2 not in {row["id"] for row in read_stored(spark, partition_dir(warehouse, "staged", "history_partition", D1)).collect()}
 
 
 @pytest.mark.parametrize(

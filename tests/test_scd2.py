@@ -17,6 +17,7 @@ from cdc_assets.config import TableConfig
 from cdc_assets.consumers import scd2_duckdb_sql, scd2_view
 from cdc_assets.core.hashing import add_hashes
 from cdc_assets.core.scd2 import scd2_sql
+from resources.storage import WarehouseStorage
 
 TABLE = "scd2_demo"
 D1, D2, D3, D4 = date(2024, 1, 1), date(2024, 1, 2), date(2024, 1, 3), date(2024, 1, 4)
@@ -103,14 +104,12 @@ def expected(versions, deletions, open_end: date | None, hard_deletes: str) -> l
     return sorted(rows, key=repr)
 
 
-@pytest.fixture(scope="module")
-def history_warehouse(spark, tmp_path_factory) -> Path:
-    """A warehouse holding the table's four history partitions as the pipeline writes them.
+def write_history(spark, root: Path) -> None:
+    """The table's four history dates, as the pipeline stores them, in the warehouse under ``root``.
 
-    D1 was written before the audit columns existed (no process_id, processed_at, changed_columns),
-    as in a warehouse that predates them: both readers must take partitions of either shape.
+    D1 is written before the audit columns existed (no process_id, processed_at, changed_columns), as
+    in a warehouse that predates them: both readers must take dates of either shape.
     """
-    root = tmp_path_factory.mktemp("scd2_warehouse")
     config = table_config()
     frame = spark.createDataFrame(
         HISTORY, "id int, name string, amount string, note string, seq int, operation string, business_date date"
@@ -120,15 +119,26 @@ def history_warehouse(spark, tmp_path_factory) -> Path:
         *(c.name for c in config.columns), "key_hash", "non_key_hash", "operation",
         F.col("business_date").alias("eff_start_date"), "business_date",
     )
-    target = f"{root}/{TABLE}/history_partition"
-    history.filter(F.col("business_date") == D1).write.partitionBy("business_date").parquet(target)
-    history.filter(F.col("business_date") > D1).withColumns(
-        {
-            "process_id": F.lit("run-1"),
-            "processed_at": F.current_timestamp(),
-            "changed_columns": F.array().cast("array<string>"),
-        }
-    ).write.mode("append").partitionBy("business_date").parquet(target)
+    storage = WarehouseStorage(str(root))
+    try:
+        storage.write(history.filter(F.col("business_date") == D1), TABLE, "history_partition", [D1.isoformat()])
+        later = history.filter(F.col("business_date") > D1).withColumns(
+            {
+                "process_id": F.lit("run-1"),
+                "processed_at": F.current_timestamp(),
+                "changed_columns": F.array().cast("array<string>"),
+            }
+        )
+        storage.write(later, TABLE, "history_partition", [day.isoformat() for day in (D2, D3, D4)])
+    finally:
+        storage.release()
+
+
+@pytest.fixture(scope="module")
+def history_warehouse(spark, tmp_path_factory) -> Path:
+    """A warehouse holding the table's four history dates (:func:`write_history`)."""
+    root = tmp_path_factory.mktemp("scd2_warehouse")
+    write_history(spark, root)
     return root
 
 
@@ -168,6 +178,38 @@ def test_as_of_a_middle_date_ignores_later_history(spark, history_warehouse, as_
     want = expected(versions, deletions, None, hard_deletes)
     assert spark_rows(scd2_view(spark, config, as_of=as_of.isoformat(), warehouse=str(history_warehouse))) == want
     assert duckdb_rows(scd2_duckdb_sql(config, str(history_warehouse), as_of)) == want
+
+
+def test_both_readers_read_the_snapshot_committed_when_they_start(spark, tmp_path):
+    """A date written again leaves the replaced snapshot's files in its data folder until they are expired:
+    readers read the table's snapshot, not the folder (a glob of it would read D2's rows twice). A query
+    made, or a view built, before a commit reads the snapshot it started at, the commit notwithstanding."""
+    config = table_config()
+    write_history(spark, tmp_path)
+    storage = WarehouseStorage(str(tmp_path))
+    try:
+        # In the table's column order: D1 made business_date precede the audit columns added after it.
+        order = storage.tables.session_for(spark).table(f"lake.{TABLE}.history_partition").columns
+        history = storage.read(spark, TABLE, "history_partition", [D2.isoformat()]).select(*order)
+        storage.write(history, TABLE, "history_partition", [D2.isoformat()])  # the same rows, new files
+        storage.release()
+        files = storage.tables.data_file_paths(TABLE, "history_partition")
+        assert len(files) > len(storage.tables.live_files(TABLE, "history_partition"))
+        want = expected(VERSIONS_D4, DELETIONS_D4, None, "invalidate")
+        assert duckdb_rows(scd2_duckdb_sql(config, str(tmp_path))) == want
+        assert spark_rows(scd2_view(spark, config, warehouse=str(tmp_path))) == want
+
+        query, view = scd2_duckdb_sql(config, str(tmp_path)), scd2_view(spark, config, warehouse=str(tmp_path))
+        emptied = storage.read(spark, TABLE, "history_partition", [D4.isoformat()]).select(*order).limit(0)
+        storage.write(emptied, TABLE, "history_partition", [D4.isoformat()])  # D4's changes are gone now
+    finally:
+        storage.release()
+    assert duckdb_rows(query) == spark_rows(view) == want
+    # Made after the commit, they read it: D4 changes nothing, so the versions are those of D3.
+    assert storage.row_counts(TABLE, "history_partition", [D4.isoformat()]) == {D4.isoformat(): 0}
+    after = expected(VERSIONS_D3, DELETIONS_D3, None, "invalidate")
+    assert duckdb_rows(scd2_duckdb_sql(config, str(tmp_path))) == after
+    assert spark_rows(scd2_view(spark, config, warehouse=str(tmp_path))) == after
 
 
 def test_the_spark_and_duckdb_renderings_differ_only_in_quoting():

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from cdc_assets.config import TableConfig
 from cdc_assets.consumers import changes_between, scd2_duckdb_sql, scd2_view
 from cdc_assets.core.hashing import add_hashes
+from resources.storage import WarehouseStorage
 
 TABLE = "added_column"
 D1, D2 = date(2024, 1, 1), date(2024, 1, 2)
@@ -37,17 +38,26 @@ HISTORY_D2 = [(1, "anna", "n1", "U", D2), (3, "cy", "n3", "I", D2)]
 @pytest.fixture(scope="module")
 def history_warehouse(spark, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("added_column_warehouse")
-    target = f"{root}/{TABLE}/history_partition"
-    for config, rows, schema in (
-        (BEFORE, HISTORY_D1, "id int, name string, operation string, business_date date"),
-        (AFTER, HISTORY_D2, "id int, name string, note string, operation string, business_date date"),
-    ):
-        config = TableConfig.model_validate(config)
-        hashed = add_hashes(spark.createDataFrame(rows, schema), [("id", "int")], [("name", "string")])
-        hashed.select(
-            *(c.name for c in config.columns), "key_hash", "non_key_hash", "operation",
-            F.col("business_date").alias("eff_start_date"), "business_date",
-        ).write.mode("append").partitionBy("business_date").parquet(target)
+    storage = WarehouseStorage(str(root))
+    try:
+        for config, rows, schema in (
+            (BEFORE, HISTORY_D1, "id int, name string, operation string, business_date date"),
+            (AFTER, HISTORY_D2, "id int, name string, note string, operation string, business_date date"),
+        ):
+            config = TableConfig.model_validate(config)
+            hashed = add_hashes(spark.createDataFrame(rows, schema), [("id", "int")], [("name", "string")])
+            day = rows[0][-1].isoformat()
+            storage.write(
+                hashed.select(
+                    *(c.name for c in config.columns), "key_hash", "non_key_hash", "operation",
+                    F.col("business_date").alias("eff_start_date"),
+                ),
+                TABLE,
+                "history_partition",
+                [day],
+            )
+    finally:
+        storage.release()
     return root
 
 

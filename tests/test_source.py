@@ -734,7 +734,7 @@ def test_a_json_line_with_bytes_that_are_not_utf8_is_an_invalid_encoding(spark, 
 def test_a_run_quarantines_keys_that_differ_only_in_bytes_that_are_not_utf8(spark, tmp_path, warehouse):
     """End to end through the asset graph: the two keys are not collapsed into one 'ab\\ufffdc' in
     current_table; they are in rejects with their own bytes, and the counts reconcile."""
-    from tests.pipeline import definitions_for, partition_dir, run_dates, write_table_config
+    from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, write_table_config
 
     day = "2019-06-18"
     (tmp_path / "extracts" / day).mkdir(parents=True)
@@ -745,9 +745,9 @@ def test_a_run_quarantines_keys_that_differ_only_in_bytes_that_are_not_utf8(spar
     )
     (result,) = run_dates(definitions_for(config), [day])
     assert result.success
-    current = spark.read.parquet(str(partition_dir(warehouse, "coded", "current_table", day))).collect()
+    current = read_stored(spark, partition_dir(warehouse, "coded", "current_table", day)).collect()
     assert [(row["code"], row["name"], row["operation"]) for row in current] == [("café", "ok", "I")]
-    rejects = spark.read.parquet(str(partition_dir(warehouse, "coded", "rejects", day))).collect()
+    rejects = read_stored(spark, partition_dir(warehouse, "coded", "rejects", day)).collect()
     assert sorted(_raw_fields(row["raw_record"])["code"] for row in rejects) == [b"ab\xfec", b"ab\xffc"]
     assert all(row["reason"].startswith("invalid_encoding: column code") for row in rejects)
     (read,) = [

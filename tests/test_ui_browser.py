@@ -22,10 +22,11 @@ from pathlib import Path
 
 import duckdb
 import psutil
-import pyarrow.parquet as pq
 import pytest
 import requests
 
+from resources.storage import WarehouseStorage
+from tests.pipeline import stored_arrow
 from tests.processes import free_port, our_processes, stop_process_tree, tail
 
 pytestmark = pytest.mark.slow
@@ -188,16 +189,14 @@ class MakeUi:
 
 def _partition_rows(warehouse: Path, asset: str, day: str) -> list[tuple]:
     """An asset's rows for a date, without the columns each run writes for itself, in a stable order."""
-    folder = warehouse / TABLE / asset / f"business_date={day}"
-    files = sorted(folder.glob("*.parquet"))
-    assert files, f"{folder} holds no Parquet file"
-    columns = [name for name in pq.read_schema(files[0]).names if name not in RUN_COLUMNS]
+    stored = stored_arrow(warehouse, TABLE, asset, day)
+    columns = [name for name in stored.column_names if name not in RUN_COLUMNS]
     selected = ", ".join(f'"{name}"' for name in columns)
-    return duckdb.sql(f"SELECT {selected} FROM read_parquet('{folder}/*.parquet') ORDER BY ALL").fetchall()
+    return duckdb.sql(f"SELECT {selected} FROM stored ORDER BY ALL").fetchall()
 
 
 def _operations(warehouse: Path, asset: str, day: str) -> Counter:
-    table = pq.read_table(warehouse / TABLE / asset / f"business_date={day}", columns=["operation"])
+    table = stored_arrow(warehouse, TABLE, asset, day, ("operation",))
     return Counter(table.column("operation").to_pylist())
 
 
@@ -289,7 +288,7 @@ def test_materialize_and_backfill_from_the_ui(tmp_path):
                 assert _operations(warehouse, "current_table", DAY1) == Counter({"I": 10000})
                 assert _operations(warehouse, "history_partition", DAY1) == Counter({"I": 10000})
                 for asset in ASSETS:
-                    assert (warehouse / TABLE / asset / f"business_date={DAY1}").is_dir(), f"{asset} {DAY1} not written"
+                    assert WarehouseStorage(str(warehouse)).has_partition(TABLE, asset, DAY1), f"{asset} {DAY1} not written"
 
                 # 3. A backfill of both dates from the same dialog, followed on its page until it completes.
                 page.goto(f"{server.base}/locations/cdc_assets/asset-groups/{TABLE}")
@@ -310,7 +309,7 @@ def test_materialize_and_backfill_from_the_ui(tmp_path):
                 page.screenshot(path=shots / "3_backfill.png")
                 assert status == "Succeeded", f"backfill {backfill_id} ended as {status!r}"
                 for asset in ASSETS:
-                    assert (warehouse / TABLE / asset / f"business_date={DAY2}").is_dir(), f"{asset} {DAY2} not written"
+                    assert WarehouseStorage(str(warehouse)).has_partition(TABLE, asset, DAY2), f"{asset} {DAY2} not written"
 
                 # 4. current_table's partition DAY2: the counts on the page are the ones on disk; the check passed.
                 page.goto(f"{server.base}/assets/{TABLE}/current_table?view=partitions&partition={DAY2}")

@@ -75,7 +75,7 @@ def scd2_sql(
     """The SCD type 2 query over ``history_relation``, as of ``as_of``, in ``dialect`` (spark or duckdb).
 
     ``columns`` are the configured column names (keys, non-keys, untracked), quoted here;
-    ``history_relation`` is SQL text used as is (a quoted view name, or DuckDB's ``read_parquet(...)``)
+    ``history_relation`` is SQL text used as is (a quoted view name, or DuckDB's ``iceberg_scan(...)``)
     and must have those columns and ``key_hash``, ``operation`` and ``business_date``. One row per
     version of a key: ``columns``, ``valid_from`` (the business date of the I or U that started it),
     ``valid_to`` (the business date of the key's next history row, the change that closed it; for an

@@ -18,7 +18,8 @@ share one JVM's caches. The server's working directory is the caller's, so relat
 resolve as they would for a local session.
 
 Conf, lowest precedence first: ``PIPELINE_DEFAULTS``, ``LOOPBACK_DEFAULTS``, ``LOCAL_DEFAULTS`` (local masters only),
-``CDC_SPARK_CONF``, ``conf``; then the binding address and port, which cannot be overridden. The master is
+``CDC_SPARK_CONF``, ``conf``; the Iceberg runtime's jars and extensions in front of any that conf names
+(:mod:`cdc_assets.services.iceberg_runtime`); then the binding address and port, which cannot be overridden. The master is
 ``master``, else ``CDC_SPARK_MASTER``, else ``local[*]``. Every Connect session starts from this conf:
 static conf (``spark.driver.memory``, ...) can only be set here, not by a client's builder.
 
@@ -37,6 +38,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdc_assets.services.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.services.process import (
     HOST,
     command_line,
@@ -137,6 +139,8 @@ def server_conf(port: int, master: str | None = None, conf: dict[str, str] | Non
     merged["spark.scheduler.mode"] = "FAIR"
     merged.update(spark_conf_from_env())
     merged.update({str(key): str(value) for key, value in (conf or {}).items()})
+    # Static conf: the server's sessions have Iceberg only if its JVM starts with it (clients cannot add it).
+    merged = with_iceberg_runtime(merged)
     merged.update(
         {
             "spark.connect.grpc.binding.address": HOST,

@@ -4,14 +4,15 @@ clients query; and the lock that lets only one of them open the metastore at a t
 
 **One writer, and no writer in the runs.** Spark's embedded Derby metastore admits one JVM at a time,
 and a pipeline run is a JVM of its own (several at once when tables run side by side). So runs never
-open the metastore: partitions are found from the folders (:mod:`cdc_assets.catalog_ddl`), and the
-catalog sessions keep a table's resolved relation for at most a second
-(``spark.sql.metadataCacheTTLSeconds=1``). The metastore only holds definitions, and only the process
-that holds the catalog writes them: ``cdc-catalog sql`` (spark-sql) for as long as it runs, or the SQL
-server, which then syncs for every other client, ``make sql`` included. A per-catalog lock file, held
-by that process (:func:`hold_catalog`), makes a second opener fail with a message naming the holder
-instead of Derby's. A table whose first date was committed after the holder synced appears at the next
-sync (``cdc-catalog sync`` asks a running server to sync).
+open the metastore: it holds only views over the warehouse's Iceberg tables (``lake.<table>.<asset>``,
+:mod:`cdc_assets.catalog_ddl`), and each query reads the snapshot a run committed last. Every catalog
+session opens ``lake`` on the warehouse, with Iceberg's table cache off, so that a commit is seen by the
+next query (:func:`catalog_conf`). Only the process that holds the catalog writes definitions:
+``cdc-catalog sql`` (spark-sql) for as long as it runs, or the SQL server, which then syncs for every
+other client, ``make sql`` included. A per-catalog lock file, held by that process (:func:`hold_catalog`),
+makes a second opener fail with a message naming the holder instead of Derby's. A table whose first date
+was committed after the holder synced appears at the next sync (``cdc-catalog sync`` asks a running
+server to sync).
 
 **No name goes missing while the SQL server serves.** Its driver is this module under spark-submit
 (:func:`serve_sql`): it syncs in its own session before the Thrift server listens, so the first
@@ -44,6 +45,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.catalog_ddl import catalog_database, catalog_dir, sync_in_place, sync_statements, write_sync_file
 from cdc_assets.config import TABLE_CONFIGS_ENV, TableConfigError, load_table_configs, table_configs_dir
 from cdc_assets.core.scd2 import Dialect, quote_identifier
+from cdc_assets.services.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.services.process import (
     HOST,
     log_tail,
@@ -58,6 +60,7 @@ from cdc_assets.services.process import (
 )
 from cdc_assets.services.spark_home import launcher, spark_env, write_properties_file
 from resources.storage import WAREHOUSE_ENV, WarehouseStorage, warehouse_root
+from resources.storage.lake import CATALOG_NAME, spark_catalog_conf
 
 SQL_PORT_ENV = "CDC_SQL_PORT"
 DEFAULT_SQL_PORT = 10000
@@ -84,8 +87,9 @@ class CatalogBusy(RuntimeError):
     """Another process holds the catalog's Derby metastore."""
 
 
-def catalog_conf(location: Path) -> dict[str, str]:
-    """Spark conf of a session on the catalog at ``location`` (spark-sql, the Thrift server)."""
+def catalog_conf(location: Path, root: str) -> dict[str, str]:
+    """Spark conf of a session on the catalog at ``location`` (spark-sql, the Thrift server) over the
+    warehouse under ``root``: the Hive metastore, the Iceberg runtime, and ``lake`` opened on the warehouse."""
     from resources.spark import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
 
     conf = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS}
@@ -94,17 +98,22 @@ def catalog_conf(location: Path) -> dict[str, str]:
     if master.startswith("local"):
         conf.update(LOCAL_DEFAULTS)
     conf.update(spark_conf_from_env())
+    conf = with_iceberg_runtime(conf)
     conf.update(
         {
             "spark.sql.catalogImplementation": "hive",
             "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={location}/metastore_db;create=true",
-            # Managed tables a user creates in the catalog; the pipeline's tables are external.
+            # Managed tables a user creates in the catalog; the pipeline's tables are in lake.
             "spark.sql.warehouse.dir": str(location / "spark-warehouse"),
-            # Partitions are found from the folders (cdc_assets/catalog_ddl.py), so runs need no writer.
-            "spark.sql.hive.manageFilesourcePartitions": "false",
+            # The runs log's files are listed again a second after a query listed them (runs add files).
             "spark.sql.metadataCacheTTLSeconds": "1",
             # derby.log goes beside the metastore, not into the working directory.
             "spark.driver.extraJavaOptions": f"{conf.get('spark.driver.extraJavaOptions', '')} -Dderby.system.home={location}".strip(),
+            # The views read lake.<table>.<asset>: every session of this JVM (each JDBC client's too) opens it.
+            **spark_catalog_conf(root),
+            # A long-lived session would otherwise go on reading the snapshot it loaded first, for as long
+            # as queries keep the cached table in use: each query loads the table's current snapshot.
+            f"spark.sql.catalog.{CATALOG_NAME}.cache-enabled": "false",
         }
     )
     return conf
@@ -145,12 +154,13 @@ def _conf_args(conf: dict[str, str], properties: Path) -> list[str]:
 # -- spark-sql, or beeline through the SQL server -------------------------------------------------
 
 
-def spark_sql_command(location: Path, init_file: Path, args: Sequence[str], properties: Path) -> list[str]:
-    """``spark-sql`` from the installed pyspark on the catalog, running ``init_file`` first; its conf is
+def spark_sql_command(location: Path, root: str, init_file: Path, args: Sequence[str], properties: Path) -> list[str]:
+    """``spark-sql`` from the installed pyspark on the catalog at ``location`` over the warehouse under
+    ``root``, running ``init_file`` first; its conf is
     written to ``properties``. A command line's session has no web UI: nobody looks at it."""
     from resources.spark import NO_UI
 
-    return [launcher("spark-sql"), *_conf_args({**catalog_conf(location), **NO_UI}, properties), "-i", str(init_file), *args]
+    return [launcher("spark-sql"), *_conf_args({**catalog_conf(location, root), **NO_UI}, properties), "-i", str(init_file), *args]
 
 
 def run_spark_sql(storage: WarehouseStorage, args: Sequence[str], configs_dir: Path | None = None) -> int:
@@ -166,7 +176,7 @@ def run_spark_sql(storage: WarehouseStorage, args: Sequence[str], configs_dir: P
     try:
         fd = hold_catalog(location, f"pid {os.getpid()} (cdc-catalog sql)")
         try:
-            process = subprocess.Popen(spark_sql_command(location, init_file, args, properties), env=spark_env())
+            process = subprocess.Popen(spark_sql_command(location, storage.root, init_file, args, properties), env=spark_env())
             return _wait_forwarding_signals(process)
         finally:
             os.close(fd)
@@ -274,7 +284,7 @@ def start_sql_server(storage: WarehouseStorage, port: int = DEFAULT_SQL_PORT, ti
         state.mkdir(parents=True, exist_ok=True)
         (state / STARTED_FILE).unlink(missing_ok=True)
         log_path = state / LOG_FILE
-        conf = {**catalog_conf(location), "spark.hadoop.hive.server2.thrift.bind.host": HOST, "spark.hadoop.hive.server2.thrift.port": str(port)}
+        conf = {**catalog_conf(location, storage.root), "spark.hadoop.hive.server2.thrift.bind.host": HOST, "spark.hadoop.hive.server2.thrift.port": str(port)}
         command = [launcher("spark-submit"), "--name", SERVER_NAME, *_conf_args(conf, state / PROPERTIES_FILE), __file__]
         env = {
             **spark_env(), WAREHOUSE_ENV: storage.root, TABLE_CONFIGS_ENV: str(configs_dir),

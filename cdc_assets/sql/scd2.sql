@@ -4,8 +4,7 @@
 -- braces), for Spark SQL or for DuckDB. The two renderings differ only in how identifiers are quoted:
 -- backticks for Spark, double quotes for DuckDB.
 --   history         the history_partition rows: the configured columns, key_hash, operation,
---                   business_date (DuckDB: read_parquet('<root>/<table>/history_partition/*/*.parquet',
---                   hive_partitioning = true, union_by_name = true))
+--                   business_date (DuckDB: iceberg_scan('<metadata file of lake.<table>.history_partition>'))
 --   columns         the configured columns, quoted: keys, non-keys, untracked
 --   output_columns  the columns the view returns: the configured columns, valid_from, valid_to,
 --                   is_current, and is_deleted with hard_deletes new_record

@@ -14,8 +14,8 @@ deleted) is told from a whole one. :func:`requests` marks such a request ``torn`
 wrong, and :func:`torn_ledger_error` says which request it is and how to repair it: the intake stops
 with that error rather than run without the request's keys, or fail on a Spark read of a broken file.
 
-An erase is final when it commits: the versions its commits replaced are deleted at once, not after
-the readers' grace period (:func:`purge_replaced_versions`), since they hold the keys.
+An erase is final when it commits and the snapshots that still reference the removed files are expired
+and the files deleted (resources/storage/warehouse.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from pyspark.sql import DataFrame
 
 from resources.storage.files import delete, fsync_folder, fsync_tree, list_names
 from resources.storage.layout import WarehouseLayout
-from resources.storage.retention import sweep_retired
 
 REQUEST_FILE = "request.json"
 KEY_HASHES_FOLDER = "key_hashes"
@@ -169,35 +168,3 @@ def discard_unrecorded(layout: WarehouseLayout, table: str) -> None:
         folder = layout.erasures_path(table, request_id)
         if not os.path.exists(f"{folder}/{REQUEST_FILE}"):
             delete(folder)
-
-
-def purge_replaced_versions(layout: WarehouseLayout, table: str) -> None:
-    """Delete every retired version of ``table`` now (replaced by a commit, or dropped by retention),
-    whatever the grace period: after an erase no stored file may hold the erased keys. A reader still
-    reading a replaced version fails and reads again. Only the holder of the table's lock calls this."""
-    sweep_retired(layout, table, grace=0.0)
-
-
-def version_folders(layout: WarehouseLayout, table: str) -> list[tuple[str, str, str, bool]]:
-    """Every stored version of every asset of ``table``, current or not, as (asset, date, folder, current),
-    and folders a killed write left under ``_staging`` as (asset, "", folder, False): what a verification
-    scans, since a key must be gone from all of them."""
-    found = []
-    for folder, current, names in layout.dated_version_folders(table):
-        asset = os.path.basename(os.path.dirname(folder))
-        day = os.path.basename(folder).split("=", 1)[1]
-        for name in names:
-            path = f"{folder}/{name}"
-            if os.path.isdir(path):
-                found.append((asset, day, path, path == current))
-    for asset in list_names(layout.table_path(table)):
-        if asset.startswith(("_", ".")):
-            continue
-        for dated in list_names(layout.asset_path(table, asset)):
-            path = f"{layout.asset_path(table, asset)}/{dated}"
-            if not os.path.islink(path) and os.path.isdir(path):  # a real folder an earlier release wrote
-                found.append((asset, dated.split("=", 1)[-1], path, True))
-    for asset in list_names(layout.staging_path(table)):
-        for name in list_names(layout.staging_path(table, asset)):
-            found.append((asset, "", f"{layout.staging_path(table, asset)}/{name}", False))
-    return found

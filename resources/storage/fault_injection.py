@@ -1,11 +1,10 @@
 """The one test seam in the warehouse: hold a commit at a named point so a fault test can kill -9 the run there.
 
-The commit calls :func:`pause_point` at two points, and it returns at once unless a test set, in the
-run's environment (the run usually being a child process the test kills):
+A write calls :func:`pause_point`, which returns at once unless a test set, in the run's environment
+(the run usually being a child process the test kills):
 
-- ``CDC_PAUSE_BEFORE_COMMIT=<table>/<asset>``: after the staged write, before any date is committed;
-- ``CDC_PAUSE_IN_COMMIT=<table>/<asset>``: the first date's new version is in place, its pointer not
-  yet switched;
+- ``CDC_PAUSE_BEFORE_COMMIT=<table>/<asset>``: before the asset's write starts (the tables written
+  before it in the run are committed, it and those after it are not);
 - ``CDC_PAUSE_MARKER=<file>``: the paused run writes its pid there, so the test knows it is paused;
 - ``CDC_PAUSE_SECONDS`` (default 600): how long it waits;
 - ``CDC_PAUSE_RELEASE=<file>``: it goes on as soon as that file exists, so a test can order two runs
@@ -18,15 +17,13 @@ import os
 import time
 
 BEFORE_COMMIT = "CDC_PAUSE_BEFORE_COMMIT"
-IN_COMMIT = "CDC_PAUSE_IN_COMMIT"
 MARKER_ENV = "CDC_PAUSE_MARKER"
 SECONDS_ENV = "CDC_PAUSE_SECONDS"
 RELEASE_ENV = "CDC_PAUSE_RELEASE"
 
 
 def pause_point(point: str, table: str, asset: str) -> None:
-    """Wait here if a test asked to pause ``table``/``asset`` at ``point`` (:data:`BEFORE_COMMIT` or
-    :data:`IN_COMMIT`); otherwise return at once."""
+    """Wait here if a test asked to pause ``table``/``asset`` at ``point`` (:data:`BEFORE_COMMIT`); otherwise return at once."""
     if os.environ.get(point) != f"{table}/{asset}":
         return
     marker = os.environ.get(MARKER_ENV)

@@ -1,14 +1,10 @@
-"""The few POSIX file operations the warehouse is built on: listing, deleting, syncing, an atomic swap.
+"""The few POSIX file operations the project's own records (the erase ledger, retention records) need.
 
-All of it runs in the run's Python process, not in Spark, so the same code commits through a classic
-session and through Spark Connect, where there is no JVM handle.
+All of it runs in the run's Python process, not in Spark. The tables themselves are Iceberg's.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import os
 import shutil
 
@@ -48,22 +44,3 @@ def fsync_tree(folder: str) -> None:
             finally:
                 os.close(descriptor)
         fsync_folder(current)
-
-
-_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
-
-
-def exchange(first: str, second: str) -> bool:
-    """Swap two paths atomically with Linux's renameat2(RENAME_EXCHANGE); False where it is unavailable."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-        return False
-    raise OSError(code, os.strerror(code), second)

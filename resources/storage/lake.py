@@ -29,9 +29,19 @@ def catalog_file(root: str) -> str:
     return f"{root.rstrip('/')}/{CATALOG_FILE}"
 
 
+# How long a connection waits for another process's lock on the SQLite file, in seconds. The default
+# (3 s for Spark's driver, 5 s for pyiceberg) was seen to fail a commit under load, and Iceberg does
+# not retry a locked catalog: the commit's files are left behind and the run fails.
+BUSY_TIMEOUT_SECONDS = 60
+
+
 def pyiceberg_properties(root: str) -> dict[str, str]:
     """What ``pyiceberg.catalog.load_catalog(CATALOG_NAME, **properties)`` takes to open the catalog."""
-    return {"type": "sql", "uri": f"sqlite:///{catalog_file(root)}", "warehouse": f"file://{root.rstrip('/')}"}
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{catalog_file(root)}?timeout={BUSY_TIMEOUT_SECONDS}",
+        "warehouse": f"file://{root.rstrip('/')}",
+    }
 
 
 def spark_catalog_conf(root: str) -> dict[str, str]:
@@ -44,6 +54,10 @@ def spark_catalog_conf(root: str) -> dict[str, str]:
         # V1 also records views; pyiceberg reads a catalog Spark created with it.
         f"{_SPARK_PREFIX}.jdbc.schema-version": "V1",
         f"{_SPARK_PREFIX}.warehouse": f"file://{root.rstrip('/')}",
+        f"{_SPARK_PREFIX}.jdbc.busy_timeout": str(BUSY_TIMEOUT_SECONDS * 1000),
+        # A cached table keeps the snapshot it was loaded at until 30 s after its last use: a reader that
+        # keeps reading would never see another process's commits (the runs of a warm Connect server).
+        f"{_SPARK_PREFIX}.cache-enabled": "false",
     }
 
 
@@ -64,6 +78,12 @@ def use_catalog(spark: SparkSession, root: str) -> None:
         )
     for key, value in wanted.items():
         spark.conf.set(key, value)
+
+
+def opened_warehouse(spark: SparkSession) -> str | None:
+    """The SQLite file of the catalog ``spark`` opened as ``lake``, or None if it opened none."""
+    uri = spark.conf.get(f"{_SPARK_PREFIX}.uri", None)
+    return uri.removeprefix("jdbc:sqlite:") if uri else None
 
 
 def table_identifier(table: str, asset: str) -> str:

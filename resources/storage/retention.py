@@ -1,27 +1,19 @@
-"""What the warehouse lets go of: partitions outside ``retention.current_days`` or ``retention.staging_days``,
-and replaced versions.
+"""What the warehouse lets go of: partitions outside ``retention.current_days`` or ``retention.staging_days``.
 
-Dropping a partition records why under ``_retention`` (so a later read can tell "dropped" from "never
-written"), removes its pointer and retires its version. A retired version, dropped or replaced by a
-commit, stays whole for readers that resolved it before, for the grace period; after that the next
-writer to take the table's lock deletes it (:func:`sweep_retired`). Only a writer calls what changes
-anything here; :func:`dropped_partition` is a reader's.
+Which dates fall outside the window is decided here; dropping them is one Iceberg commit per table
+(resources/storage/warehouse.py). Each dropped date is recorded under ``_retention`` first, so a later
+read can tell "dropped" from "never written" (:func:`dropped_partition`, a reader's).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from datetime import date, datetime, timedelta, timezone
 
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.storage.files import delete, fsync_folder, list_names
-from resources.storage.layout import RETIRED_SUFFIX, WarehouseLayout
-
-RETIRED_GRACE_ENV = "CDC_RETIRED_VERSION_GRACE_SECONDS"
-# How long a replaced (or retention-dropped) version stays on disk for readers that resolved it before.
-DEFAULT_RETIRED_GRACE_SECONDS = 3600.0
+from resources.storage.layout import WarehouseLayout
 
 
 # The settings a drop is recorded under (the table config's ``retention.<setting>``): current_table's
@@ -63,53 +55,7 @@ def state_outside_window(fulls: list[str], changes: list[str], current_days: int
     return [d for d in fulls if d < keep_from], [d for d in changes if d <= keep_from], newest
 
 
-def drop(layout: WarehouseLayout, table: str, asset: str, expired: list[str], record: dict, write_id: str) -> None:
-    """Drop the partitions ``expired``: record each (``record``, with when), then remove its pointer
-    (readers see the partition or nothing, never part of it) and retire its version."""
-    for day in expired:
-        record_dropped(layout, table, asset, day, {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}, write_id)
-        final = layout.partition_path(table, asset, day)
-        version = layout.current_version(table, asset, day)
-        if version is not None and version != final:
-            mark_retired(version)
-            os.unlink(final)
-        elif version == final:  # a real folder of an earlier release: moved among the versions, retired
-            aside = layout.version_path(table, asset, day, f"legacy-{write_id}")
-            os.makedirs(os.path.dirname(aside), exist_ok=True)
-            os.rename(final, aside)
-            mark_retired(aside)
-        elif os.path.islink(final):
-            os.unlink(final)  # a pointer whose version is gone
-        fsync_folder(layout.asset_path(table, asset))
 
-
-def mark_retired(version: str) -> None:
-    """Record that ``version`` stops being current now: the sweep keeps it for the grace period from here.
-
-    Written before the pointer moves away from it, so a retired version is never without its mark.
-    """
-    with open(f"{version}{RETIRED_SUFFIX}", "w", encoding="utf-8") as stream:
-        stream.write(datetime.now(timezone.utc).isoformat(timespec="seconds") + "\n")
-    os.utime(f"{version}{RETIRED_SUFFIX}")
-
-
-def sweep_retired(layout: WarehouseLayout, table: str, grace: float) -> None:
-    """Delete the table's versions retired more than ``grace`` seconds ago, marks whose version is gone,
-    and date folders left empty. The current version of a date is never touched."""
-    now = time.time()
-    for folder, current, names in layout.dated_version_folders(table):
-        for name in names:
-            if name.endswith(RETIRED_SUFFIX):
-                if name.removesuffix(RETIRED_SUFFIX) not in names:
-                    os.unlink(f"{folder}/{name}")  # its version is gone already
-                continue
-            version = f"{folder}/{name}"
-            retired = f"{version}{RETIRED_SUFFIX}"
-            if version != current and os.path.exists(retired) and now - os.path.getmtime(retired) >= grace:
-                delete(version)
-                os.unlink(retired)
-        if not list_names(folder):
-            os.rmdir(folder)
 
 
 def dropped_partition(layout: WarehouseLayout, table: str, asset: str, business_date: str) -> dict | None:

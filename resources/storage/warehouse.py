@@ -1,11 +1,11 @@
-"""The warehouse as one run sees it: the facade over layout, commit, the writer lock and retention.
+"""The warehouse as one run sees it: the facade over the Iceberg tables, the writer lock, retention and
+the erase ledger.
 
-The warehouse is a local (or mounted POSIX) folder (the layout: resources/storage/layout.py). Spark
-writes the files; everything else (listing, renaming, linking, the lock, row counts from Parquet
-footers) happens in the run's Python process, so the same code commits through a classic session and
-through Spark Connect. Writes go through the one commit path (commit.py); readers take no lock and
-write nothing (reading.py); only a writer cleans up, when it takes the table's lock (lock.py): what
-killed writers left (commit.py) and retired versions past the grace period (retention.py).
+Every asset is an Iceberg table in the warehouse's catalog (resources/storage/tables.py). Spark
+writes and reads the rows; Iceberg commits them, one commit per table and write. The run's Python
+process reads the tables' metadata (stored dates, rows per date, schemas) through pyiceberg and keeps
+the project's own records (the erase ledger, retention records, the runs log) as files, so the same
+code runs through a classic session and through Spark Connect. Readers take no lock and write nothing.
 """
 
 from __future__ import annotations
@@ -14,59 +14,55 @@ import os
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from cdc_assets.core.columns import BUSINESS_DATE
-from resources.storage import commit, erasure, reading, retention
-from resources.storage.commit import as_stored
+from resources.storage import erasure, fault_injection, retention
 from resources.storage.files import list_names
 from resources.storage.layout import WarehouseLayout, local_warehouse_path, state_changes_asset
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
-from resources.storage.reading import StateLayout
-from resources.storage.retention import DEFAULT_RETIRED_GRACE_SECONDS
+from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables
+from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout, missing_partition_error
 
 
 @dataclass
 class WarehouseStorage:
     """The warehouse under ``root`` as one run sees it. Create one per run (``run_id`` names its writes).
 
-    ``lock_timeout`` is how long a writer waits for another run's lock on a table, in seconds;
-    ``retired_grace`` how long a replaced or dropped version stays for readers that resolved it
-    before. Not safe for two runs at once by itself: the writer lock (:meth:`hold_writer_lock`) makes
-    one run at a time write a table, in this process or any other on the machine. Reading needs no lock.
+    ``lock_timeout`` is how long a writer waits for another run's lock on a table, in seconds. The
+    writer lock (:meth:`hold_writer_lock`) makes one run at a time write a table, in this process or
+    any other on the machine: a date's update spans several Iceberg tables. Reading needs no lock.
     """
 
     root: str
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS
-    retired_grace: float = DEFAULT_RETIRED_GRACE_SECONDS
-    # Versions this run committed: folder -> schema written. Reading one back skips Spark's schema
-    # inference (a job per read); a version folder never changes once committed.
-    _committed: dict[str, StructType] = field(default_factory=dict)
-    _writes: int = 0
     # Partitions this run has read or committed, as (table, asset, date): retention leaves them alone,
     # since the run's later writes and checks may still scan them (DataFrames are read lazily).
     _in_use: set[tuple[str, str, str]] = field(default_factory=set)
+    # The session of this run's reads and writes: retention's commits go through it too.
+    _spark: SparkSession | None = None
 
     def __post_init__(self) -> None:
         self.root = local_warehouse_path(self.root)
         self.layout = WarehouseLayout(self.root)
+        self.tables = LakeTables(self.root)
         self._locks = WriterLocks(self.run_id, self.lock_timeout)
-        # Names this run's writes: unique across runs, sorting by time.
-        self._token = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{self.run_id[:8]}-{uuid.uuid4().hex[:6]}"
 
     # -- paths -----------------------------------------------------------------------------------------
     def asset_path(self, table: str, asset: str) -> str:
-        return self.layout.asset_path(table, asset)
+        """Where the asset's Iceberg table keeps its files."""
+        return self.tables.location(table, asset)
 
     def partition_path(self, table: str, asset: str, business_date: str) -> str:
-        """The date's pointer, ``{asset}/business_date=D``: what Spark, DuckDB and the catalog list."""
-        return self.layout.partition_path(table, asset, business_date)
+        """Where Iceberg writes the date's data files (``{table location}/data/business_date=D``)."""
+        return f"{self.asset_path(table, asset)}/data/{BUSINESS_DATE}={business_date}"
 
     def runs_log_path(self) -> str:
         return self.layout.runs_log_path()
@@ -81,19 +77,22 @@ class WarehouseStorage:
     def list_names(self, path: str) -> list[str]:
         return list_names(path)
 
+    def _session(self) -> SparkSession:
+        """The session of this run's reads and writes, else the process's active one (a commit of metadata
+        only, such as retention's, goes through Spark too)."""
+        session = self._spark or SparkSession.getActiveSession()
+        if session is None:
+            raise RuntimeError("the warehouse's commits need a Spark session: none is active in this process")
+        return session
+
     # -- the writer lock -------------------------------------------------------------------------------
     def hold_writer_lock(self, table: str) -> None:
         """Make this run the table's only writer until :meth:`release`; wait for another holder first.
 
         Waits up to ``lock_timeout`` seconds, then raises ``WriterLockTimeout`` naming the holder.
-        Taking the lock cleans up what earlier holders left behind: they are all gone, since only the
-        holder writes.
         """
-        if self._locks.holds(table):
-            return
-        self._locks.take(table, self.layout.lock_path(table))
-        commit.recover(self.layout, table)
-        retention.sweep_retired(self.layout, table, self.retired_grace)
+        if not self._locks.holds(table):
+            self._locks.take(table, self.layout.lock_path(table))
 
     def release(self) -> None:
         """Give up every writer lock this process holds (at the end of the run, however it ended)."""
@@ -101,24 +100,36 @@ class WarehouseStorage:
 
     # -- writing ---------------------------------------------------------------------------------------
     def write(self, frame: DataFrame, table: str, asset: str, business_dates: list[str]) -> dict[str, int]:
-        """Store ``frame`` as the partitions ``business_dates`` of ``[table, asset]``; rows per date.
+        """Store ``frame`` as the partitions ``business_dates`` of ``[table, asset]`` in one Iceberg commit;
+        rows per date.
 
         ``frame`` has a ``business_date`` (date) column whose values must be among ``business_dates``,
         or, for a single date, may have none. Rows dated elsewhere (NULL included) fail the write before
-        any commit. A date without rows gets a partition holding an empty file. Rows are counted while
-        they are written (observed metrics), not by a second job.
+        it commits. A date without rows is stored all the same (the table records its dates).
         """
         self.hold_writer_lock(table)
-        self._writes += 1
-        schema = as_stored(frame.drop(BUSINESS_DATE).schema)
-
-        def remember(day: str, version: str) -> None:
-            self._committed[version] = schema
-            self._in_use.add((table, asset, day))
-
-        rows = commit.write(self.layout, frame, table, asset, business_dates, f"{self._token}-{self._writes}", remember)
+        dated = BUSINESS_DATE in frame.columns
+        if not dated and len(business_dates) != 1:
+            raise ValueError(f"{table}/{asset}: rows for {len(business_dates)} dates need a {BUSINESS_DATE} column")
+        if dated:
+            span = business_dates[0] if len(business_dates) == 1 else f"{business_dates[0]}..{business_dates[-1]}"
+            allowed = F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in business_dates])
+            # Checked row by row inside the write's own job: a stray date fails it before Iceberg commits.
+            frame = frame.withColumn(
+                BUSINESS_DATE,
+                F.when(allowed, F.col(BUSINESS_DATE)).otherwise(
+                    F.raise_error(F.lit(f"{table}/{asset}: a row is dated outside the write's partition(s) {span}; nothing was committed"))
+                ),
+            )
+        else:
+            frame = frame.withColumn(BUSINESS_DATE, F.lit(business_dates[0]).cast("date"))
+        self._spark = frame.sparkSession
+        fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
+        properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
+        self.tables.write(frame, table, asset, business_dates, properties)
         retention.forget_dropped(self.layout, table, asset, business_dates)
-        return rows
+        self._in_use.update((table, asset, day) for day in business_dates)
+        return self.row_counts(table, asset, business_dates)
 
     def append_to_runs_log(self, rows: pa.Table, table: str) -> str:
         """Add ``rows`` to the runs log as a new file (never rewriting one); returns its path.
@@ -175,20 +186,34 @@ class WarehouseStorage:
             raise erasure.torn_ledger_error(self.layout, table, torn)
         return [request["key_hashes"] for request in requests]
 
-    def purge_replaced_versions(self, table: str) -> None:
-        """Delete every replaced or dropped version of ``table`` now, whatever the grace period (an erase is
-        final when it commits). Holds the table's writer lock."""
+    def purge_unreferenced_files(self, table: str) -> None:
+        """Make an erase final: expire every snapshot of the table's assets but the current one and delete
+        every data file the current snapshots do not read. Holds the table's writer lock."""
         self.hold_writer_lock(table)
-        erasure.purge_replaced_versions(self.layout, table)
+        for asset in self.stored_assets(table):
+            self.tables.expire_all_but_current(self._session(), table, asset)
+
+    def data_files(self, table: str) -> list[tuple[str, str, str, bool]]:
+        """Every data file under the table's assets, live or not, as (asset, date, path, live): all a
+        verification of an erase must scan. No lock, no write."""
+        found = []
+        for asset in self.stored_assets(table):
+            live = self.tables.live_files(table, asset)
+            for path in self.tables.data_file_paths(table, asset):
+                day = next((part.split("=", 1)[1] for part in path.split("/") if part.startswith(f"{BUSINESS_DATE}=")), "")
+                found.append((asset, day, path, path in live))
+        return found
+
+    def bytes_stored(self, table: str, asset: str, business_dates: Iterable[str]) -> dict[str, int]:
+        """Bytes of the dates' live data files."""
+        totals: dict[str, int] = {}
+        for day, size in self.tables.live_files(table, asset, business_dates).values():
+            totals[day] = totals.get(day, 0) + size
+        return totals
 
     def stored_assets(self, table: str) -> list[str]:
-        """Every asset the table stores partitions of, an incremental state's changes included (folder names only)."""
-        return sorted(name for name in list_names(self.layout.table_path(table)) if not name.startswith(("_", ".")))
-
-    def version_folders(self, table: str) -> list[tuple[str, str, str, bool]]:
-        """Every stored version of the table's assets, current or replaced, and any staged write, as
-        (asset, date, folder, current): all a verification of an erase must scan. No lock, no write."""
-        return erasure.version_folders(self.layout, table)
+        """Every asset the table stores partitions of, an incremental state's changes included."""
+        return self.tables.assets(table)
 
     # -- retention -------------------------------------------------------------------------------------
     def drop_outside_retention(self, table: str, asset: str, days: int, setting: str = retention.CURRENT_DAYS) -> list[str]:
@@ -197,13 +222,11 @@ class WarehouseStorage:
         dropped, oldest first.
 
         The window is counted in calendar days back from the asset's newest stored date: it keeps that
-        date and the ``days - 1`` days before it (dates are materialized in order, so these are the
-        newest ``days`` partitions). A partition this run has read or committed stays whatever
-        its date, because the run's later writes and its checks may still scan it; the table's next run
-        drops it. Each date is first recorded under ``_retention`` (so that a later read can say why it
-        is missing, naming ``setting``), then its pointer is removed (readers see the partition or
-        nothing, never part of it) and its version retired, to be deleted by a writer after
-        ``retired_grace`` seconds. Holds the table's writer lock.
+        date and the ``days - 1`` days before it. A partition this run has read or committed stays
+        whatever its date, because the run's later writes and its checks may still scan it; the table's
+        next run drops it. Each date is first recorded under ``_retention`` (so that a later read can say
+        why it is missing, naming ``setting``), then all of them leave the table in one commit. Holds the
+        table's writer lock.
         """
         retention.check_days(table, asset, days, setting)
         self.hold_writer_lock(table)
@@ -226,18 +249,21 @@ class WarehouseStorage:
         )
         expired_fulls = self._not_in_use(table, asset, fulls)
         expired_changes = self._not_in_use(table, changes_asset, changes)
-        self._drop(table, asset, expired_fulls, current_days, newest)
-        self._drop(table, changes_asset, expired_changes, current_days, newest)
+        if expired_fulls:
+            self._drop(table, asset, expired_fulls, current_days, newest)
+        if expired_changes:
+            self._drop(table, changes_asset, expired_changes, current_days, newest)
         return sorted(set(expired_fulls) | set(expired_changes))
 
     def _not_in_use(self, table: str, asset: str, days: list[str]) -> list[str]:
         return [day for day in days if (table, asset, day) not in self._in_use]
 
-    def _drop(
-        self, table: str, asset: str, expired: list[str], days: int, newest: str | None, setting: str = retention.CURRENT_DAYS
-    ) -> None:
+    def _drop(self, table: str, asset: str, expired: list[str], days: int, newest: str | None, setting: str = retention.CURRENT_DAYS) -> None:
         record = {"setting": setting, setting: days, "newest": newest, "run_id": self.run_id}
-        retention.drop(self.layout, table, asset, expired, record, self._token)
+        for day in expired:
+            stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
+        self.tables.drop_dates(self._session(), table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)})
 
     def dropped_partition(self, table: str, asset: str, business_date: str) -> dict | None:
         """What retention recorded when it dropped the partition (``setting``, its value under the setting's
@@ -246,53 +272,80 @@ class WarehouseStorage:
         return retention.dropped_partition(self.layout, table, asset, business_date)
 
     # -- reading: no lock, no write ---------------------------------------------------------------------
-    def stored_path(self, table: str, asset: str, business_date: str) -> str:
-        """The folder of the date's current version, resolved once: read it, not the pointer, and a
-        commit that replaces the date meanwhile changes nothing under the reader.
-
-        Raises :class:`MissingPartitionError` if the date was never written, and
-        :class:`DroppedPartitionError` (naming the retention setting) if retention dropped it.
-        Takes no lock and changes nothing: a date that a killed commit of an earlier release left
-        without a folder is read where that commit left it, and put back by the next writer.
-        """
-        return reading.stored_path(self.layout, table, asset, business_date)
-
     def stored_dates(self, table: str, asset: str) -> list[str]:
         """The business dates the asset has a committed partition for, oldest first (no Spark job)."""
-        return reading.stored_dates(self.layout, table, asset)
+        return sorted(self.tables.stored(table, asset))
 
     def has_partition(self, table: str, asset: str, business_date: str) -> bool:
-        """Whether the partition is stored, so :meth:`stored_path` finds it: committed, or left aside by a
-        killed commit of an earlier release (no Spark read, nothing restored)."""
-        return reading.has_partition(self.layout, table, asset, business_date)
+        """Whether the partition is stored (no Spark read)."""
+        return business_date in self.tables.stored(table, asset)
+
+    def require(self, table: str, asset: str, business_date: str) -> None:
+        """Raise :class:`MissingPartitionError` if the date was never written, and
+        :class:`DroppedPartitionError` (naming the retention setting) if retention dropped it."""
+        if not self.has_partition(table, asset, business_date):
+            raise missing_partition_error(self, table, asset, business_date)
+
+    def stored_schema(self, table: str, asset: str, business_date: str) -> StructType:
+        """The Spark schema (with its columns' metadata: the hash spec) the date was written with."""
+        stored = self.tables.stored(table, asset)
+        if business_date not in stored:
+            raise missing_partition_error(self, table, asset, business_date)
+        return self.tables.schema(table, asset, stored[business_date])
 
     def state_layout(self, table: str, asset: str, as_of: str) -> StateLayout:
         """Where the state of ``as_of`` is stored: the newest full copy on or before it and the dates of
         changes after it (see ``cdc_assets/core/state.py``). A state stored as a snapshot per date is
         its own full copy. Raises :class:`MissingPartitionError` (or :class:`DroppedPartitionError`)
-        naming the first date that is needed and not stored. Reads folder names only."""
-        return reading.state_layout(self.layout, table, asset, as_of)
+        naming the first date that is needed and not stored. Reads metadata only."""
+        changes_asset = state_changes_asset(asset)
+        fulls = self.stored_dates(table, asset)
+        if as_of in fulls:
+            return StateLayout(as_of, [])
+        changes = set(self.stored_dates(table, changes_asset))
+        if as_of not in changes:
+            dropped_changes = self.dropped_partition(table, changes_asset, as_of)
+            raise missing_partition_error(self, table, changes_asset if dropped_changes else asset, as_of)
+        earlier = [day for day in fulls if day < as_of]
+        if not earlier:
+            raise MissingPartitionError(
+                f"{table}/{asset}: the state as of {as_of} is stored as changes, and no full copy of it on an "
+                f"earlier date is stored. Materialize the dates in order."
+            )
+        full = date.fromisoformat(earlier[-1])
+        days = [(full + timedelta(days=n)).isoformat() for n in range(1, (date.fromisoformat(as_of) - full).days + 1)]
+        for day in days:
+            if day not in changes:
+                raise missing_partition_error(self, table, changes_asset, day)
+        return StateLayout(earlier[-1], days)
 
     def read(
         self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType | str | None = None
     ) -> DataFrame:
-        """Stored partitions as one DataFrame with a ``business_date`` column (a date), in one scan.
+        """Stored partitions as one DataFrame with a ``business_date`` column (a date), in one scan, at the
+        table's snapshot committed now.
 
-        Raises :class:`MissingPartitionError` naming the first date that was never written. Versions
-        this run committed are read with the schema they were written with (no inference job). With
-        ``schema`` (the columns without ``business_date``), every date is read with it: a column a
-        date's files lack reads as NULL there, and stored columns it does not name are not read.
+        Raises :class:`MissingPartitionError` naming the first date that was never written. Without
+        ``schema`` the newest date's columns are read as that date was written; with ``schema`` (the columns
+        without ``business_date``), every date is read with it: a column a date lacks reads as NULL there.
         """
-        frame = reading.read(spark, self.layout, table, asset, business_dates, schema, self._committed)
+        stored = self.tables.stored(table, asset)
+        for day in business_dates:
+            if day not in stored:
+                raise missing_partition_error(self, table, asset, day)
+        if isinstance(schema, str):
+            schema = StructType.fromDDL(schema) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], schema).schema
+        if schema is None:
+            schema = self.tables.schema(table, asset, stored[max(business_dates)])
+        self._spark = spark
+        frame = self.tables.read(spark, table, asset, business_dates, schema)
         self._in_use.update((table, asset, day) for day in business_dates)
         return frame
 
     def read_one(self, spark: SparkSession, table: str, asset: str, business_date: str) -> DataFrame:
-        """One stored partition, without the ``business_date`` column."""
-        frame = reading.read_one(spark, self.layout, table, asset, business_date, self._committed)
-        self._in_use.add((table, asset, business_date))
-        return frame
+        """One stored partition, without the ``business_date`` column, with the columns it was written with."""
+        return self.read(spark, table, asset, [business_date]).drop(BUSINESS_DATE)
 
     def row_counts(self, table: str, asset: str, business_dates: Iterable[str]) -> dict[str, int]:
-        """Rows per stored partition, from the Parquet footers (no Spark job, no row read)."""
-        return reading.row_counts(self.layout, table, asset, business_dates)
+        """Rows per stored partition, from the table's manifests (no Spark job, no row read)."""
+        return self.tables.row_counts(table, asset, business_dates)

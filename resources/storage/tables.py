@@ -1,0 +1,387 @@
+"""Each asset of a table is one Iceberg table, ``lake.<table>.<asset>``, partitioned by ``business_date``.
+
+Spark writes the rows; Iceberg commits them. A write replaces its dates in one commit per table
+(``overwrite`` by a filter on the dates), so a reader sees a date's old rows or its new ones, never a
+mix, and a killed write leaves the table at the snapshot it had before. Everything that is not rows
+is read from the table's metadata in the run's Python process through pyiceberg (no Spark job), so
+the same code runs through a classic session and through Spark Connect.
+
+What Iceberg does not record, each commit carries in its snapshot summary:
+
+- ``cdc.stored-dates``: every date the table holds after the commit, dates without rows included,
+  grouped by the Spark schema they were written with (``{schema id: "D1..D2,D3"}``); the schema
+  itself, with the columns' metadata (the hash spec), is a small file under ``{table}/_schemas``;
+- ``cdc.run-id`` and ``cdc.business-dates``: who wrote which dates; Iceberg adds the rows and files
+  added and removed per date (``partitions.business_date=D``), so
+  ``SELECT * FROM lake.<table>.<asset>.snapshots`` is the audit.
+
+One writer per table at a time: a date's update spans several tables, which Iceberg does not commit
+together (the table's writer lock, resources/storage/lock.py, serialises runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
+
+from cdc_assets.core.columns import BUSINESS_DATE
+from resources.storage.lake import CATALOG_NAME, catalog_file, opened_warehouse, pyiceberg_properties, table_identifier, use_catalog
+
+STORED_DATES = "cdc.stored-dates"
+RUN_ID = "cdc.run-id"
+WRITTEN_DATES = "cdc.business-dates"
+SCHEMAS_FOLDER = "_schemas"
+
+# Every table the project creates. Format v2; Parquet data files (the project was specified so) with
+# Spark's default codec; a write may add columns and widen types (schema evolution), and a column a
+# write lacks reads as NULL in its dates.
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.format.default": "parquet",
+    "write.parquet.compression-codec": "snappy",
+    "write.spark.accept-any-schema": "true",
+    # Manifests keep each column's value and null counts but no lower/upper bounds: a bound is a stored
+    # value (a key, its hash) that an erase could not reach without rewriting metadata.
+    "write.metadata.metrics.default": "counts",
+    # A commit that lost a race for the catalog is retried on the new base (the writer lock keeps writers
+    # of a table apart; readers' and maintenance commits are what it races).
+    "commit.retry.num-retries": "10",
+    # Each snapshot's summary counts the rows and files added and removed per business date (up to a
+    # range of 400 dates per write): who wrote what, in the table itself.
+    "write.summary.partition-limit": "400",
+}
+
+
+def as_stored(schema: StructType) -> StructType:
+    """The schema as stored: every column and every nested field nullable (the tables' columns are all optional)."""
+    return StructType([StructField(f.name, _nullable(f.dataType), True, f.metadata) for f in schema.fields])
+
+
+def _nullable(data_type: DataType) -> DataType:
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True, f.metadata) for f in data_type.fields])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(_nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(_nullable(data_type.keyType), _nullable(data_type.valueType), True)
+    return data_type
+
+
+def encode_dates(days: Iterable[str]) -> str:
+    """Dates as runs of consecutive days: ``2024-01-01..2024-01-03,2024-01-05``."""
+    ordered = sorted(set(days))
+    runs: list[list[str]] = []
+    for day in ordered:
+        if runs and date.fromisoformat(runs[-1][1]) + timedelta(days=1) == date.fromisoformat(day):
+            runs[-1][1] = day
+        else:
+            runs.append([day, day])
+    return ",".join(first if first == last else f"{first}..{last}" for first, last in runs)
+
+
+def decode_dates(encoded: str) -> list[str]:
+    days = []
+    for part in filter(None, encoded.split(",")):
+        first, _, last = part.partition("..")
+        start, end = date.fromisoformat(first), date.fromisoformat(last or first)
+        days += [(start + timedelta(days=n)).isoformat() for n in range((end - start).days + 1)]
+    return days
+
+
+def schema_id(schema: StructType) -> str:
+    return hashlib.sha256(schema.json().encode()).hexdigest()[:16]
+
+
+@dataclass
+class LakeTables:
+    """The Iceberg tables of the warehouse under ``root`` (an absolute local path)."""
+
+    root: str
+    _catalog: object | None = field(default=None, repr=False)
+    _schemas: dict[str, StructType] = field(default_factory=dict, repr=False)
+    # Sessions of this warehouse derived from sessions that opened another one (see :meth:`session_for`).
+    _derived: dict[int, SparkSession] = field(default_factory=dict, repr=False)
+
+    def session_for(self, spark: SparkSession) -> SparkSession:
+        """``spark``, with this warehouse's catalog opened in it; or, when ``spark`` opened another
+        warehouse's catalog (a session keeps the first it opens: a test session serving many
+        warehouses), a new session on the same Spark that opens this one."""
+        opened = opened_warehouse(spark)
+        if opened is None or opened == catalog_file(self.root):
+            use_catalog(spark, self.root)
+            return spark
+        derived = self._derived.get(id(spark))
+        if derived is None:
+            derived = _another_session(spark)
+            use_catalog(derived, self.root)
+            self._derived[id(spark)] = derived
+        return derived
+
+    # -- the catalog -----------------------------------------------------------------------------------
+    @property
+    def catalog(self):
+        """pyiceberg's view of the catalog (opened once; every table load reads the catalog afresh)."""
+        if self._catalog is None:
+            from pyiceberg.catalog import load_catalog
+
+            self._catalog = load_catalog(CATALOG_NAME, **pyiceberg_properties(self.root))
+        return self._catalog
+
+    def load(self, table: str, asset: str):
+        """The asset's Iceberg table as committed now (pyiceberg), or None if it was never written."""
+        if not os.path.exists(catalog_file(self.root)):
+            return None
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog.load_table((table, asset))
+        except NoSuchTableError:
+            return None
+
+    def assets(self, table: str) -> list[str]:
+        """The assets the table stores (the tables of its namespace)."""
+        if not os.path.exists(catalog_file(self.root)):
+            return []
+        from pyiceberg.exceptions import NoSuchNamespaceError
+
+        try:
+            return sorted(name for _, name in self.catalog.list_tables(table))
+        except NoSuchNamespaceError:
+            return []
+
+    def location(self, table: str, asset: str) -> str:
+        """Where the asset's files are (its Iceberg table's location, as a local path)."""
+        loaded = self.load(table, asset)
+        if loaded is None:
+            return f"{self.root}/{table}/{asset}"
+        return _local(loaded.location())
+
+    # -- what a table holds ----------------------------------------------------------------------------
+    def stored(self, table: str, asset: str, snapshot=None) -> dict[str, str]:
+        """Every stored date of the asset and the id of the schema it was written with."""
+        if snapshot is None:
+            loaded = self.load(table, asset)
+            snapshot = None if loaded is None else loaded.current_snapshot()
+        if snapshot is None or snapshot.summary is None:
+            return {}
+        raw = snapshot.summary.additional_properties.get(STORED_DATES) if hasattr(snapshot.summary, "additional_properties") else None
+        if raw is None:
+            raw = dict(snapshot.summary).get(STORED_DATES)
+        if not raw:
+            return {}
+        return {day: sid for sid, encoded in json.loads(raw).items() for day in decode_dates(encoded)}
+
+    def schema(self, table: str, asset: str, sid: str) -> StructType:
+        """The Spark schema (with its columns' metadata) that dates of ``sid`` were written with."""
+        key = f"{table}/{asset}/{sid}"
+        if key not in self._schemas:
+            with open(self._schema_path(table, asset, sid), encoding="utf-8") as stream:
+                self._schemas[key] = StructType.fromJson(json.load(stream))
+        return self._schemas[key]
+
+    def _schema_path(self, table: str, asset: str, sid: str) -> str:
+        return f"{self.root}/{table}/{SCHEMAS_FOLDER}/{asset}/{sid}.json"
+
+    def _record_schema(self, table: str, asset: str, schema: StructType) -> str:
+        """Store ``schema`` (content-addressed, so before the commit that names it: never torn)."""
+        sid = schema_id(schema)
+        path = self._schema_path(table, asset, sid)
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            hidden = f"{path}.{os.getpid()}.tmp"
+            with open(hidden, "w", encoding="utf-8") as stream:
+                stream.write(schema.json())
+            os.replace(hidden, path)
+        self._schemas[f"{table}/{asset}/{sid}"] = schema
+        return sid
+
+    def row_counts(self, table: str, asset: str, days: Iterable[str]) -> dict[str, int]:
+        """Rows per date, from the table's manifests (no Spark job, no row read)."""
+        wanted = list(days)
+        counts = {day: 0 for day in wanted}
+        loaded = self.load(table, asset)
+        if loaded is None or loaded.current_snapshot() is None or not wanted:
+            return counts
+        from pyiceberg.expressions import In
+
+        for task in loaded.scan(row_filter=In(BUSINESS_DATE, set(wanted))).plan_files():
+            day = task.file.partition[0]
+            key = day.isoformat() if hasattr(day, "isoformat") else (date(1970, 1, 1) + timedelta(days=int(day))).isoformat()
+            if key in counts:
+                deleted = sum(delete.record_count for delete in task.delete_files)
+                counts[key] += task.file.record_count - deleted
+        return counts
+
+    def column(self, table: str, asset: str, days: list[str], name: str):
+        """One column of the dates' rows as an Arrow array, read in this process (a small table's only)."""
+        from pyiceberg.expressions import In
+
+        import pyarrow as pa
+
+        loaded = self.load(table, asset)
+        if loaded is None or loaded.current_snapshot() is None:
+            return pa.array([], pa.string())
+        rows = loaded.scan(row_filter=In(BUSINESS_DATE, set(days)), selected_fields=(name,)).to_arrow()
+        return rows.column(name).combine_chunks() if rows.num_rows else pa.array([], pa.string())
+
+    def live_files(self, table: str, asset: str, days: Iterable[str] | None = None) -> dict[str, tuple[str, int]]:
+        """The data files the current snapshot reads (of ``days`` only, if given): local path -> (date, bytes)."""
+        loaded = self.load(table, asset)
+        if loaded is None or loaded.current_snapshot() is None:
+            return {}
+        from pyiceberg.expressions import AlwaysTrue, In
+
+        row_filter = AlwaysTrue() if days is None else In(BUSINESS_DATE, set(days))
+        found = {}
+        for task in loaded.scan(row_filter=row_filter).plan_files():
+            value = task.file.partition[0]
+            day = value.isoformat() if hasattr(value, "isoformat") else (date(1970, 1, 1) + timedelta(days=int(value))).isoformat()
+            for data_file in (task.file, *task.delete_files):
+                found[_local(data_file.file_path)] = (day, data_file.file_size_in_bytes)
+        return found
+
+    def expire_all_but_current(self, spark: SparkSession, table: str, asset: str) -> None:
+        """Expire every snapshot of the asset but the current one (Iceberg deletes the files only they
+        referenced), then delete every data file the current snapshot does not read: what killed writes left."""
+        spark = self.session_for(spark)
+        loaded = self.load(table, asset)
+        if loaded is None or loaded.current_snapshot() is None:
+            return
+        newest = max(snapshot.timestamp_ms for snapshot in loaded.snapshots())
+        spark.sql(
+            f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{table}.{asset}', "
+            f"older_than => TIMESTAMP_MILLIS({newest + 1}), retain_last => 1)"
+        ).collect()
+        live = set(self.live_files(table, asset))
+        for path in self.data_file_paths(table, asset):
+            if path not in live:
+                os.unlink(path)
+
+    def data_file_paths(self, table: str, asset: str) -> list[str]:
+        """Every Parquet file under the asset's data folder, live or not."""
+        found = []
+        for folder, _, names in os.walk(f"{self.location(table, asset)}/data"):
+            found += [os.path.join(folder, name) for name in names if name.endswith(".parquet")]
+        return sorted(found)
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def write(
+        self,
+        frame: DataFrame,
+        table: str,
+        asset: str,
+        business_dates: list[str],
+        properties: dict[str, str],
+        dropped: Iterable[str] = (),
+    ) -> None:
+        """Replace the dates ``business_dates`` of the asset with ``frame``'s rows in one commit (a frame
+        with a ``business_date`` column), and forget the dates ``dropped`` (their rows go in the same commit).
+
+        The caller holds the table's writer lock. ``properties`` go into the snapshot summary.
+        """
+        spark = self.session_for(frame.sparkSession)
+        hop = None
+        if spark is not frame.sparkSession:
+            # The frame belongs to a session of another warehouse: hand it over as a global view,
+            # which every session of the same Spark sees.
+            hop = f"cdc_write_{uuid.uuid4().hex}"
+            frame.createOrReplaceGlobalTempView(hop)
+            frame = spark.table(f"global_temp.{hop}")
+        identifier = table_identifier(table, asset)
+        schema = as_stored(frame.drop(BUSINESS_DATE).schema)
+        sid = self._record_schema(table, asset, schema)
+        loaded = self.load(table, asset)
+        if loaded is None:
+            self._create(spark, table, asset, frame)
+            loaded = self.load(table, asset)
+        # Iceberg's writer takes the table's columns in the table's order (new ones after them).
+        table_columns = [column.name for column in loaded.schema().fields]
+        ordered = [name for name in table_columns if name in frame.columns]
+        frame = frame.select(*[f"`{name}`" for name in ordered + [name for name in frame.columns if name not in table_columns]])
+        stored = self.stored(table, asset, loaded.current_snapshot())
+        for day in dropped:
+            stored.pop(day, None)
+        stored.update({day: sid for day in business_dates})
+        grouped: dict[str, list[str]] = {}
+        for day, day_sid in stored.items():
+            grouped.setdefault(day_sid, []).append(day)
+        summary = {STORED_DATES: json.dumps({key: encode_dates(days) for key, days in sorted(grouped.items())}), **properties}
+        replaced = sorted(set(business_dates) | set(dropped))
+        writer = frame.writeTo(identifier).option("mergeSchema", "true")
+        for key, value in summary.items():
+            writer = writer.option(f"snapshot-property.{key}", value)
+        from pyspark.sql import functions as F
+
+        try:
+            writer.overwrite(F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in replaced]))
+        finally:
+            if hop is not None:
+                spark.catalog.dropGlobalTempView(hop)
+
+    def drop_dates(self, spark: SparkSession, table: str, asset: str, days: list[str], properties: dict[str, str]) -> None:
+        """Remove the dates ``days`` (their rows and their record) in one commit."""
+        spark = self.session_for(spark)
+        empty = spark.read.table(table_identifier(table, asset)).limit(0)
+        self.write(empty, table, asset, [], properties, dropped=days)
+
+    def _create(self, spark: SparkSession, table: str, asset: str, frame: DataFrame) -> None:
+        """Create the asset's table, partitioned by ``business_date``, with no snapshot yet."""
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG_NAME}.`{table}`")
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in frame.schema.fields)
+        properties = ", ".join(f"'{key}'='{value}'" for key, value in TABLE_PROPERTIES.items())
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {table_identifier(table, asset)} ({columns}) USING iceberg "
+            f"PARTITIONED BY (`{BUSINESS_DATE}`) TBLPROPERTIES ({properties})"
+        )
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def read(self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType | None) -> DataFrame:
+        """The dates' rows as one DataFrame with a ``business_date`` column, at the snapshot committed now
+        (pinned: a commit meanwhile changes nothing under the reader), with ``schema``'s columns."""
+        from pyspark.sql import functions as F
+
+        spark = self.session_for(spark)
+        loaded = self.load(table, asset)
+        snapshot = loaded.current_snapshot()
+        frame = spark.read.option("snapshot-id", str(snapshot.snapshot_id)).table(table_identifier(table, asset))
+        frame = frame.where(F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in business_dates]))
+        present = set(frame.columns)
+        columns = [
+            (F.col(f"`{f.name}`").cast(f.dataType) if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name, metadata=f.metadata)
+            for f in as_stored(schema).fields
+            if f.name != BUSINESS_DATE
+        ]
+        return frame.select(*columns, F.col(BUSINESS_DATE))
+
+
+def _local(uri: str) -> str:
+    """A file URI as Iceberg records it (``file:/...``), as a local path."""
+    return "/" + uri[len("file:"):].lstrip("/") if uri.startswith("file:") else uri
+
+
+def _another_session(spark: SparkSession) -> SparkSession:
+    """A new session on the same Spark as ``spark`` (its JVM, or its Connect server), with its SQL conf
+    but no catalog opened yet. ``spark`` stays the process's default session."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        url = getattr(spark.client._builder, "url", None) or os.environ["SPARK_REMOTE"]
+        created = ConnectSession.builder.remote(url).create()
+        ConnectSession._set_default_and_active_session(spark)
+    else:
+        created = spark.newSession()
+    for key, value in spark.conf.getAll.items():
+        if key.startswith("spark.sql.") and not key.startswith(f"spark.sql.catalog.{CATALOG_NAME}"):
+            try:
+                created.conf.set(key, value)
+            except Exception:  # noqa: BLE001 - a static conf the new session already has from the JVM
+                pass
+    return created
