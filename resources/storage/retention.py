@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, timedelta
 
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.storage.files import delete, fsync_folder, list_names
