@@ -46,7 +46,7 @@ from pyspark.sql import functions as F
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.asset_descriptions import ASSET_DESCRIPTIONS
 from cdc_assets.checks import build_table_checks
-from cdc_assets.config import DuplicateKeyPolicy, SourceFormat, TableConfig
+from cdc_assets.config import DuplicateKeyPolicy, Retention, SourceFormat, TableConfig
 from cdc_assets.freshness import freshness_definitions
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.changeset import ChangeSetRules
@@ -202,10 +202,10 @@ def _read_incoming(
                 + (f", {figures.erased_records} of erased keys ({config.erased_keys.value})" if figures.erased_records else "")
             )
         context.log.info("\n".join(summary))
-        staging_days = config.retention.staging_days if config.retention else None
+        kept = config.retention or Retention()
         for key, rows in ((hashed_key, prepared.accepted), (rejects_key, prepared.rejected)):
             with _timed(context, config.name, f"write {key.path[-1]}", _span(days)):
-                output = DatedRows(rows, retention_staging_days=staging_days)
+                output = DatedRows(rows, retention_staging_days=kept.staging_days, retention_snapshot_days=kept.snapshot_days)
                 yield Output(output, output_name=context.assets_def.get_output_name_for_asset_key(key))
     finally:
         prepared.release()
@@ -341,22 +341,25 @@ def _apply_changes(
         # retention.current_days drops current_table and, beside it, a change set's applied_sequences (both
         # are a whole state per date, read as of the day before); retention.staging_days the classification
         # and late_changes, which no later date reads. History is never dropped, nor inserts/updates/deletes.
-        current_days = table.retention.current_days if table.retention else None
-        staging_days = table.retention.staging_days if table.retention else None
+        kept = table.retention or Retention()
+        current_days, staging_days, snapshot_days = kept.current_days, kept.staging_days, kept.snapshot_days
         for name in keys:
             dropped = current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
             # current_table carries the columns its hashes cover, for the next date to compare with.
             frame = with_hash_spec(outputs[name], spec) if name == CURRENT else outputs[name]
             staging = staging_days if name in (CLASSIFICATION, LATE_CHANGES) else None
-            rows = DatedRows(frame, retention_current_days=dropped, retention_staging_days=staging)
+            rows = DatedRows(frame, retention_current_days=dropped, retention_staging_days=staging, retention_snapshot_days=snapshot_days)
             if name == CURRENT and incremental:
                 rows = state = _incremental_state(
-                    context, table, storage, plan, days, previous_state is not None, previous_rows, dropped, spec, changed_schema
+                    context, table, storage, plan, days, previous_state is not None, previous_rows, dropped, spec, changed_schema,
+                    snapshot_days,
                 )
             elif name == APPLIED_SEQUENCES and incremental:
                 # Compacted together with current_table: full copies on the same dates.
                 full = plan.sequences.filter(F.col(BUSINESS_DATE).isin(*state.full_dates)) if state.full_dates else None
-                rows = StateRows(plan.sequence_changes, full, state.full_dates, retention_current_days=dropped)
+                rows = StateRows(
+                    plan.sequence_changes, full, state.full_dates, retention_current_days=dropped, retention_snapshot_days=snapshot_days
+                )
             with _timed(context, table.name, f"write {name}", _span(days)):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
@@ -380,7 +383,7 @@ def _in_new_schema(context, table: TableConfig, previous_state, incoming_rows, e
 
 def _incremental_state(
     context, table: TableConfig, storage, plan, days: list[str], has_previous: bool, previous_rows: int, current_days,
-    spec, changed_schema: bool,
+    spec, changed_schema: bool, snapshot_days: int,
 ) -> StateRows:
     """What an incremental current_table stores for each date: its changes, or a full copy when
     ``storage.compact_after_share`` / ``compact_after_dates`` say so (compaction), when there is no
@@ -419,6 +422,7 @@ def _incremental_state(
         full=None if full is None else with_hash_spec(full, spec),
         full_dates=tuple(full_dates),
         retention_current_days=current_days,
+        retention_snapshot_days=snapshot_days,
         metadata=metadata,
     )
 

@@ -54,12 +54,15 @@ class DatedRows:
     partition (with no rows). With ``retention_current_days`` (the table's ``retention.current_days``,
     for ``current_table``) or ``retention_staging_days`` (``retention.staging_days``, for the staging
     outputs), the asset's partitions older than that many newest dates are dropped once the write is
-    committed (``WarehouseStorage.drop_outside_retention``).
+    committed (``WarehouseStorage.drop_outside_retention``). With ``retention_snapshot_days``
+    (``retention.snapshot_days``), the asset's table versions older than that many days are then expired
+    (``WarehouseStorage.expire_snapshots``).
     """
 
     frame: DataFrame
     retention_current_days: int | None = None
     retention_staging_days: int | None = None
+    retention_snapshot_days: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class StateRows:
     full: DataFrame | None
     full_dates: tuple[str, ...]
     retention_current_days: int | None = None
+    retention_snapshot_days: int | None = None
     metadata: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
 
@@ -254,6 +258,9 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 "retention_current_days": MetadataValue.int(obj.retention_current_days),
                 "dropped_current_partitions": MetadataValue.json(dropped),
             }
+        stored_assets = set(self.storage.stored_assets(table))
+        state_assets = [name for name in (asset, state_changes_asset(asset)) if name in stored_assets]
+        retention.update(self._expire_snapshots(context, table, state_assets, obj.retention_snapshot_days))
         for day in dates:
             metadata = {**described[day], **retention, **obj.metadata.get(day, {})}
             metadata["stored_as"] = MetadataValue.text("full copy" if day in full_dates else "changes")
@@ -280,7 +287,17 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 + (f"{len(dropped)} partition(s): {', '.join(dropped)}" if dropped else "nothing")
             )
             metadata.update({f"retention_{setting}": MetadataValue.int(days), dropped_key: MetadataValue.json(dropped)})
+        metadata.update(self._expire_snapshots(context, table, [asset], obj.retention_snapshot_days))
         return metadata
+
+    def _expire_snapshots(self, context: OutputContext, table: str, assets: list[str], days: int | None) -> dict:
+        """``retention.snapshot_days``: expire the assets' table versions older than ``days`` days."""
+        if days is None:
+            return {}
+        expired = sum(self.storage.expire_snapshots(table, asset, days) for asset in assets)
+        if expired:
+            context.log.info(f"{table}/{', '.join(assets)}: retention.snapshot_days={days} expired {expired} table version(s)")
+        return {"retention_snapshot_days": MetadataValue.int(days), "expired_snapshots": MetadataValue.int(expired)}
 
     def _previews(self, table: str, asset: str, rows: dict[str, int]) -> dict[str, list[tuple]]:
         """Up to ``PREVIEW_ROWS`` stored rows of each date, read back from the committed partitions.

@@ -54,6 +54,9 @@ TABLE_PROPERTIES = {
     # A commit that lost a race for the catalog is retried on the new base (the writer lock keeps writers
     # of a table apart; readers' and maintenance commits are what it races).
     "commit.retry.num-retries": "10",
+    # Each commit writes a metadata file: keep the newest 100 (a reader opens the newest), not all of them.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
     # Each snapshot's summary counts the rows and files added and removed per business date (up to a
     # range of 400 dates per write): who wrote what, in the table itself.
     "write.summary.partition-limit": "400",
@@ -264,6 +267,23 @@ class LakeTables:
         for path in self.data_file_paths(table, asset):
             if path not in live:
                 os.unlink(path)
+
+    def expire_snapshots_before(self, spark: SparkSession, table: str, asset: str, cutoff_ms: int) -> int:
+        """Expire the asset's snapshots committed before ``cutoff_ms`` (ms since the epoch), never the
+        current one; Iceberg deletes the files only they read. Returns how many were expired: none to
+        expire costs a metadata read, no Spark job."""
+        loaded = self.load(table, asset)
+        current = None if loaded is None else loaded.current_snapshot()
+        if current is None:
+            return 0
+        expired = [s for s in loaded.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id != current.snapshot_id]
+        if not expired:
+            return 0
+        self.session_for(spark).sql(
+            f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{table}.{asset}', "
+            f"older_than => TIMESTAMP_MILLIS({cutoff_ms}), retain_last => 1)"
+        ).collect()
+        return len(expired)
 
     def data_file_paths(self, table: str, asset: str) -> list[str]:
         """Every Parquet file under the asset's data folder, live or not."""

@@ -265,6 +265,15 @@ class WarehouseStorage:
             retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
         self.tables.drop_dates(self._session(), table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)})
 
+    def expire_snapshots(self, table: str, asset: str, days: int, now: datetime | None = None) -> int:
+        """Apply ``retention.snapshot_days``: expire the asset's table versions (snapshots) older than
+        ``days`` days, never the current one, so that the files only they read (what re-runs, drops and
+        erases replaced) are deleted. Returns how many were expired. Holds the table's writer lock."""
+        retention.check_days(table, asset, days, retention.SNAPSHOT_DAYS, minimum=0)
+        self.hold_writer_lock(table)
+        cutoff = (now or datetime.now(timezone.utc)) - timedelta(days=days)
+        return self.tables.expire_snapshots_before(self._session(), table, asset, int(cutoff.timestamp() * 1000))
+
     def dropped_partition(self, table: str, asset: str, business_date: str) -> dict | None:
         """What retention recorded when it dropped the partition (``setting``, its value under the setting's
         name, ``newest``, ``run_id``, ``dropped_at``), or None if it never dropped it. Reads one small
