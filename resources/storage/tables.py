@@ -175,9 +175,7 @@ class LakeTables:
             snapshot = None if loaded is None else loaded.current_snapshot()
         if snapshot is None or snapshot.summary is None:
             return {}
-        raw = snapshot.summary.additional_properties.get(STORED_DATES) if hasattr(snapshot.summary, "additional_properties") else None
-        if raw is None:
-            raw = dict(snapshot.summary).get(STORED_DATES)
+        raw = snapshot.summary.get(STORED_DATES)
         if not raw:
             return {}
         return {day: sid for sid, encoded in json.loads(raw).items() for day in decode_dates(encoded)}
@@ -216,8 +214,7 @@ class LakeTables:
         from pyiceberg.expressions import In
 
         for task in loaded.scan(row_filter=In(BUSINESS_DATE, set(wanted))).plan_files():
-            day = task.file.partition[0]
-            key = day.isoformat() if hasattr(day, "isoformat") else (date(1970, 1, 1) + timedelta(days=int(day))).isoformat()
+            key = _partition_date(task.file.partition[0])
             if key in counts:
                 deleted = sum(delete.record_count for delete in task.delete_files)
                 counts[key] += task.file.record_count - deleted
@@ -245,8 +242,7 @@ class LakeTables:
         row_filter = AlwaysTrue() if days is None else In(BUSINESS_DATE, set(days))
         found = {}
         for task in loaded.scan(row_filter=row_filter).plan_files():
-            value = task.file.partition[0]
-            day = value.isoformat() if hasattr(value, "isoformat") else (date(1970, 1, 1) + timedelta(days=int(value))).isoformat()
+            day = _partition_date(task.file.partition[0])
             for data_file in (task.file, *task.delete_files):
                 found[_local(data_file.file_path)] = (day, data_file.file_size_in_bytes)
         return found
@@ -380,6 +376,11 @@ class LakeTables:
             if f.name != BUSINESS_DATE
         ]
         return frame.select(*columns, F.col(BUSINESS_DATE))
+
+
+def _partition_date(value) -> str:
+    """A ``business_date`` partition value as pyiceberg gives it (a date, or days since 1970-01-01) in ISO form."""
+    return value.isoformat() if hasattr(value, "isoformat") else (date(1970, 1, 1) + timedelta(days=int(value))).isoformat()
 
 
 def _local(uri: str) -> str:
