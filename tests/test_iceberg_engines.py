@@ -12,14 +12,13 @@ docs/consumers.md shows a script doing.
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
 from pyiceberg.catalog import load_catalog
 
 from cdc_assets.catalog import main as catalog_main
-from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.duckdb_iceberg import duckdb_connection
 from cdc_assets.names import CURRENT, HISTORY
 from resources.storage import WarehouseStorage
@@ -27,6 +26,7 @@ from tests.pipeline import definitions_for, run_range, write_table_config
 from tests.test_incremental_state import COLUMNS, DAYS, LOAD_TYPES, _land
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+MICROSECOND = timedelta(microseconds=1)
 
 
 def _plain(value):
@@ -42,16 +42,13 @@ def _plain(value):
     """
     if isinstance(value, datetime):
         aware = value if value.tzinfo is not None else value.astimezone()
-        return ("instant", (aware - EPOCH) // _MICROSECOND)
+        return ("instant", (aware - EPOCH) // MICROSECOND)
     if isinstance(value, (list, tuple)):
         return tuple(_plain(item) for item in value)
     if isinstance(value, dict):
         return tuple(sorted((key, _plain(item)) for key, item in value.items()))
     assert value is None or isinstance(value, (int, float, str, bool, Decimal, date)), f"unexpected {type(value)}: {value!r}"
     return value
-
-
-_MICROSECOND = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc) - EPOCH
 
 
 def _sorted(rows) -> list[tuple]:
