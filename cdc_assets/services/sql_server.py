@@ -330,13 +330,13 @@ def start_sql_server(storage: WarehouseStorage, port: int = DEFAULT_SQL_PORT, ti
 def first_sync(storage: WarehouseStorage, configs_dir: Path, lock_fd: int) -> None:
     """Sync the catalog before the SQL server starts: this module under spark-submit, in a JVM of its own
     that holds the metastore (and inherits the catalog's lock, ``lock_fd``) until it exits. It leaves its
-    result in ``started.json`` and its output in ``sync.log``; raises ``RuntimeError`` if it failed to run."""
+    result in ``started.json`` and its output in a new ``sync.log``; raises ``RuntimeError`` if it failed to run."""
+    from resources.spark import NO_UI
+
     location = catalog_dir(storage)
     state = location / SERVER_FOLDER
     properties = state / SYNC_PROPERTIES_FILE
-    from resources.spark import NO_UI
-
-    # Nobody looks at a sync's web UI, and it would take the UI's port from the server's.
+    # Nobody looks at the web UI of a JVM that lives for one sync.
     command = [launcher("spark-submit"), "--name", FIRST_SYNC_NAME, *_conf_args({**catalog_conf(location, storage.root), **NO_UI}, properties), __file__]
     env = {
         **spark_env(), WAREHOUSE_ENV: storage.root, TABLE_CONFIGS_ENV: str(configs_dir),
@@ -345,7 +345,7 @@ def first_sync(storage: WarehouseStorage, configs_dir: Path, lock_fd: int) -> No
     }  # fmt: skip
     log_path = state / SYNC_LOG_FILE
     try:
-        with open(log_path, "ab") as log:
+        with open(log_path, "wb") as log:  # a log per start: later syncs append to it
             done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=location, pass_fds=(lock_fd,))
     finally:
         properties.unlink(missing_ok=True)
