@@ -1,6 +1,6 @@
 """Spark-side figures of a CLI run, from the event log Spark writes when the run's conf asks for it.
 
-A CLI run's JVM is out of the harness's reach (no py4j into another process), so :func:`conf_env` adds
+A CLI run's JVM is out of the harness's reach (Python reaches no other process's JVM), so :func:`conf_env` adds
 the event-log settings to the run's ``CDC_SPARK_CONF`` (the caller's own kept) and :func:`read` sums the
 log once the JVM has closed it. Over every ``SparkListenerTaskEnd`` (failed attempts included, as Spark's
 UI counts them): shuffle bytes written and read (remote + local), spill, JVM CPU; ``Result Size``, the
