@@ -197,6 +197,8 @@ def test_two_processes_writing_one_table_and_date_at_once_one_wins_whole_and_the
                 writer.wait(timeout=60)
 
     outputs = {name: logs[name].read_text() for name in writers}
+    # Without a serializable write both would commit, the later silently replacing the earlier (a lost update).
+    assert sorted(codes.values()) == [0, 3], {name: tail(logs[name], 20) for name in writers}
     [winner] = [name for name, code in codes.items() if code == 0]
     [loser] = [name for name, code in codes.items() if code == 3]
     assert "COMMITTED" in outputs[winner], outputs[winner][-3000:]
