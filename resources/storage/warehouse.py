@@ -48,6 +48,9 @@ class WarehouseStorage:
     _in_use: set[tuple[str, str, str]] = field(default_factory=set)
     # The session of this run's reads and writes: retention's commits go through it too.
     _spark: SparkSession | None = None
+    # Each asset's snapshot when this run became its table's writer (None: no snapshot yet), then the
+    # run's own latest commit: every write is serializable from it (see :meth:`hold_writer_lock`).
+    _read_snapshots: dict[tuple[str, str], int | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root = local_warehouse_path(self.root)
@@ -90,13 +93,24 @@ class WarehouseStorage:
         """Make this run the table's only writer until :meth:`release`; wait for another holder first.
 
         Waits up to ``lock_timeout`` seconds, then raises ``WriterLockTimeout`` naming the holder.
+
+        Once the lock is taken, records each of the table's assets' current snapshot: what this run
+        reads and writes from (a run takes the lock before it reads, and a run that waited for it starts
+        from the snapshots the previous writer left). The run's writes commit only if no other writer
+        (one the lock does not reach: another host, a file system without locks) committed the same dates
+        since; otherwise they fail with ``ConcurrentWriteError``.
         """
         if not self._locks.holds(table):
             self._locks.take(table, self.layout.lock_path(table))
+            for asset in self.tables.assets(table):
+                loaded = self.tables.load(table, asset)
+                current = None if loaded is None else loaded.current_snapshot()
+                self._read_snapshots[(table, asset)] = None if current is None else current.snapshot_id
 
     def release(self) -> None:
         """Give up every writer lock this process holds (at the end of the run, however it ended)."""
         self._locks.release()
+        self._read_snapshots.clear()
 
     # -- writing ---------------------------------------------------------------------------------------
     def write(self, frame: DataFrame, table: str, asset: str, business_dates: list[str]) -> dict[str, int]:
@@ -126,7 +140,9 @@ class WarehouseStorage:
         self._spark = frame.sparkSession
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
         properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
-        self.tables.write(frame, table, asset, business_dates, properties)
+        self._read_snapshots[(table, asset)] = self.tables.write(
+            frame, table, asset, business_dates, properties, read_snapshot=self._read_snapshots.get((table, asset))
+        )
         retention.forget_dropped(self.layout, table, asset, business_dates)
         self._in_use.update((table, asset, day) for day in business_dates)
         return self.row_counts(table, asset, business_dates)
@@ -263,7 +279,10 @@ class WarehouseStorage:
         for day in expired:
             stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
-        self.tables.drop_dates(self._session(), table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)})
+        self._read_snapshots[(table, asset)] = self.tables.drop_dates(
+            self._session(), table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)},
+            read_snapshot=self._read_snapshots.get((table, asset)),
+        )
 
     def expire_snapshots(self, table: str, asset: str, days: int, now: datetime | None = None) -> int:
         """Apply ``retention.snapshot_days``: expire the asset's table versions (snapshots) older than
