@@ -63,6 +63,9 @@ class DatedRows:
     retention_current_days: int | None = None
     retention_staging_days: int | None = None
     retention_snapshot_days: int | None = None
+    # A re-run inside a backfill (cdc_assets/core/rerun.py): the asset's stored dates after the run's last
+    # date were computed from the state it replaces, and leave the table in the same commit as its write.
+    drop_stored_after: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class StateRows:
     retention_current_days: int | None = None
     retention_snapshot_days: int | None = None
     metadata: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    drop_stored_after: str | None = None  # as DatedRows's, for the full copies and the changes alike
 
 
 # The asset definition metadata that makes an asset a state, read through resources/state.py: the
@@ -216,7 +220,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 f"{table}/{asset}: expected DatedRows for the partitions {dates} (or a DataFrame for a single "
                 f"partition), got {type(obj).__name__}"
             )
-        rows_written = self.storage.write(frame, table, asset, dates)
+        later = self._later_dates(table, asset, obj.drop_stored_after if isinstance(obj, DatedRows) else None)
+        if later:
+            context.log.info(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
+        rows_written = self.storage.write(frame, table, asset, dates, dropped=later)
         stored_schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         previews = self._previews(table, asset, rows_written)
         retention = self._apply_retention(context, table, asset, obj)
@@ -240,8 +247,14 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         if change_dates:
             parts.append((state_changes_asset(asset), obj.changes.filter(F.col(BUSINESS_DATE).isin(*change_dates)), change_dates))
         described = {}
+        written = {stored_as for stored_as, _, _ in parts}
+        for stored_as in (asset, state_changes_asset(asset)):
+            later = self._later_dates(table, stored_as, obj.drop_stored_after)
+            if later and stored_as not in written:  # the dates this run writes went to the other part
+                self.storage.drop_after_rerun(table, stored_as, dates, later)
         for stored_as, frame, days in parts:
-            rows_written = self.storage.write(frame, table, stored_as, days)
+            later = self._later_dates(table, stored_as, obj.drop_stored_after)
+            rows_written = self.storage.write(frame, table, stored_as, days, dropped=later)
             schema = as_stored(frame.drop(BUSINESS_DATE).schema)
             previews = self._previews(table, stored_as, rows_written)
             for day in days:
@@ -268,6 +281,12 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 context.add_output_metadata(metadata)
             else:
                 context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=day)
+
+    def _later_dates(self, table: str, asset: str, after: str | None) -> list[str]:
+        """The asset's stored dates after ``after`` (none when ``after`` is None)."""
+        if after is None:
+            return []
+        return [day for day in self.storage.stored_dates(table, asset) if day > after]
 
     def _apply_retention(self, context: OutputContext, table: str, asset: str, obj: DataFrame | DatedRows) -> dict:
         """Drop what ``retention.current_days`` or ``retention.staging_days`` no longer keeps; metadata for

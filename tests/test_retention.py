@@ -26,7 +26,7 @@ from cdc_assets.config import TableConfigError, load_table_config
 from cdc_assets.consumers import changes_between, scd2_view
 from cdc_assets.core.between import changes_between_states
 from resources.storage import DroppedPartitionError, MissingPartitionError, WarehouseStorage
-from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, sorted_rows, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
 
 D1, D2, D3, D4 = "2024-05-01", "2024-05-02", "2024-05-03", "2024-05-04"
 HEADER = "id,name,amount"
@@ -185,9 +185,10 @@ def test_cdc_changes_from_a_dropped_date_works_and_a_date_never_written_is_an_er
 
 
 def test_rerunning_the_date_after_a_dropped_one_fails_naming_the_setting(spark, chain):
-    """Runs last in the module: the failed run rewrites day 2's intake outputs (with the same rows)."""
+    """Runs last in the module: the failed run rewrites the intake outputs of days 2 to 4 (with the same rows).
+    Day 2 runs with the later days, computed from it (alone it is refused: tests/test_rerun.py)."""
     before = sorted_rows(spark, partition_dir(chain["warehouse"], RETAINED, "history_partition", D2))
-    [result] = run_dates(definitions_for(chain["retained"]), [D2], chain["instance"], raise_on_error=False)
+    result = run_range(definitions_for(chain["retained"]), D2, D4, chain["instance"], raise_on_error=False)
     assert not result.success
     failure = next(event for event in result.all_events if event.event_type_value == "STEP_FAILURE")
     assert failure.step_key == f"{RETAINED}__cdc"
@@ -353,11 +354,12 @@ def test_staging_days_drops_old_staging_outputs_and_a_rerun_inside_or_outside_th
     assert cli.changes_main(["staged", "--from", D1, "--to", D3, "--out", str(tmp_path / "changes")]) == 0
     assert report.main(["staged"]) == 0
 
-    # Day 1, outside the window: its extract is read again and its staging outputs are back, its CDC
-    # outputs the same rows; the run drops nothing it wrote (its checks read them), the next run does.
-    [rerun] = run_dates(defs, [D1], instance)
+    # Day 1, outside the window (with the later days, computed from it: alone it is refused): its extract
+    # is read again and its staging outputs are back, its CDC outputs the same rows; the run drops nothing
+    # it wrote (its checks read them), the next run does.
+    rerun = run_range(defs, D1, D3, instance)
     assert rerun.success and _checks_passed(rerun)
-    assert _stored(warehouse, "staged", "hashed_incoming") == [D1, D3]
+    assert _stored(warehouse, "staged", "hashed_incoming") == [D1, D2, D3]
     assert storage.row_counts("staged", "hashed_incoming", [D1]) == {D1: 3}
     assert storage.dropped_partition("staged", "hashed_incoming", D1) is None
     assert sorted_rows(spark, partition_dir(warehouse, "staged", "history_partition", D1)) == history[D1]
@@ -366,7 +368,7 @@ def test_staging_days_drops_old_staging_outputs_and_a_rerun_inside_or_outside_th
     # Day 3, inside the window: as without retention, and day 1's staging outputs go again.
     [rerun] = run_dates(defs, [D3], instance)
     assert rerun.success and _checks_passed(rerun)
-    assert _staging_metadata(instance, D3)["dropped_staging_partitions"].value == [D1]
+    assert _staging_metadata(instance, D3)["dropped_staging_partitions"].value == [D1, D2]
     for asset in STAGING:
         assert _stored(warehouse, "staged", asset) == [D3], asset
     for asset in KEPT_WHOLE:

@@ -113,14 +113,21 @@ class WarehouseStorage:
         self._read_snapshots.clear()
 
     # -- writing ---------------------------------------------------------------------------------------
-    def write(self, frame: DataFrame, table: str, asset: str, business_dates: list[str]) -> dict[str, int]:
+    def write(
+        self, frame: DataFrame, table: str, asset: str, business_dates: list[str], dropped: Iterable[str] = ()
+    ) -> dict[str, int]:
         """Store ``frame`` as the partitions ``business_dates`` of ``[table, asset]`` in one Iceberg commit;
         rows per date.
 
         ``frame`` has a ``business_date`` (date) column whose values must be among ``business_dates``,
         or, for a single date, may have none. Rows dated elsewhere (NULL included) fail the write before
         it commits. A date without rows is stored all the same (the table records its dates).
+
+        ``dropped``: later stored dates computed from the state these dates replace (a re-run inside a
+        backfill, cdc_assets/core/rerun.py). They leave the table in the same commit, each recorded
+        first as dropped by this re-run, so a reader says so (:func:`missing_partition_error`).
         """
+        dropped = sorted(set(dropped))
         self.hold_writer_lock(table)
         dated = BUSINESS_DATE in frame.columns
         if not dated and len(business_dates) != 1:
@@ -140,12 +147,39 @@ class WarehouseStorage:
         self._spark = frame.sparkSession
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
         properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
+        if dropped:
+            self._record_dropped_by_rerun(table, asset, business_dates, dropped)
+            properties["cdc.dropped-dates"] = ",".join(dropped)
         self._read_snapshots[(table, asset)] = self.tables.write(
-            frame, table, asset, business_dates, properties, read_snapshot=self._read_snapshots.get((table, asset))
+            frame, table, asset, business_dates, properties, dropped=dropped, read_snapshot=self._read_snapshots.get((table, asset))
         )
         retention.forget_dropped(self.layout, table, asset, business_dates)
         self._in_use.update((table, asset, day) for day in business_dates)
         return self.row_counts(table, asset, business_dates)
+
+    def drop_after_rerun(self, table: str, asset: str, rerun_dates: list[str], dropped: Iterable[str]) -> None:
+        """Drop ``dropped`` (later dates computed from the state a re-run of ``rerun_dates`` replaces) from an
+        asset the re-run writes no date of, in one commit, each recorded as :meth:`write` records them.
+        Holds the table's writer lock."""
+        dropped = sorted(set(dropped))
+        if not dropped:
+            return
+        self.hold_writer_lock(table)
+        self._record_dropped_by_rerun(table, asset, rerun_dates, dropped)
+        properties = {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(dropped)}
+        self.tables.drop_dates(self._session(), table, asset, dropped, properties)
+
+    def _record_dropped_by_rerun(self, table: str, asset: str, rerun_dates: list[str], dropped: list[str]) -> None:
+        first, last = min(rerun_dates), max(rerun_dates)
+        record = {
+            "setting": retention.RERUN,
+            retention.RERUN: first if first == last else f"{first}..{last}",
+            "newest": dropped[-1],
+            "run_id": self.run_id,
+        }
+        for day in dropped:
+            stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
 
     def append_to_runs_log(self, rows: pa.Table, table: str) -> str:
         """Add ``rows`` to the runs log as a new file (never rewriting one); returns its path.
