@@ -11,12 +11,9 @@ backfill that stops half-way leaves them absent ("not stored"), never stale.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, timedelta
 
+from cdc_assets.core.dates import date_runs
 from cdc_assets.core.errors import SummarizedError
-
-# What a stored date dropped by a re-run is recorded as (the record's ``setting``; resources/storage/retention.py).
-DROPPED_BY_RERUN = "rerun"
 
 
 class LaterDatesStoredError(SummarizedError, RuntimeError):
@@ -33,14 +30,7 @@ class RerunDecision:
 
 def span(days: list[str]) -> str:
     """Dates as runs of consecutive days, ``2024-01-04..2024-01-05,2024-01-07`` (oldest first)."""
-    ordered = sorted(set(days))
-    runs: list[list[str]] = []
-    for day in ordered:
-        if runs and date.fromisoformat(runs[-1][1]) + timedelta(days=1) == date.fromisoformat(day):
-            runs[-1][1] = day
-        else:
-            runs.append([day, day])
-    return ",".join(first if first == last else f"{first}..{last}" for first, last in runs)
+    return date_runs(days)
 
 
 def rerun_decision(table: str, run_dates: list[str], stored_dates: list[str], backfill_dates: set[str] | None) -> RerunDecision:

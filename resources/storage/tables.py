@@ -36,6 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.dates import date_runs
 from cdc_assets.core.errors import SummarizedError
 from resources.storage.lake import CATALOG_NAME, catalog_file, opened_warehouse, pyiceberg_properties, table_identifier, use_catalog
 
@@ -91,14 +92,7 @@ def _nullable(data_type: DataType) -> DataType:
 
 def encode_dates(days: Iterable[str]) -> str:
     """Dates as runs of consecutive days: ``2024-01-01..2024-01-03,2024-01-05``."""
-    ordered = sorted(set(days))
-    runs: list[list[str]] = []
-    for day in ordered:
-        if runs and date.fromisoformat(runs[-1][1]) + timedelta(days=1) == date.fromisoformat(day):
-            runs[-1][1] = day
-        else:
-            runs.append([day, day])
-    return ",".join(first if first == last else f"{first}..{last}" for first, last in runs)
+    return date_runs(days)
 
 
 def decode_dates(encoded: str) -> list[str]:
