@@ -1,6 +1,6 @@
 """Spark-side figures of a CLI run, from the event log Spark writes when the run's conf asks for it.
 
-A CLI run's JVM is out of the harness's reach (no py4j into another process), so :func:`conf_env` adds
+A CLI run's JVM is out of the harness's reach (Python reaches no other process's JVM), so :func:`conf_env` adds
 the event-log settings to the run's ``CDC_SPARK_CONF`` (the caller's own kept) and :func:`read` sums the
 log once the JVM has closed it. Over every ``SparkListenerTaskEnd`` (failed attempts included, as Spark's
 UI counts them): shuffle bytes written and read (remote + local), spill, JVM CPU; ``Result Size``, the
@@ -132,11 +132,16 @@ def summarize(files: list[Path]) -> dict:
     }
 
 
+# The plan nodes that write: Iceberg's (v2 writes, row-level operations) and a plain file write.
+WRITE_NODE = re.compile(r"\b(?:AppendData|OverwriteByExpression|OverwritePartitionsDynamic|ReplaceData|WriteDelta|InsertIntoHadoopFsRelationCommand)")
+
+
 def sql_executions(files: list[Path], table: str) -> tuple[float | None, list[dict]]:
     """The application's start (epoch seconds) and each SQL execution: start, seconds, whether it wrote, the
     asset of ``table`` its plan reads or writes (from the paths in it; None when it names none), and its
     tasks' summed run time and CPU seconds (run time above CPU: waiting for a core, GC, I/O)."""
-    asset_path = re.compile(rf"/{re.escape(table)}/(?:_versions/|_staging/)?([a-z][a-z0-9_]*)")
+    # An asset's Iceberg table shows as its folder (/<table>/<asset>/data/...) or its name (lake.<table>.<asset>).
+    asset_path = re.compile(rf"(?:/|\blake\.){re.escape(table)}[/.]([a-z][a-z0-9_]*)")
     app_start, started, ended, stage_execution = None, {}, {}, {}
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -154,7 +159,7 @@ def sql_executions(files: list[Path], table: str) -> tuple[float | None, list[di
                 elif kind.endswith("SparkListenerSQLExecutionStart"):
                     plan = event.get("physicalPlanDescription", "")
                     assets = asset_path.findall(plan)
-                    started[event["executionId"]] = {"start": event["time"] / 1000, "write": "InsertIntoHadoopFsRelationCommand" in plan,
+                    started[event["executionId"]] = {"start": event["time"] / 1000, "write": bool(WRITE_NODE.search(plan)),
                                                      "asset": assets[0] if assets else None, "description": event.get("description", ""),
                                                      "task_seconds": 0.0, "task_cpu_seconds": 0.0}
                 elif kind.endswith("SparkListenerSQLExecutionEnd"):

@@ -49,7 +49,11 @@ ASSET_DESCRIPTIONS = {
         "row's current version started, and `process_id`/`processed_at` the run that started it. With "
         "`storage: {current: snapshot}` (the default) each partition stores the full state; with "
         "`incremental` a date stores its changes and now and then a full copy (`stored_as` in the metadata). "
-        "Read a date's state with `cdc-current` or `cdc_assets.consumers.current_state` in either mode."
+        "Read a date's state with `cdc-current` or `cdc_assets.consumers.current_state` in either mode. "
+        "A re-run of a date that later stored dates were computed from is refused before anything is written, "
+        "naming the range to launch (that date through the newest stored one, one run or a backfill); inside "
+        "such a backfill it drops the later dates of every CDC output in the commit that writes its own, and "
+        "the backfill writes them again (docs/operations.md)."
     ),
     HISTORY: (
         "The date's net changes: I + U + D, each with eff_start_date = the business date (D rows carry "

@@ -289,8 +289,8 @@ def build_landing_sensor(
 
     A date it requested and that was materialized, whose files change afterwards, is reported (a
     warning in the tick's log, the tick's message, and an observation of ``hashed_incoming`` for that
-    date), never re-run: later dates were built on its state, so whether and from where to re-run is
-    the operator's call. ``clock`` gives the time (epoch seconds) the settling is measured with.
+    date), never re-run: later dates were built on its state, so whether to re-run it, with the dates
+    after it (a run of it alone is refused: cdc_assets/core/rerun.py), is the operator's call. ``clock`` gives the time (epoch seconds) the settling is measured with.
     """
     if "://" in config.source.path:
         remote_note = " The source is not on a local filesystem, so this sensor cannot see it; use the schedule."
@@ -329,7 +329,7 @@ def build_landing_sensor(
             report = (
                 f"{config.name}: the extract of {day} changed after the sensor requested it (was {before[1]} file(s), "
                 f"{before[2]} bytes; now {now.describe()}); {day} is materialized and is not re-run: re-run it and "
-                "the dates after it if the change should count"
+                "the dates after it (one range run, or a backfill of them) if the change should count"
             )
             context.log.warning(report)
             reports.append(report)

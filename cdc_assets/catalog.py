@@ -34,7 +34,6 @@ from cdc_assets.services.sql_server import (
     CatalogBusy,
     run_spark_sql,
     running_sql_server,
-    serve_sql,
     start_sql_server,
     stop_sql_server,
     sync,
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     sql = commands.add_parser("sql", help="spark-sql on the catalog; the remaining arguments go to spark-sql", add_help=False)
     sql.add_argument("args", nargs=argparse.REMAINDER)
     server = commands.add_parser("server", help="the SQL (Thrift) server on 127.0.0.1")
-    server.add_argument("action", choices=["start", "status", "stop", "run"], help="run: the server's driver, as start launches it under spark-submit")
+    server.add_argument("action", choices=["start", "status", "stop"])
     server.add_argument("--port", type=int, default=None, help=f"start: the port (default: ${SQL_PORT_ENV} or {DEFAULT_SQL_PORT})")
     describe_table = commands.add_parser("describe", help="the table's Iceberg catalog and tables, for scripts (pyiceberg)")
     describe_table.add_argument("table", help="the table config's name")
@@ -72,9 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sql":
             return run_spark_sql(storage, args.args)
         location = catalog_dir(storage)
-        if args.action == "run":
-            serve_sql(storage, table_configs_dir())
-            return 0
         if args.action == "start":
             port = args.port or int(os.environ.get(SQL_PORT_ENV) or DEFAULT_SQL_PORT)
             began = time.monotonic()

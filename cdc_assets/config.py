@@ -227,7 +227,8 @@ class Scd2(BaseModel):
 
 class Retention(BaseModel):
     """How many dates of stored states and of staging outputs the table keeps
-    (``resources.storage.WarehouseStorage.drop_outside_retention``)."""
+    (``resources.storage.WarehouseStorage.drop_outside_retention``), and for how long replaced table
+    versions stay (``WarehouseStorage.expire_snapshots``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -250,6 +251,16 @@ class Retention(BaseModel):
         "set's late_changes) for the newest N business dates (the newest stored date and the N-1 calendar days "
         "before it); older partitions are dropped. null keeps every date. A run of a dropped date writes them "
         "again from its extract.",
+    )
+    # 0 is allowed (Iceberg allows it): the docs say what a reader still on an older version then meets.
+    snapshot_days: int = Field(
+        default=7,
+        ge=0,
+        strict=True,
+        description="Keep each output's replaced table versions (Iceberg snapshots: what a re-run, a drop or an "
+        "erase replaced) readable by time travel for N days; at the table's next run older ones are expired "
+        "and the files only they read are deleted (a dropped date's files with them). The current version "
+        "is always kept.",
     )
 
 

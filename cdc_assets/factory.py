@@ -46,7 +46,7 @@ from pyspark.sql import functions as F
 from cdc_assets.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.asset_descriptions import ASSET_DESCRIPTIONS
 from cdc_assets.checks import build_table_checks
-from cdc_assets.config import DuplicateKeyPolicy, SourceFormat, TableConfig
+from cdc_assets.config import DuplicateKeyPolicy, Retention, SourceFormat, TableConfig
 from cdc_assets.freshness import freshness_definitions
 from cdc_assets.core import changes as cdc
 from cdc_assets.core.changeset import ChangeSetRules
@@ -54,6 +54,7 @@ from cdc_assets.core.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.incoming import prepare_incoming_dates
 from cdc_assets.core.plan import plan_changes
+from cdc_assets.core.rerun import RerunDecision, rerun_decision
 from cdc_assets.core.schema import migrate_state, values_for_added_columns, with_hash_spec
 from cdc_assets.core.source import CHANGE_SEQUENCE, read_source
 from cdc_assets.names import (
@@ -86,9 +87,11 @@ from resources.parquet_io_manager import (
     server_loss_explained,
 )
 from resources.state import state_rows, state_since_full
+from resources.storage import state_changes_asset
 from resources.spark import SCHEDULER_POOL, for_each_date
 
 IO_MANAGER_KEY = "parquet_io_manager"
+BACKFILL_TAG = "dagster/backfill"  # Dagster's tag on every run a backfill launches: the backfill's id
 KINDS = {"spark", "parquet"}
 
 
@@ -150,6 +153,9 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
         days = list(context.partition_keys)  # oldest first
         # The CDC step logs the run's dates; this step does when the run ends here.
         with runs_logged(context, config, parquet_io_manager.storage, days, "intake", only_if_last=cdc_left_out(context, config)):
+            if not cdc_left_out(context, config):
+                # The CDC step would refuse the run: refused here, before the intake writes anything.
+                later_dates_decision(context, config, parquet_io_manager.storage, days)
             # A change of columns that cannot be applied fails the date here, before anything is written.
             evolution_since(parquet_io_manager.storage, config, day_before(days[0]), rebaseline=_rebaseline_declared(context, config))
             with server_loss_explained(pyspark):
@@ -202,10 +208,10 @@ def _read_incoming(
                 + (f", {figures.erased_records} of erased keys ({config.erased_keys.value})" if figures.erased_records else "")
             )
         context.log.info("\n".join(summary))
-        staging_days = config.retention.staging_days if config.retention else None
+        kept = config.retention or Retention()
         for key, rows in ((hashed_key, prepared.accepted), (rejects_key, prepared.rejected)):
             with _timed(context, config.name, f"write {key.path[-1]}", _span(days)):
-                output = DatedRows(rows, retention_staging_days=staging_days)
+                output = DatedRows(rows, retention_staging_days=kept.staging_days, retention_snapshot_days=kept.snapshot_days)
                 yield Output(output, output_name=context.assets_def.get_output_name_for_asset_key(key))
     finally:
         prepared.release()
@@ -215,6 +221,28 @@ def _rebaseline_declared(context: AssetExecutionContext, table: TableConfig) -> 
     """Whether the run's config declares a re-baseline for the table's CDC step (the intake reads it too)."""
     ops = (context.run_config or {}).get("ops", {})
     return bool(ops.get(f"{table.name}__cdc", {}).get("config", {}).get("rebaseline", False))
+
+
+def later_dates_decision(context: AssetExecutionContext, table: TableConfig, storage, days: list[str]) -> RerunDecision:
+    """Whether the run may write ``days`` while current_table stores later dates (cdc_assets/core/rerun.py):
+    the stored dates and the run's backfill are gathered here; the decision is the core's."""
+    storage.hold_writer_lock(table.name)  # no run adds a date between this look and the run's writes
+    stored = set(storage.stored_dates(table.name, CURRENT)) | set(storage.stored_dates(table.name, state_changes_asset(CURRENT)))
+    return rerun_decision(table.name, days, sorted(stored), _backfill_dates(context, table))
+
+
+def _backfill_dates(context: AssetExecutionContext, table: TableConfig) -> set[str] | None:
+    """The dates of the table's current_table that the run's backfill targets; None outside a backfill."""
+    backfill_id = context.dagster_run.tags.get(BACKFILL_TAG)
+    backfill = context.instance.get_backfill(backfill_id) if backfill_id else None
+    if backfill is None:
+        return None
+    if not backfill.is_asset_backfill:  # a job's backfill: every partition it names, for all of the job's assets
+        return set(backfill.partition_names or ())
+    # The run's job knows every asset a backfill of this code location can target (a run in process has no repository).
+    target = backfill.get_asset_backfill_data(context.job_def.asset_layer.asset_graph).target_subset
+    subset = target.partitions_subsets_by_asset_key.get(asset_key(table, CURRENT))
+    return set() if subset is None else set(subset.get_partition_keys())
 
 
 def _span(days: list[str]) -> str:
@@ -282,6 +310,15 @@ def _apply_changes(
     def as_of_day_before(stored: LazyPartitions | None):
         return stored[first_previous] if stored and first_previous in stored else None
 
+    # A run that later stored dates were computed from: refused, or (inside a backfill that recomputes
+    # them) each output drops them in the same commit as it writes the run's dates.
+    decision = later_dates_decision(context, table, storage, days)
+    drop_after = days[-1] if decision.dropped else None
+    if decision.dropped:
+        context.log.info(
+            f"{table.name}: this run is part of a backfill that recomputes {', '.join(decision.dropped)}; each output "
+            f"drops them in the commit that writes {_span(days)}, and the backfill's later runs write them again"
+        )
     spark = pyspark.spark_session
     spark.conf.set(SCHEDULER_POOL, pool_name(table))
     previous_state = as_of_day_before(previous_current)
@@ -341,22 +378,29 @@ def _apply_changes(
         # retention.current_days drops current_table and, beside it, a change set's applied_sequences (both
         # are a whole state per date, read as of the day before); retention.staging_days the classification
         # and late_changes, which no later date reads. History is never dropped, nor inserts/updates/deletes.
-        current_days = table.retention.current_days if table.retention else None
-        staging_days = table.retention.staging_days if table.retention else None
+        kept = table.retention or Retention()
+        current_days, staging_days, snapshot_days = kept.current_days, kept.staging_days, kept.snapshot_days
         for name in keys:
             dropped = current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
             # current_table carries the columns its hashes cover, for the next date to compare with.
             frame = with_hash_spec(outputs[name], spec) if name == CURRENT else outputs[name]
             staging = staging_days if name in (CLASSIFICATION, LATE_CHANGES) else None
-            rows = DatedRows(frame, retention_current_days=dropped, retention_staging_days=staging)
+            rows = DatedRows(
+                frame, retention_current_days=dropped, retention_staging_days=staging, retention_snapshot_days=snapshot_days,
+                drop_stored_after=drop_after,
+            )
             if name == CURRENT and incremental:
                 rows = state = _incremental_state(
-                    context, table, storage, plan, days, previous_state is not None, previous_rows, dropped, spec, changed_schema
+                    context, table, storage, plan, days, previous_state is not None, previous_rows, dropped, spec, changed_schema,
+                    snapshot_days, drop_after,
                 )
             elif name == APPLIED_SEQUENCES and incremental:
                 # Compacted together with current_table: full copies on the same dates.
                 full = plan.sequences.filter(F.col(BUSINESS_DATE).isin(*state.full_dates)) if state.full_dates else None
-                rows = StateRows(plan.sequence_changes, full, state.full_dates, retention_current_days=dropped)
+                rows = StateRows(
+                    plan.sequence_changes, full, state.full_dates, retention_current_days=dropped,
+                    retention_snapshot_days=snapshot_days, drop_stored_after=drop_after,
+                )
             with _timed(context, table.name, f"write {name}", _span(days)):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
@@ -380,7 +424,7 @@ def _in_new_schema(context, table: TableConfig, previous_state, incoming_rows, e
 
 def _incremental_state(
     context, table: TableConfig, storage, plan, days: list[str], has_previous: bool, previous_rows: int, current_days,
-    spec, changed_schema: bool,
+    spec, changed_schema: bool, snapshot_days: int, drop_after: str | None = None,
 ) -> StateRows:
     """What an incremental current_table stores for each date: its changes, or a full copy when
     ``storage.compact_after_share`` / ``compact_after_dates`` say so (compaction), when there is no
@@ -419,7 +463,9 @@ def _incremental_state(
         full=None if full is None else with_hash_spec(full, spec),
         full_dates=tuple(full_dates),
         retention_current_days=current_days,
+        retention_snapshot_days=snapshot_days,
         metadata=metadata,
+        drop_stored_after=drop_after,
     )
 
 

@@ -54,12 +54,18 @@ class DatedRows:
     partition (with no rows). With ``retention_current_days`` (the table's ``retention.current_days``,
     for ``current_table``) or ``retention_staging_days`` (``retention.staging_days``, for the staging
     outputs), the asset's partitions older than that many newest dates are dropped once the write is
-    committed (``WarehouseStorage.drop_outside_retention``).
+    committed (``WarehouseStorage.drop_outside_retention``). With ``retention_snapshot_days``
+    (``retention.snapshot_days``), the asset's table versions older than that many days are then expired
+    (``WarehouseStorage.expire_snapshots``).
     """
 
     frame: DataFrame
     retention_current_days: int | None = None
     retention_staging_days: int | None = None
+    retention_snapshot_days: int | None = None
+    # A re-run inside a backfill (cdc_assets/core/rerun.py): the asset's stored dates after the run's last
+    # date were computed from the state it replaces, and leave the table in the same commit as its write.
+    drop_stored_after: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,9 @@ class StateRows:
     full: DataFrame | None
     full_dates: tuple[str, ...]
     retention_current_days: int | None = None
+    retention_snapshot_days: int | None = None
     metadata: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    drop_stored_after: str | None = None  # as DatedRows's, for the full copies and the changes alike
 
 
 # The asset definition metadata that makes an asset a state, read through resources/state.py: the
@@ -212,7 +220,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 f"{table}/{asset}: expected DatedRows for the partitions {dates} (or a DataFrame for a single "
                 f"partition), got {type(obj).__name__}"
             )
-        rows_written = self.storage.write(frame, table, asset, dates)
+        later = self._later_dates(table, asset, obj.drop_stored_after if isinstance(obj, DatedRows) else None)
+        if later:
+            context.log.info(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
+        rows_written = self.storage.write(frame, table, asset, dates, dropped=later)
         stored_schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         previews = self._previews(table, asset, rows_written)
         retention = self._apply_retention(context, table, asset, obj)
@@ -236,8 +247,14 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         if change_dates:
             parts.append((state_changes_asset(asset), obj.changes.filter(F.col(BUSINESS_DATE).isin(*change_dates)), change_dates))
         described = {}
+        written = {stored_as for stored_as, _, _ in parts}
+        for stored_as in (asset, state_changes_asset(asset)):
+            later = self._later_dates(table, stored_as, obj.drop_stored_after)
+            if later and stored_as not in written:  # the dates this run writes went to the other part
+                self.storage.drop_after_rerun(table, stored_as, dates, later)
         for stored_as, frame, days in parts:
-            rows_written = self.storage.write(frame, table, stored_as, days)
+            later = self._later_dates(table, stored_as, obj.drop_stored_after)
+            rows_written = self.storage.write(frame, table, stored_as, days, dropped=later)
             schema = as_stored(frame.drop(BUSINESS_DATE).schema)
             previews = self._previews(table, stored_as, rows_written)
             for day in days:
@@ -254,6 +271,9 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 "retention_current_days": MetadataValue.int(obj.retention_current_days),
                 "dropped_current_partitions": MetadataValue.json(dropped),
             }
+        stored_assets = set(self.storage.stored_assets(table))
+        state_assets = [name for name in (asset, state_changes_asset(asset)) if name in stored_assets]
+        retention.update(self._expire_snapshots(context, table, state_assets, obj.retention_snapshot_days))
         for day in dates:
             metadata = {**described[day], **retention, **obj.metadata.get(day, {})}
             metadata["stored_as"] = MetadataValue.text("full copy" if day in full_dates else "changes")
@@ -261,6 +281,12 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 context.add_output_metadata(metadata)
             else:
                 context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=day)
+
+    def _later_dates(self, table: str, asset: str, after: str | None) -> list[str]:
+        """The asset's stored dates after ``after`` (none when ``after`` is None)."""
+        if after is None:
+            return []
+        return [day for day in self.storage.stored_dates(table, asset) if day > after]
 
     def _apply_retention(self, context: OutputContext, table: str, asset: str, obj: DataFrame | DatedRows) -> dict:
         """Drop what ``retention.current_days`` or ``retention.staging_days`` no longer keeps; metadata for
@@ -280,7 +306,17 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 + (f"{len(dropped)} partition(s): {', '.join(dropped)}" if dropped else "nothing")
             )
             metadata.update({f"retention_{setting}": MetadataValue.int(days), dropped_key: MetadataValue.json(dropped)})
+        metadata.update(self._expire_snapshots(context, table, [asset], obj.retention_snapshot_days))
         return metadata
+
+    def _expire_snapshots(self, context: OutputContext, table: str, assets: list[str], days: int | None) -> dict:
+        """``retention.snapshot_days``: expire the assets' table versions older than ``days`` days."""
+        if days is None:
+            return {}
+        expired = sum(self.storage.expire_snapshots(table, asset, days) for asset in assets)
+        if expired:
+            context.log.info(f"{table}/{', '.join(assets)}: retention.snapshot_days={days} expired {expired} table version(s)")
+        return {"retention_snapshot_days": MetadataValue.int(days), "expired_snapshots": MetadataValue.int(expired)}
 
     def _previews(self, table: str, asset: str, rows: dict[str, int]) -> dict[str, list[tuple]]:
         """Up to ``PREVIEW_ROWS`` stored rows of each date, read back from the committed partitions.

@@ -40,20 +40,46 @@ def definitions_for(*configs: TableConfig) -> Definitions:
     return build_definitions([build_table_definitions(config) for config in configs])
 
 
-def run_dates(defs: Definitions, dates: list[str], instance: DagsterInstance | None = None, raise_on_error: bool = True):
-    """Materialize every asset for each date in turn, one run per date; returns the results."""
+def run_dates(
+    defs: Definitions, dates: list[str], instance: DagsterInstance | None = None, raise_on_error: bool = True,
+    backfill_id: str | None = None,
+):
+    """Materialize every asset for each date in turn, one run per date; returns the results. With
+    ``backfill_id`` (see :func:`add_backfill`) each run is tagged as that backfill's, as Dagster tags them."""
     instance = instance or DagsterInstance.ephemeral()
     job = defs.resolve_implicit_global_asset_job_def()
-    return [job.execute_in_process(partition_key=day, instance=instance, raise_on_error=raise_on_error) for day in dates]
+    tags = {"dagster/backfill": backfill_id} if backfill_id else None
+    return [job.execute_in_process(partition_key=day, instance=instance, raise_on_error=raise_on_error, tags=tags) for day in dates]
 
 
-def run_range(defs: Definitions, first: str, last: str, instance: DagsterInstance | None = None):
+def add_backfill(defs: Definitions, dates: list[str], instance: DagsterInstance) -> str:
+    """Record in ``instance`` an asset backfill of every asset of ``defs`` for ``dates`` (what the UI's
+    *Launch backfill* records); returns its id, for the runs of it (:func:`run_dates`)."""
+    import time
+    import uuid
+
+    from dagster._core.execution.backfill import PartitionBackfill
+
+    graph = defs.resolve_asset_graph()
+    backfill_id = uuid.uuid4().hex[:8]
+    instance.add_backfill(
+        PartitionBackfill.from_asset_partitions(
+            backfill_id=backfill_id, asset_graph=graph, partition_names=dates,
+            asset_selection=sorted(graph.materializable_asset_keys), backfill_timestamp=time.time(), tags={},
+            dynamic_partitions_store=instance, all_partitions=False, title=None, description=None, run_config=None,
+        )
+    )
+    return backfill_id
+
+
+def run_range(defs: Definitions, first: str, last: str, instance: DagsterInstance | None = None, raise_on_error: bool = True):
     """Materialize a date range in a single run, as a single-run backfill does."""
     instance = instance or DagsterInstance.ephemeral()
     job = defs.resolve_implicit_global_asset_job_def()
     return job.execute_in_process(
         instance=instance,
         tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last},
+        raise_on_error=raise_on_error,
     )
 
 

@@ -148,10 +148,10 @@ def test_sql_executions_are_timed_and_named_by_the_asset_their_plan_reads_or_wri
     start = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart"
     end = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd"
     events = [{"Event": "SparkListenerApplicationStart", "Timestamp": 1000},
-              {"Event": start, "executionId": 0, "time": 2000, "physicalPlanDescription": "Scan parquet [file:/w/t/_versions/current_table/x]"},
+              {"Event": start, "executionId": 0, "time": 2000, "physicalPlanDescription": "BatchScan lake.t.current_table[key_hash#1] (branch=null)"},
               {"Event": end, "executionId": 0, "time": 2500},
               {"Event": start, "executionId": 1, "time": 3000,
-               "physicalPlanDescription": "Execute InsertIntoHadoopFsRelationCommand file:/w/t/_staging/history_partition/w1"},
+               "physicalPlanDescription": "OverwriteByExpression IcebergWrite(table=lake.t.history_partition, format=PARQUET)"},
               {"Event": end, "executionId": 1, "time": 4250},
               {"Event": start, "executionId": 2, "time": 5000, "physicalPlanDescription": "LocalTableScan"}]
     (tmp_path / "local-1").write_text("".join(json.dumps(e) + "\n" for e in events))

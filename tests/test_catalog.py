@@ -21,9 +21,10 @@ from cdc_assets.config import load_table_config
 from cdc_assets.consumers import scd2_view
 from cdc_assets.services.process import free_port
 from cdc_assets.services.spark_home import spark_env
-from cdc_assets.services.sql_server import CatalogBusy, beeline_command, hold_catalog
+from cdc_assets.services.sql_server import CONNECT_PORT_FILE, PID_FILE, SERVER_FOLDER, CatalogBusy, beeline_command, hold_catalog
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, run_range
+from tests.test_listening import LOOPBACK, _listening, _tree
 
 pytestmark = pytest.mark.slow
 
@@ -149,6 +150,11 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
     # The server holds the metastore: another opener is told who does, rather than getting Derby's error.
     with pytest.raises(CatalogBusy, match=f"the SQL server on 127.0.0.1:{port}"):
         hold_catalog(catalog_dir(storage), "a test")
+    # The server's JVM listens on loopback only: Thrift, and Spark Connect, the syncs' way into its metastore.
+    state = catalog_dir(storage) / SERVER_FOLDER
+    listening = _listening(_tree(int((state / PID_FILE).read_text())))
+    assert {port, int((state / CONNECT_PORT_FILE).read_text())} <= {bound for _, _, bound in listening}, listening
+    assert {address for _, address, _ in listening} <= LOOPBACK, listening
 
     # The replaced date as the re-run committed it, not the old files (still in the date's data folder
     # until they are expired) nor a mix: I and U rows carry the re-run's id, N and X rows keep the writer

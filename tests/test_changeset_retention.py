@@ -47,8 +47,8 @@ def test_applied_sequences_follow_current_days_and_a_rerun_outside_fails_naming_
     with pytest.raises(DroppedPartitionError, match=rf"{TABLE}/{APPLIED_SEQUENCES} has no partition for {D2}: retention.current_days \(2"):
         storage.read_one(spark, TABLE, APPLIED_SEQUENCES, D2.isoformat())
 
-    # Re-running date 3 needs the state as of date 2: the run fails naming the setting.
-    [rerun] = run_dates(defs, [D3.isoformat()], instance, raise_on_error=False)
+    # Re-running date 3 (with date 4, computed from it) needs the state as of date 2: the run fails naming the setting.
+    rerun = run_range(defs, D3.isoformat(), D4.isoformat(), instance, raise_on_error=False)
     assert not rerun.success
     failure = next(event for event in rerun.all_events if event.event_type_value == "STEP_FAILURE")
     assert failure.step_key == f"{TABLE}__cdc"

@@ -1,4 +1,6 @@
-"""``storage: {current: incremental}`` against ``snapshot``: the same five dates, the same states.
+"""``storage: {current: incremental}`` against ``snapshot``: the same five dates, the same states. And on the
+snapshot chain, pyiceberg and DuckDB read ``current_table`` and ``history_partition`` of every date as Spark
+does (``tests/engines.py``).
 
 For each load type (full, delta, change set, Debezium) one table is run in both modes, each in a
 warehouse of its own, and every date's state read through ``cdc-current`` / :func:`current_state` and
@@ -31,6 +33,7 @@ from cdc_assets.config import LoadType
 from cdc_assets.names import APPLIED_SEQUENCES, CLASSIFICATION, CURRENT, DELETES, HISTORY
 from resources.state import read_state
 from resources.storage import WarehouseStorage, state_changes_asset
+from tests.engines import assert_engines_read_as_spark
 from tests.pipeline import AUDIT_COLUMNS, definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
 
 pytestmark = pytest.mark.slow
@@ -146,6 +149,14 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
         assert passed and all(passed), f"{mode}: a check failed"
 
     incremental, snapshot = warehouses["incremental"], warehouses["snapshot"]
+    # Issue 34: pyiceberg and DuckDB read every date of the snapshot chain as Spark does.
+    monkeypatch.setenv("CDC_WAREHOUSE", str(snapshot))
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(tmp_path / "configs-snapshot"))
+    operations = assert_engines_read_as_spark(spark, snapshot, "t", DAYS)
+    # The chain is the one described: inserts, updates and deletes (a delta has none: its deleted keys are
+    # not supplied), a full load's unchanged keys N, a delta's or change set's keys not supplied X.
+    assert operations[HISTORY] == ({"I", "U"} if load_type == "delta" else {"I", "U", "D"}), operations
+    assert operations[CURRENT] == ({"I", "U", "N"} if load_type == "full" else {"I", "U", "X"}), operations
     monkeypatch.setenv("CDC_WAREHOUSE", str(incremental))
     storage = WarehouseStorage(str(incremental))
     # Compacted in the middle: full copies on dates 1, 3, 5, changes on 2 and 4.
@@ -277,8 +288,9 @@ def test_a_kill_during_compaction_then_a_rerun_leaves_every_date_state_as_withou
     storage = WarehouseStorage(str(killed))
     assert DAYS[2] in storage.stored_dates("t", CURRENT)  # the re-run compacted
     assert {day: _rows(current_state(spark, config, day)) for day in DAYS[:4]} == expected
-    # A re-run of a middle date with its input unchanged leaves every date's state as it was.
-    run_dates(definitions_for(config), [DAYS[1]], instance)
+    # A re-run of a middle date (with the later dates, computed from it) with its input unchanged leaves
+    # every date's state as it was.
+    assert run_range(definitions_for(config), DAYS[1], DAYS[3], instance).success
     assert {day: _rows(current_state(spark, config, day)) for day in DAYS[:4]} == expected
 
 

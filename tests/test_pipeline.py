@@ -19,6 +19,7 @@ from cdc_assets.generator import generate
 from resources.storage import WarehouseStorage
 from resources.storage.lake import pyiceberg_properties
 from tests.pipeline import (
+    add_backfill,
     definitions_for,
     operation_counts,
     partition_dir,
@@ -207,7 +208,7 @@ def test_range_in_one_run_equals_day_by_day(spark, tmp_path, day_by_day, monkeyp
 
 
 def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, monkeypatch):
-    """Last of the tests that read ``day_by_day``: it re-runs DAY2 there."""
+    """Last of the tests that read ``day_by_day``: it re-runs DAY2 there, in a backfill of DAY2..DAY3."""
     warehouse, instance, first = day_by_day.warehouse, day_by_day.instance, day_by_day.results
     monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
     defs = definitions_for(day_by_day.config)
@@ -229,11 +230,20 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, m
     before = _snapshot(spark, warehouse, "synthetic")
     audited_before = _snapshot(spark, warehouse, "synthetic", with_audit=True)
     storage = WarehouseStorage(str(warehouse))
-    day3_files = sorted(storage.tables.live_files("synthetic", "current_table", [DAY3]))
+    day1_files = sorted(storage.tables.live_files("synthetic", "current_table", [DAY1]))
 
-    (rerun,) = run_dates(defs, [DAY2], instance)
+    # DAY3 was computed from DAY2's state, so DAY2 is re-run in a backfill of DAY2..DAY3 (alone it is
+    # refused: tests/test_rerun.py). Its writes drop DAY3, which the backfill's next run writes again.
+    backfill = add_backfill(defs, [DAY2, DAY3], instance)
+    (rerun,) = run_dates(defs, [DAY2], instance, backfill_id=backfill)
+    assert not storage.has_partition("synthetic", "current_table", DAY3)
+    # Each table's newest snapshot says who wrote which dates.
+    summary = storage.tables.load("synthetic", "history_partition").current_snapshot().summary
+    assert (summary["cdc.run-id"], summary["cdc.business-dates"], summary["cdc.dropped-dates"]) == (rerun.run_id, DAY2, DAY3)
+    assert "added-records=8000" in summary[f"partitions.business_date={DAY2}"].split(",")
+    (rerun3,) = run_dates(defs, [DAY3], instance, backfill_id=backfill)
 
-    # Identical outputs but for the audit columns, and those only on the rows the re-run wrote.
+    # Identical outputs but for the audit columns, and those only on the rows the re-runs wrote.
     after = _snapshot(spark, warehouse, "synthetic")
     assert after.keys() == before.keys()
     for key in before:
@@ -241,19 +251,16 @@ def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, m
     audited_after = _snapshot(spark, warehouse, "synthetic", with_audit=True)
     rewritten = {key for key in audited_before if audited_after[key] != audited_before[key]}
     audited = ("inserts", "deletes", "updates", "current_table", "history_partition")
-    assert rewritten == {(asset, f"business_date={DAY2}") for asset in audited}
+    assert rewritten == {(asset, f"business_date={day}") for asset in audited for day in (DAY2, DAY3)}
     assert _writers(spark, warehouse, "history_partition", DAY2) == {(op, rerun.run_id) for op in "IUD"}
     assert _writers(spark, warehouse, "current_table", DAY2) == {("I", rerun.run_id), ("U", rerun.run_id), ("N", first_runs[0])}
     processed_at = read_stored(spark, partition_dir(warehouse, "synthetic", "history_partition", DAY2))
     started = instance.get_run_record_by_id(rerun.run_id).start_time
     stamps = [row[0].timestamp() for row in processed_at.select("processed_at").distinct().collect()]
     assert len(stamps) == 1 and stamps[0] == pytest.approx(started, abs=1e-3)  # the run's start
-    # Re-running day 2 rewrote day 2 only: day 3's files are the very same files.
-    assert sorted(storage.tables.live_files("synthetic", "current_table", [DAY3])) == day3_files
-    # Each table's newest snapshot says who wrote which dates.
-    summary = storage.tables.load("synthetic", "history_partition").current_snapshot().summary
-    assert (summary["cdc.run-id"], summary["cdc.business-dates"]) == (rerun.run_id, DAY2)
-    assert "added-records=8000" in summary[f"partitions.business_date={DAY2}"].split(",")
+    # Re-running days 2 and 3 rewrote those only: day 1's files are the very same files.
+    assert sorted(storage.tables.live_files("synthetic", "current_table", [DAY1])) == day1_files
+    assert _writers(spark, warehouse, "history_partition", DAY3) == {(op, rerun3.run_id) for op in "IUD"}
 
 
 def test_a_date_whose_previous_state_is_missing_fails_clearly(spark, warehouse, tmp_path, seed_data):

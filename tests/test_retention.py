@@ -1,8 +1,9 @@
 """``retention.current_days``: old current_table partitions are dropped, history is kept, and whatever needs a
-dropped state fails naming the setting.
+dropped state fails naming the setting. ``retention.snapshot_days``: replaced table versions are expired, and
+the files only they read (a dropped date's) deleted.
 
 Two tables with the same source run side by side in the same Dagster runs, one date per run: ``retained``
-(``retention: {current_days: 2}``) and ``kept`` (no retention), so every output of ``retained`` that is
+(``retention: {current_days: 2, snapshot_days: 0}``) and ``kept`` (no retention: versions kept 7 days), so every output of ``retained`` that is
 still stored can be compared with ``kept``'s. A small full load with key ``id``:
 
     day 1  I 1, 2, 3
@@ -25,7 +26,7 @@ from cdc_assets.config import TableConfigError, load_table_config
 from cdc_assets.consumers import changes_between, scd2_view
 from cdc_assets.core.between import changes_between_states
 from resources.storage import DroppedPartitionError, MissingPartitionError, WarehouseStorage
-from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, sorted_rows, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
 
 D1, D2, D3, D4 = "2024-05-01", "2024-05-02", "2024-05-03", "2024-05-04"
 HEADER = "id,name,amount"
@@ -60,7 +61,7 @@ def chain(spark, tmp_path_factory):
     source.mkdir()
     for day, lines in DAYS.items():
         (source / f"{day}.csv").write_text("\n".join([HEADER, *lines]) + "\n")
-    retained = _write_config(configs, RETAINED, source, retention={"current_days": 2})
+    retained = _write_config(configs, RETAINED, source, retention={"current_days": 2, "snapshot_days": 0})
     kept = _write_config(configs, KEPT, source)
     patch = pytest.MonkeyPatch()
     patch.setenv("CDC_WAREHOUSE", str(warehouse))
@@ -108,6 +109,20 @@ def test_what_is_kept_equals_a_run_without_retention(spark, chain):
             ), (asset, day)
 
 
+def test_snapshot_days_expires_replaced_versions_and_deletes_a_dropped_dates_files(chain):
+    storage = WarehouseStorage(str(chain["warehouse"]))
+    for asset in (*CDC_OUTPUTS, "hashed_incoming", "rejects"):
+        # snapshot_days 0: each run leaves only its own last version; by default a week of them stays.
+        assert len(storage.tables.load(RETAINED, asset).snapshots()) == 1, asset
+        assert len(storage.tables.load(KEPT, asset).snapshots()) == len(DAYS), asset
+    # No file of a date current_days dropped is left under the table, nor any file no version reads.
+    retained_files = storage.data_files(RETAINED)
+    assert retained_files and all(live for *_, live in retained_files)
+    assert {day for asset, day, _, _ in retained_files if asset == "current_table"} == {D3, D4}
+    kept_current = {day for asset, day, _, _ in storage.data_files(KEPT) if asset == "current_table"}
+    assert kept_current == set(DAYS)
+
+
 def test_materializations_and_the_run_log_say_what_was_dropped(chain):
     instance = chain["instance"]
 
@@ -120,6 +135,10 @@ def test_materializations_and_the_run_log_say_what_was_dropped(chain):
     dropped = {day: metadata(RETAINED, day)["dropped_current_partitions"].value for day in DAYS}
     assert dropped == {D1: [], D2: [], D3: [D1], D4: [D2]}
     assert metadata(RETAINED, D4)["retention_current_days"].value == 2
+    # Day 4's run expired day 3's version of current_table: its write and its drop.
+    assert metadata(RETAINED, D4)["expired_snapshots"].value == 2
+    assert metadata(KEPT, D4)["retention_snapshot_days"].value == 7
+    assert metadata(KEPT, D4)["expired_snapshots"].value == 0
     assert "dropped_current_partitions" not in metadata(KEPT, D4)
     # Dagster still shows the dropped dates as materialized: retention does not touch the instance.
     assert metadata(RETAINED, D1)["dagster/row_count"].value == 3
@@ -166,9 +185,10 @@ def test_cdc_changes_from_a_dropped_date_works_and_a_date_never_written_is_an_er
 
 
 def test_rerunning_the_date_after_a_dropped_one_fails_naming_the_setting(spark, chain):
-    """Runs last in the module: the failed run rewrites day 2's intake outputs (with the same rows)."""
+    """Runs last in the module: the failed run rewrites the intake outputs of days 2 to 4 (with the same rows).
+    Day 2 runs with the later days, computed from it (alone it is refused: tests/test_rerun.py)."""
     before = sorted_rows(spark, partition_dir(chain["warehouse"], RETAINED, "history_partition", D2))
-    [result] = run_dates(definitions_for(chain["retained"]), [D2], chain["instance"], raise_on_error=False)
+    result = run_range(definitions_for(chain["retained"]), D2, D4, chain["instance"], raise_on_error=False)
     assert not result.success
     failure = next(event for event in result.all_events if event.event_type_value == "STEP_FAILURE")
     assert failure.step_key == f"{RETAINED}__cdc"
@@ -261,6 +281,8 @@ def test_a_date_written_again_is_no_longer_a_dropped_one_and_a_drop_is_a_commit_
         ({"current_days": True}, "valid integer"),
         ({"current_days": 2.5}, "valid integer"),
         ({"current_day": 2}, "Extra inputs are not permitted"),
+        ({"snapshot_days": -1}, "greater than or equal to 0"),
+        ({"snapshot_days": "7"}, "valid integer"),
     ],
 )
 def test_invalid_retention_names_the_file_and_the_field(tmp_path, retention, expected):
@@ -268,7 +290,7 @@ def test_invalid_retention_names_the_file_and_the_field(tmp_path, retention, exp
         _write_config(tmp_path, "orders", tmp_path, retention=retention)
     message = str(error.value)
     assert str(tmp_path / "orders.yaml") in message
-    field = "retention.current_day" if "current_day" in retention else "retention.current_days"
+    field = f"retention.{next(iter(retention))}"
     assert f"field '{field}': " in message and expected in message
 
 
@@ -279,6 +301,7 @@ def test_retention_is_optional(tmp_path):
     path = tmp_path / "orders.yaml"
     path.write_text(path.read_text() + "retention:\n  current_days: 30\n")
     assert load_table_config(path).retention.current_days == 30
+    assert load_table_config(path).retention.snapshot_days == 7  # the default
 
 
 # -- retention.staging_days: the staging outputs ----------------------------------------------------------
@@ -331,11 +354,12 @@ def test_staging_days_drops_old_staging_outputs_and_a_rerun_inside_or_outside_th
     assert cli.changes_main(["staged", "--from", D1, "--to", D3, "--out", str(tmp_path / "changes")]) == 0
     assert report.main(["staged"]) == 0
 
-    # Day 1, outside the window: its extract is read again and its staging outputs are back, its CDC
-    # outputs the same rows; the run drops nothing it wrote (its checks read them), the next run does.
-    [rerun] = run_dates(defs, [D1], instance)
+    # Day 1, outside the window (with the later days, computed from it: alone it is refused): its extract
+    # is read again and its staging outputs are back, its CDC outputs the same rows; the run drops nothing
+    # it wrote (its checks read them), the next run does.
+    rerun = run_range(defs, D1, D3, instance)
     assert rerun.success and _checks_passed(rerun)
-    assert _stored(warehouse, "staged", "hashed_incoming") == [D1, D3]
+    assert _stored(warehouse, "staged", "hashed_incoming") == [D1, D2, D3]
     assert storage.row_counts("staged", "hashed_incoming", [D1]) == {D1: 3}
     assert storage.dropped_partition("staged", "hashed_incoming", D1) is None
     assert sorted_rows(spark, partition_dir(warehouse, "staged", "history_partition", D1)) == history[D1]
@@ -344,7 +368,7 @@ def test_staging_days_drops_old_staging_outputs_and_a_rerun_inside_or_outside_th
     # Day 3, inside the window: as without retention, and day 1's staging outputs go again.
     [rerun] = run_dates(defs, [D3], instance)
     assert rerun.success and _checks_passed(rerun)
-    assert _staging_metadata(instance, D3)["dropped_staging_partitions"].value == [D1]
+    assert _staging_metadata(instance, D3)["dropped_staging_partitions"].value == [D1, D2]
     for asset in STAGING:
         assert _stored(warehouse, "staged", asset) == [D3], asset
     for asset in KEPT_WHOLE:

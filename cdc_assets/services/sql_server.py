@@ -14,24 +14,27 @@ makes a second opener fail with a message naming the holder instead of Derby's. 
 was committed after the holder synced appears at the next sync (``cdc-catalog sync`` asks a running
 server to sync).
 
-**No name goes missing while the SQL server serves.** Its driver is this module under spark-submit
-(:func:`serve_sql`): it syncs in its own session before the Thrift server listens, so the first
-client finds every name, and later syncs (:func:`request_sync`) change objects in place
+**No name goes missing while the SQL server serves.** The catalog is synced before the server starts,
+by this module under spark-submit in a JVM of its own that holds the metastore until it exits
+(:func:`first_sync`), so the first client finds every name. The server is then Spark's own Thrift server
+(``HiveThriftServer2`` under spark-submit, no Python driver), with Spark Connect as a plugin in the same
+JVM on a second loopback port. Later syncs (:func:`request_sync`, ``cdc-catalog sync``) run through that
+Connect session, in the JVM that holds the metastore, one at a time, and change objects in place
 (:func:`~cdc_assets.catalog_ddl.sync_in_place`) rather than dropping them. spark-sql, which holds the
 metastore alone, defines them afresh (:func:`~cdc_assets.catalog_ddl.sync_statements`).
 
-The server's pid, port, log, conf (``server.properties``, mode 0600) and sync requests are in
+The server's pid, ports, log, conf (``server.properties``, mode 0600) and the syncs' log are in
 ``<catalog>/sql-server/``; the process handling is :mod:`cdc_assets.services.process`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import getpass
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +51,7 @@ from cdc_assets.core.scd2 import Dialect, quote_identifier
 from cdc_assets.services.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.services.process import (
     HOST,
+    free_port,
     log_tail,
     port_is_free,
     process_alive,
@@ -66,15 +70,22 @@ SQL_PORT_ENV = "CDC_SQL_PORT"
 DEFAULT_SQL_PORT = 10000
 # The SQL server's application name, also how its process is recognized.
 SERVER_NAME = "cdc_assets SQL server"
+# The server is Spark's own Thrift server; the syncs reach its JVM through Spark Connect, a plugin there.
+THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+FIRST_SYNC_NAME = "cdc_assets SQL server: first sync"
 LOCK_FILE = "catalog.lock"
 SERVER_FOLDER = "sql-server"
 PID_FILE = "server.pid"
 PORT_FILE = "server.port"
+CONNECT_PORT_FILE = "connect.port"  # the server's Spark Connect port, on 127.0.0.1
 LOG_FILE = "server.log"
 PROPERTIES_FILE = "server.properties"  # the server's conf, mode 0600
-# What the server's first sync left, written before it listens; and the folder of sync requests.
+SYNC_PROPERTIES_FILE = "first-sync.properties"  # the first sync's conf, mode 0600, while it runs
+# What the first sync left, written before the server starts; the syncs' output; one sync at a time.
 STARTED_FILE = "started.json"
-REQUESTS_FOLDER = "requests"
+SYNC_LOG_FILE = "sync.log"
+SYNC_LOCK_FILE = "sync.lock"
 BEELINE_ATTEMPTS = 3
 # Rejections after which beeline ran nothing, and those a single statement may not meet a second time.
 _REJECTED_CONNECTION = re.compile(r"Could not open client transport|Connection refused|Invalid SessionHandle", re.IGNORECASE)
@@ -169,7 +180,7 @@ def run_spark_sql(storage: WarehouseStorage, args: Sequence[str], configs_dir: P
     configs_dir = Path(configs_dir or table_configs_dir()).resolve()
     server = running_sql_server(location)
     if server is not None:
-        request_sync(location, server[0], configs_dir)
+        request_sync(storage, server[0], configs_dir)
         return run_beeline(server[1], catalog_database(), args)
     init_file = write_sync_file(sync_statements(load_table_configs(configs_dir), storage, catalog_database()), location / "tmp")
     properties = init_file.with_suffix(".properties")  # init_file's name is unique
@@ -264,17 +275,19 @@ def start_sql_server(storage: WarehouseStorage, port: int = DEFAULT_SQL_PORT, ti
                      configs_dir: Path | None = None) -> tuple[int, int]:
     """Start the SQL server on 127.0.0.1:``port`` holding the catalog; returns (pid, port) once it serves.
 
-    The server syncs before it listens (:func:`serve_sql`), so the first client finds every name. It
-    runs detached in a session of its own and keeps the catalog's lock (inherited) until it exits. An
-    already running server is synced and returned as it is. Raises ``RuntimeError`` when some object
-    could not be registered; the server then serves the others.
+    The catalog is synced before the server starts (:func:`first_sync`), so the first client finds every
+    name. The server is Spark's own ``HiveThriftServer2`` under spark-submit, with Spark Connect on a
+    second loopback port through which later syncs run (:func:`request_sync`). It runs detached in a
+    session of its own and keeps the catalog's lock (inherited) until it exits. An already running server
+    is synced and returned as it is. Raises ``RuntimeError`` when some object could not be registered;
+    the server then serves the others.
     """
     location = catalog_dir(storage)
     state = location / SERVER_FOLDER
     configs_dir = Path(configs_dir or table_configs_dir()).resolve()
     running = running_sql_server(location)
     if running is not None:
-        request_sync(location, running[0], configs_dir)
+        request_sync(storage, running[0], configs_dir)
         return running
     if not port_is_free(port):
         raise RuntimeError(f"port {HOST}:{port} is in use by another process")
@@ -282,22 +295,29 @@ def start_sql_server(storage: WarehouseStorage, port: int = DEFAULT_SQL_PORT, ti
     fd = hold_catalog(location, f"the SQL server on {HOST}:{port} (cdc-catalog server, started by pid {os.getpid()})")
     try:
         state.mkdir(parents=True, exist_ok=True)
-        (state / STARTED_FILE).unlink(missing_ok=True)
+        for name in (STARTED_FILE, PID_FILE, PORT_FILE, CONNECT_PORT_FILE):
+            (state / name).unlink(missing_ok=True)
+        first_sync(storage, configs_dir, fd)
         log_path = state / LOG_FILE
-        conf = {**catalog_conf(location, storage.root), "spark.hadoop.hive.server2.thrift.bind.host": HOST, "spark.hadoop.hive.server2.thrift.port": str(port)}
-        command = [launcher("spark-submit"), "--name", SERVER_NAME, *_conf_args(conf, state / PROPERTIES_FILE), __file__]
-        env = {
-            **spark_env(), WAREHOUSE_ENV: storage.root, TABLE_CONFIGS_ENV: str(configs_dir),
-            # The driver is this module under spark-submit: its own folder must not shadow top-level modules.
-            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONSAFEPATH": "1",
-        }  # fmt: skip
-        pid = start_detached(command, log_path, env, cwd=location, pass_fds=(fd,), keep_previous_log=False)
+        connect_port = free_port()
+        conf = catalog_conf(location, storage.root)
+        conf.update({
+            "spark.hadoop.hive.server2.thrift.bind.host": HOST, "spark.hadoop.hive.server2.thrift.port": str(port),
+            # Spark Connect in the server's JVM, on loopback: the syncs' way into the metastore it holds.
+            "spark.plugins": ",".join(filter(None, [conf.get("spark.plugins", ""), CONNECT_PLUGIN])),
+            "spark.connect.grpc.binding.address": HOST, "spark.connect.grpc.binding.port": str(connect_port),
+        })  # fmt: skip
+        command = [launcher("spark-submit"), "--class", THRIFT_SERVER_CLASS, "--name", SERVER_NAME,
+                   *_conf_args(conf, state / PROPERTIES_FILE), "spark-internal"]  # fmt: skip
+        pid = start_detached(command, log_path, spark_env(), cwd=location, pass_fds=(fd,), keep_previous_log=False)
         write_number_file(state / PORT_FILE, port)
+        write_number_file(state / CONNECT_PORT_FILE, connect_port)
         write_number_file(state / PID_FILE, pid)
     finally:
         os.close(fd)  # the server's inherited copy keeps the lock
     try:
         _wait_until_serving(pid, port, log_path, timeout)
+        _wait_until_serving(pid, connect_port, log_path, timeout)
     except BaseException:
         stop_sql_server(storage)
         raise
@@ -305,6 +325,32 @@ def start_sql_server(storage: WarehouseStorage, port: int = DEFAULT_SQL_PORT, ti
     if started["errors"]:
         raise RuntimeError("the SQL server serves, but registering these objects failed:\n" + "\n".join(started["errors"]))
     return pid, port
+
+
+def first_sync(storage: WarehouseStorage, configs_dir: Path, lock_fd: int) -> None:
+    """Sync the catalog before the SQL server starts: this module under spark-submit, in a JVM of its own
+    that holds the metastore (and inherits the catalog's lock, ``lock_fd``) until it exits. It leaves its
+    result in ``started.json`` and its output in a new ``sync.log``; raises ``RuntimeError`` if it failed to run."""
+    from resources.spark import NO_UI
+
+    location = catalog_dir(storage)
+    state = location / SERVER_FOLDER
+    properties = state / SYNC_PROPERTIES_FILE
+    # Nobody looks at the web UI of a JVM that lives for one sync.
+    command = [launcher("spark-submit"), "--name", FIRST_SYNC_NAME, *_conf_args({**catalog_conf(location, storage.root), **NO_UI}, properties), __file__]
+    env = {
+        **spark_env(), WAREHOUSE_ENV: storage.root, TABLE_CONFIGS_ENV: str(configs_dir),
+        # The driver is this module under spark-submit: its own folder must not shadow top-level modules.
+        "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "PYTHONSAFEPATH": "1",
+    }  # fmt: skip
+    log_path = state / SYNC_LOG_FILE
+    try:
+        with open(log_path, "wb") as log:  # a log per start: later syncs append to it
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=location, pass_fds=(lock_fd,))
+    finally:
+        properties.unlink(missing_ok=True)
+    if done.returncode != 0 or not (state / STARTED_FILE).exists():
+        raise RuntimeError(f"the SQL server's first sync failed (exit code {done.returncode}); end of {log_path}:\n{log_tail(log_path)}")
 
 
 def _wait_until_serving(pid: int, port: int, log_path: Path, timeout: float) -> None:
@@ -316,35 +362,13 @@ def _wait_until_serving(pid: int, port: int, log_path: Path, timeout: float) -> 
         raise TimeoutError(f"the SQL server did not listen on {HOST}:{port} within {timeout:g} s; end of {log_path}:\n{log_tail(log_path)}")
 
 
-def serve_sql(storage: WarehouseStorage, configs_dir: Path) -> None:
-    """The SQL server's driver: this file under spark-submit, as :func:`start_sql_server` launches it (or
-    ``cdc-catalog server run``).
-
-    In the JVM that holds the metastore: sync in place, then start the Thrift server on this session,
-    then answer sync requests (:func:`request_sync`) one after another until the process is stopped.
-    """
-    from pyspark.sql import SparkSession
-
-    state = catalog_dir(storage) / SERVER_FOLDER
+def _run_first_sync(storage: WarehouseStorage, configs_dir: Path) -> None:
+    """The first sync's driver: this file under spark-submit, as :func:`first_sync` launches it."""
     spark = SparkSession.builder.getOrCreate()
-    database = catalog_database()
-    _write_json(state / STARTED_FILE, _sync_for_server(spark, storage, database, configs_dir))
-    # The Thrift server has no Python API; it serves this session's catalog, now synced, from here on.
-    spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(spark._jsparkSession.sqlContext())
-    requests = state / REQUESTS_FOLDER
-    while True:
-        pending: dict[str, list[Path]] = {}
-        for request in sorted(requests.glob("*.request")):
-            try:
-                pending.setdefault(json.loads(request.read_text())["configs"], []).append(request)
-            except OSError:
-                continue  # its requester gave up waiting and took it back
-        for configs, waiting in pending.items():  # one sync answers every request pending for the same configs
-            result = _sync_for_server(spark, storage, database, Path(configs))
-            for request in waiting:
-                _write_json(request.with_suffix(".result"), result)
-                request.unlink(missing_ok=True)
-        time.sleep(0.2)
+    try:
+        _write_json(catalog_dir(storage) / SERVER_FOLDER / STARTED_FILE, _sync_for_server(spark, storage, catalog_database(), configs_dir))
+    finally:
+        spark.stop()
 
 
 def _sync_for_server(spark: SparkSession, storage: WarehouseStorage, database: str, configs_dir: Path) -> dict:
@@ -355,7 +379,6 @@ def _sync_for_server(spark: SparkSession, storage: WarehouseStorage, database: s
         return {"statements": 0, "errors": [str(error)]}
     try:
         report = sync_in_place(spark, configs, storage, database)
-        spark.sql(f"USE {quote_identifier(database, Dialect.spark)}")
     except Exception as error:  # noqa: BLE001 - e.g. the database could not be created: told to the requester, the server goes on
         return {"statements": 0, "errors": [f"{database}: {str(error).strip().splitlines()[0][:1000]}"]}
     changes = [statement[:300] for statement in report.statements if statement.startswith(("ALTER TABLE", "DROP", "CREATE TABLE"))]
@@ -364,26 +387,56 @@ def _sync_for_server(spark: SparkSession, storage: WarehouseStorage, database: s
     return {"statements": len(report.statements), "errors": report.errors}
 
 
-def request_sync(location: Path, server_pid: int, configs_dir: Path, timeout: float = 900) -> None:
-    """Have the running SQL server sync the tables of ``configs_dir`` in place, and wait until it has.
+def request_sync(storage: WarehouseStorage, server_pid: int, configs_dir: Path, timeout: float = 900) -> None:
+    """Sync the tables of ``configs_dir`` in place through the running SQL server, and wait until done.
 
-    Raises ``RuntimeError`` naming what failed (the rest is synced), or if the server exits first.
+    The sync runs in a Spark Connect session of the server's JVM, the one holder of the metastore; one
+    sync at a time (``sync.lock``), so that two never create the same view. Its output is appended to
+    ``sync.log``. Raises ``RuntimeError`` naming what failed (the rest is synced), or if the server exits
+    or cannot be reached first.
     """
-    requests = location / SERVER_FOLDER / REQUESTS_FOLDER
-    name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    _write_json(requests / f"{name}.request", {"configs": str(configs_dir)})
-    result_path = requests / f"{name}.result"
-    deadline = time.monotonic() + timeout
-    while not result_path.exists():
-        if not process_alive(server_pid) or time.monotonic() > deadline:
-            (requests / f"{name}.request").unlink(missing_ok=True)
-            log_path = location / SERVER_FOLDER / LOG_FILE
-            why = "exited" if not process_alive(server_pid) else f"did not sync within {timeout:g} s"
-            raise RuntimeError(f"the SQL server (pid {server_pid}) {why}; end of {log_path}:\n{log_tail(log_path)}")
-        time.sleep(0.1)
-    result = json.loads(result_path.read_text())
-    result_path.unlink()
+    state = catalog_dir(storage) / SERVER_FOLDER
+    connect_port = read_number_file(state / CONNECT_PORT_FILE)
+    log_path = state / LOG_FILE
+
+    def server_lost(why: str) -> RuntimeError:
+        return RuntimeError(f"the SQL server (pid {server_pid}) {why}; end of {log_path}:\n{log_tail(log_path)}")
+
+    if connect_port is None:
+        raise server_lost("records no Spark Connect port (started by an older version? restart it)")
+    fd = os.open(state / SYNC_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not process_alive(server_pid):
+                    raise server_lost("exited") from None
+                if time.monotonic() > deadline:
+                    raise server_lost(f"did not sync within {timeout:g} s (another sync holds {state / SYNC_LOCK_FILE})") from None
+                time.sleep(0.1)
+        with open(state / SYNC_LOG_FILE, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+            # Connect's own builder: the generic one refuses a remote URL while MASTER is set.
+            from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+            try:
+                spark = ConnectSession.builder.remote(f"sc://{HOST}:{connect_port}").create()
+            except Exception as error:  # noqa: BLE001 - the server is gone or not reachable: say so, with its log
+                raise server_lost(f"could not be reached on {HOST}:{connect_port} ({str(error).strip()[:300]})") from None
+            try:
+                result = _sync_for_server(spark, storage, catalog_database(), configs_dir)
+            finally:
+                try:
+                    spark.stop()
+                except Exception:  # noqa: BLE001, S110 - the server went meanwhile: the result says what failed
+                    pass
+    finally:
+        os.close(fd)  # releases the sync lock
     if result["errors"]:
+        if not process_alive(server_pid):
+            raise server_lost("exited")
         raise RuntimeError("registering these objects through the SQL server failed:\n" + "\n".join(result["errors"]))
 
 
@@ -402,9 +455,8 @@ def stop_sql_server(storage: WarehouseStorage, timeout: float = 30) -> bool:
     state = location / SERVER_FOLDER
     if running is not None:
         stop_group(running[0], grace=timeout)
-    for name in (PID_FILE, PORT_FILE, STARTED_FILE):
+    for name in (PID_FILE, PORT_FILE, CONNECT_PORT_FILE, STARTED_FILE):
         (state / name).unlink(missing_ok=True)
-    shutil.rmtree(state / REQUESTS_FOLDER, ignore_errors=True)
     return running is not None
 
 
@@ -413,15 +465,15 @@ def sync(storage: WarehouseStorage, configs_dir: Path | None = None) -> int:
     location = catalog_dir(storage)
     server = running_sql_server(location)
     if server is not None:
-        request_sync(location, server[0], Path(configs_dir or table_configs_dir()).resolve())
+        request_sync(storage, server[0], Path(configs_dir or table_configs_dir()).resolve())
         return 0
     return run_spark_sql(storage, ["-e", "SELECT 1"], configs_dir)
 
 
 if __name__ == "__main__":
-    # spark-submit runs this file as the SQL server's driver (start_sql_server).
+    # spark-submit runs this file as the driver of the SQL server's first sync (first_sync).
     try:
-        serve_sql(WarehouseStorage(warehouse_root()), table_configs_dir())
+        _run_first_sync(WarehouseStorage(warehouse_root()), table_configs_dir())
     except (CatalogBusy, ValueError, RuntimeError, TimeoutError) as error:
         print(f"cdc-catalog: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -24,10 +24,11 @@ from resources.storage.layout import (
 )
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, LOCK_TIMEOUT_ENV, WriterLockTimeout
 from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout
-from resources.storage.tables import as_stored
+from resources.storage.tables import ConcurrentWriteError, as_stored
 from resources.storage.warehouse import WarehouseStorage
 
 __all__ = [
+    "ConcurrentWriteError",
     "DEFAULT_LOCK_TIMEOUT_SECONDS",
     "DEFAULT_WAREHOUSE",
     "LOCK_FILE",

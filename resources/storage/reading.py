@@ -7,10 +7,11 @@ the snapshot committed when they look (resources/storage/tables.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
 from cdc_assets.core.errors import SummarizedError
-from resources.storage.retention import STAGING_DAYS
+from resources.storage.retention import RERUN, STAGING_DAYS
 
 if TYPE_CHECKING:
     from resources.storage.warehouse import WarehouseStorage
@@ -37,6 +38,15 @@ def missing_partition_error(storage: "WarehouseStorage", table: str, asset: str,
     """The error for a date of ``table``/``asset`` that is not stored: dropped by retention (naming the
     setting), or never written."""
     dropped = storage.dropped_partition(table, asset, business_date)
+    if dropped is not None and dropped["setting"] == RERUN:
+        rerun = dropped[RERUN]
+        after = (date.fromisoformat(rerun.split("..")[-1]) + timedelta(days=1)).isoformat()
+        return DroppedPartitionError(
+            f"{table}/{asset} has no partition for {business_date}: it was dropped by a re-run of {rerun} "
+            f"(run {dropped['run_id']}), with the other dates up to {dropped['newest']} computed from the state "
+            f"that re-run replaced. Run {after}..{dropped['newest']}, oldest first, to compute them from the new "
+            "state (the re-run's backfill does, unless it stopped)."
+        )
     if dropped is not None:
         setting = dropped["setting"]
         dropped_it = (

@@ -20,11 +20,15 @@ from resources.storage.layout import WarehouseLayout
 # states, or the staging outputs (hashed_incoming, rejects, the classification, late_changes).
 CURRENT_DAYS = "current_days"
 STAGING_DAYS = "staging_days"
+SNAPSHOT_DAYS = "snapshot_days"
+# Not a setting: a date dropped by a re-run of an earlier date inside a backfill (cdc_assets/core/rerun.py),
+# recorded with the re-run's dates under this name.
+RERUN = "rerun"
 
 
-def check_days(table: str, asset: str, days: int, setting: str = CURRENT_DAYS) -> None:
-    if days < 1:
-        raise ValueError(f"{table}/{asset}: retention.{setting} must be at least 1, got {days}")
+def check_days(table: str, asset: str, days: int, setting: str = CURRENT_DAYS, minimum: int = 1) -> None:
+    if days < minimum:
+        raise ValueError(f"{table}/{asset}: retention.{setting} must be at least {minimum}, got {days}")
 
 
 def oldest_kept(newest: str, current_days: int) -> str:

@@ -16,7 +16,10 @@ What Iceberg does not record, each commit carries in its snapshot summary:
   ``SELECT * FROM lake.<table>.<asset>.snapshots`` is the audit.
 
 One writer per table at a time: a date's update spans several tables, which Iceberg does not commit
-together (the table's writer lock, resources/storage/lock.py, serialises runs).
+together (the table's writer lock, resources/storage/lock.py, serialises runs). Where that lock does
+not reach (another host, a file system without locks), every write is also serializable: it commits
+only if no other commit since the snapshot its run started from wrote the same dates; otherwise it
+fails with :class:`ConcurrentWriteError` and commits nothing (never a lost update, never a mixed date).
 """
 
 from __future__ import annotations
@@ -33,12 +36,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.dates import date_runs
+from cdc_assets.core.errors import SummarizedError
 from resources.storage.lake import CATALOG_NAME, catalog_file, opened_warehouse, pyiceberg_properties, table_identifier, use_catalog
 
 STORED_DATES = "cdc.stored-dates"
 RUN_ID = "cdc.run-id"
 WRITTEN_DATES = "cdc.business-dates"
 SCHEMAS_FOLDER = "_schemas"
+# How Iceberg names a failed validation of a serializable write; the exception's Python class differs
+# (classic: Py4JJavaError; Spark Connect: UnknownException), its text names the Java class in both.
+VALIDATION_EXCEPTION = "org.apache.iceberg.exceptions.ValidationException"
+
+
+class ConcurrentWriteError(SummarizedError, RuntimeError):
+    """Another writer committed the same dates of a table after this run read it: nothing was committed."""
 
 # Every table the project creates. Format v2; Parquet data files (the project was specified so) with
 # Spark's default codec; a write may add columns and widen types (schema evolution), and a column a
@@ -54,6 +66,9 @@ TABLE_PROPERTIES = {
     # A commit that lost a race for the catalog is retried on the new base (the writer lock keeps writers
     # of a table apart; readers' and maintenance commits are what it races).
     "commit.retry.num-retries": "10",
+    # Each commit writes a metadata file: keep the newest 100 (a reader opens the newest), not all of them.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
     # Each snapshot's summary counts the rows and files added and removed per business date (up to a
     # range of 400 dates per write): who wrote what, in the table itself.
     "write.summary.partition-limit": "400",
@@ -77,14 +92,7 @@ def _nullable(data_type: DataType) -> DataType:
 
 def encode_dates(days: Iterable[str]) -> str:
     """Dates as runs of consecutive days: ``2024-01-01..2024-01-03,2024-01-05``."""
-    ordered = sorted(set(days))
-    runs: list[list[str]] = []
-    for day in ordered:
-        if runs and date.fromisoformat(runs[-1][1]) + timedelta(days=1) == date.fromisoformat(day):
-            runs[-1][1] = day
-        else:
-            runs.append([day, day])
-    return ",".join(first if first == last else f"{first}..{last}" for first, last in runs)
+    return date_runs(days)
 
 
 def decode_dates(encoded: str) -> list[str]:
@@ -172,9 +180,7 @@ class LakeTables:
             snapshot = None if loaded is None else loaded.current_snapshot()
         if snapshot is None or snapshot.summary is None:
             return {}
-        raw = snapshot.summary.additional_properties.get(STORED_DATES) if hasattr(snapshot.summary, "additional_properties") else None
-        if raw is None:
-            raw = dict(snapshot.summary).get(STORED_DATES)
+        raw = snapshot.summary.get(STORED_DATES)
         if not raw:
             return {}
         return {day: sid for sid, encoded in json.loads(raw).items() for day in decode_dates(encoded)}
@@ -213,8 +219,7 @@ class LakeTables:
         from pyiceberg.expressions import In
 
         for task in loaded.scan(row_filter=In(BUSINESS_DATE, set(wanted))).plan_files():
-            day = task.file.partition[0]
-            key = day.isoformat() if hasattr(day, "isoformat") else (date(1970, 1, 1) + timedelta(days=int(day))).isoformat()
+            key = _partition_date(task.file.partition[0])
             if key in counts:
                 deleted = sum(delete.record_count for delete in task.delete_files)
                 counts[key] += task.file.record_count - deleted
@@ -242,8 +247,7 @@ class LakeTables:
         row_filter = AlwaysTrue() if days is None else In(BUSINESS_DATE, set(days))
         found = {}
         for task in loaded.scan(row_filter=row_filter).plan_files():
-            value = task.file.partition[0]
-            day = value.isoformat() if hasattr(value, "isoformat") else (date(1970, 1, 1) + timedelta(days=int(value))).isoformat()
+            day = _partition_date(task.file.partition[0])
             for data_file in (task.file, *task.delete_files):
                 found[_local(data_file.file_path)] = (day, data_file.file_size_in_bytes)
         return found
@@ -265,6 +269,23 @@ class LakeTables:
             if path not in live:
                 os.unlink(path)
 
+    def expire_snapshots_before(self, spark: SparkSession, table: str, asset: str, cutoff_ms: int) -> int:
+        """Expire the asset's snapshots committed before ``cutoff_ms`` (ms since the epoch), never the
+        current one; Iceberg deletes the files only they read. Returns how many were expired: none to
+        expire costs a metadata read, no Spark job."""
+        loaded = self.load(table, asset)
+        current = None if loaded is None else loaded.current_snapshot()
+        if current is None:
+            return 0
+        expired = [s for s in loaded.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id != current.snapshot_id]
+        if not expired:
+            return 0
+        self.session_for(spark).sql(
+            f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{table}.{asset}', "
+            f"older_than => TIMESTAMP_MILLIS({cutoff_ms}), retain_last => 1)"
+        ).collect()
+        return len(expired)
+
     def data_file_paths(self, table: str, asset: str) -> list[str]:
         """Every Parquet file under the asset's data folder, live or not."""
         found = []
@@ -281,11 +302,16 @@ class LakeTables:
         business_dates: list[str],
         properties: dict[str, str],
         dropped: Iterable[str] = (),
-    ) -> None:
+        read_snapshot: int | None = None,
+    ) -> int:
         """Replace the dates ``business_dates`` of the asset with ``frame``'s rows in one commit (a frame
-        with a ``business_date`` column), and forget the dates ``dropped`` (their rows go in the same commit).
+        with a ``business_date`` column), and forget the dates ``dropped`` (their rows go in the same commit);
+        returns the id of the snapshot committed.
 
-        The caller holds the table's writer lock. ``properties`` go into the snapshot summary.
+        The caller holds the table's writer lock. ``properties`` go into the snapshot summary; ``RUN_ID``
+        among them finds the commit afterwards. The write is serializable from ``read_snapshot``, the
+        snapshot the caller's run found (None: it found none): if another commit since then wrote any of
+        the dates, nothing is committed and :class:`ConcurrentWriteError` says so.
         """
         spark = self.session_for(frame.sparkSession)
         hop = None
@@ -315,22 +341,47 @@ class LakeTables:
             grouped.setdefault(day_sid, []).append(day)
         summary = {STORED_DATES: json.dumps({key: encode_dates(days) for key, days in sorted(grouped.items())}), **properties}
         replaced = sorted(set(business_dates) | set(dropped))
-        writer = frame.writeTo(identifier).option("mergeSchema", "true")
+        # Serializable: Iceberg checks, at the commit (and again at each retry of it), that no snapshot
+        # after ``read_snapshot`` added files of these dates. With no snapshot read, every snapshot is
+        # after it: validating from the table's first one is the same check.
+        writer = frame.writeTo(identifier).option("mergeSchema", "true").option("isolation-level", "serializable")
+        if read_snapshot is not None:
+            writer = writer.option("validate-from-snapshot-id", str(read_snapshot))
         for key, value in summary.items():
             writer = writer.option(f"snapshot-property.{key}", value)
         from pyspark.sql import functions as F
 
         try:
             writer.overwrite(F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in replaced]))
+        except Exception as error:  # noqa: BLE001 - Py4JJavaError or Connect's UnknownException: told apart by their text
+            if VALIDATION_EXCEPTION not in str(error):
+                raise
+            raise _conflict(table, asset, replaced, read_snapshot, error) from error
         finally:
             if hop is not None:
                 spark.catalog.dropGlobalTempView(hop)
+        return self._committed_by(table, asset, properties.get(RUN_ID))
 
-    def drop_dates(self, spark: SparkSession, table: str, asset: str, days: list[str], properties: dict[str, str]) -> None:
-        """Remove the dates ``days`` (their rows and their record) in one commit."""
+    def _committed_by(self, table: str, asset: str, run_id: str | None) -> int:
+        """The newest snapshot of the asset's ``main`` history that ``run_id`` committed (the one this
+        process just committed: a run writes each asset from one step at a time)."""
+        loaded = self.load(table, asset)
+        snapshot = loaded.current_snapshot()
+        newest = snapshot
+        while snapshot is not None and run_id is not None:
+            if snapshot.summary is not None and snapshot.summary.get(RUN_ID) == run_id:
+                return snapshot.snapshot_id
+            snapshot = loaded.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+        return newest.snapshot_id
+
+    def drop_dates(
+        self, spark: SparkSession, table: str, asset: str, days: list[str], properties: dict[str, str], read_snapshot: int | None = None
+    ) -> int:
+        """Remove the dates ``days`` (their rows and their record) in one commit, serializable from
+        ``read_snapshot`` (see :meth:`write`); returns the snapshot committed."""
         spark = self.session_for(spark)
         empty = spark.read.table(table_identifier(table, asset)).limit(0)
-        self.write(empty, table, asset, [], properties, dropped=days)
+        return self.write(empty, table, asset, [], properties, dropped=days, read_snapshot=read_snapshot)
 
     def _create(self, spark: SparkSession, table: str, asset: str, frame: DataFrame) -> None:
         """Create the asset's table, partitioned by ``business_date``, with no snapshot yet."""
@@ -360,6 +411,24 @@ class LakeTables:
             if f.name != BUSINESS_DATE
         ]
         return frame.select(*columns, F.col(BUSINESS_DATE))
+
+
+def _partition_date(value) -> str:
+    """A ``business_date`` partition value as pyiceberg gives it (a date, or days since 1970-01-01) in ISO form."""
+    return value.isoformat() if hasattr(value, "isoformat") else (date(1970, 1, 1) + timedelta(days=int(value))).isoformat()
+
+
+def _conflict(table: str, asset: str, days: list[str], read_snapshot: int | None, error: Exception) -> ConcurrentWriteError:
+    """The error of a write that lost to another writer of the same dates (Iceberg's validation failed)."""
+    text = str(error)
+    found = text[text.index(VALIDATION_EXCEPTION) + len(VALIDATION_EXCEPTION):].lstrip(") :").splitlines()[0]
+    read = f"snapshot {read_snapshot}" if read_snapshot is not None else "no snapshot (the table was empty)"
+    return ConcurrentWriteError(
+        f"{table}/{asset}: conflicting write of {', '.join(days) or 'no date'}: another writer committed "
+        f"{'that date' if len(days) == 1 else 'those dates'} after this run read the table at {read}; "
+        f"nothing of this write was committed. Re-run the date(s) once the other run is done.",
+        f"Iceberg's ValidationException: {found}",
+    )
 
 
 def _local(uri: str) -> str:

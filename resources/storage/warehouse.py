@@ -48,6 +48,9 @@ class WarehouseStorage:
     _in_use: set[tuple[str, str, str]] = field(default_factory=set)
     # The session of this run's reads and writes: retention's commits go through it too.
     _spark: SparkSession | None = None
+    # Each asset's snapshot when this run became its table's writer (None: no snapshot yet), then the
+    # run's own latest commit: every write is serializable from it (see :meth:`hold_writer_lock`).
+    _read_snapshots: dict[tuple[str, str], int | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root = local_warehouse_path(self.root)
@@ -90,23 +93,41 @@ class WarehouseStorage:
         """Make this run the table's only writer until :meth:`release`; wait for another holder first.
 
         Waits up to ``lock_timeout`` seconds, then raises ``WriterLockTimeout`` naming the holder.
+
+        Once the lock is taken, records each of the table's assets' current snapshot: what this run
+        reads and writes from (a run takes the lock before it reads, and a run that waited for it starts
+        from the snapshots the previous writer left). The run's writes commit only if no other writer
+        (one the lock does not reach: another host, a file system without locks) committed the same dates
+        since; otherwise they fail with ``ConcurrentWriteError``.
         """
         if not self._locks.holds(table):
             self._locks.take(table, self.layout.lock_path(table))
+            for asset in self.tables.assets(table):
+                loaded = self.tables.load(table, asset)
+                current = None if loaded is None else loaded.current_snapshot()
+                self._read_snapshots[(table, asset)] = None if current is None else current.snapshot_id
 
     def release(self) -> None:
         """Give up every writer lock this process holds (at the end of the run, however it ended)."""
         self._locks.release()
+        self._read_snapshots.clear()
 
     # -- writing ---------------------------------------------------------------------------------------
-    def write(self, frame: DataFrame, table: str, asset: str, business_dates: list[str]) -> dict[str, int]:
+    def write(
+        self, frame: DataFrame, table: str, asset: str, business_dates: list[str], dropped: Iterable[str] = ()
+    ) -> dict[str, int]:
         """Store ``frame`` as the partitions ``business_dates`` of ``[table, asset]`` in one Iceberg commit;
         rows per date.
 
         ``frame`` has a ``business_date`` (date) column whose values must be among ``business_dates``,
         or, for a single date, may have none. Rows dated elsewhere (NULL included) fail the write before
         it commits. A date without rows is stored all the same (the table records its dates).
+
+        ``dropped``: later stored dates computed from the state these dates replace (a re-run inside a
+        backfill, cdc_assets/core/rerun.py). They leave the table in the same commit, each recorded
+        first as dropped by this re-run, so a reader says so (:func:`missing_partition_error`).
         """
+        dropped = sorted(set(dropped))
         self.hold_writer_lock(table)
         dated = BUSINESS_DATE in frame.columns
         if not dated and len(business_dates) != 1:
@@ -126,10 +147,39 @@ class WarehouseStorage:
         self._spark = frame.sparkSession
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
         properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
-        self.tables.write(frame, table, asset, business_dates, properties)
+        if dropped:
+            self._record_dropped_by_rerun(table, asset, business_dates, dropped)
+            properties["cdc.dropped-dates"] = ",".join(dropped)
+        self._read_snapshots[(table, asset)] = self.tables.write(
+            frame, table, asset, business_dates, properties, dropped=dropped, read_snapshot=self._read_snapshots.get((table, asset))
+        )
         retention.forget_dropped(self.layout, table, asset, business_dates)
         self._in_use.update((table, asset, day) for day in business_dates)
         return self.row_counts(table, asset, business_dates)
+
+    def drop_after_rerun(self, table: str, asset: str, rerun_dates: list[str], dropped: Iterable[str]) -> None:
+        """Drop ``dropped`` (later dates computed from the state a re-run of ``rerun_dates`` replaces) from an
+        asset the re-run writes no date of, in one commit, each recorded as :meth:`write` records them.
+        Holds the table's writer lock."""
+        dropped = sorted(set(dropped))
+        if not dropped:
+            return
+        self.hold_writer_lock(table)
+        self._record_dropped_by_rerun(table, asset, rerun_dates, dropped)
+        properties = {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(dropped)}
+        self.tables.drop_dates(self._session(), table, asset, dropped, properties)
+
+    def _record_dropped_by_rerun(self, table: str, asset: str, rerun_dates: list[str], dropped: list[str]) -> None:
+        first, last = min(rerun_dates), max(rerun_dates)
+        record = {
+            "setting": retention.RERUN,
+            retention.RERUN: first if first == last else f"{first}..{last}",
+            "newest": dropped[-1],
+            "run_id": self.run_id,
+        }
+        for day in dropped:
+            stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
 
     def append_to_runs_log(self, rows: pa.Table, table: str) -> str:
         """Add ``rows`` to the runs log as a new file (never rewriting one); returns its path.
@@ -263,7 +313,19 @@ class WarehouseStorage:
         for day in expired:
             stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
-        self.tables.drop_dates(self._session(), table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)})
+        self._read_snapshots[(table, asset)] = self.tables.drop_dates(
+            self._session(), table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)},
+            read_snapshot=self._read_snapshots.get((table, asset)),
+        )
+
+    def expire_snapshots(self, table: str, asset: str, days: int, now: datetime | None = None) -> int:
+        """Apply ``retention.snapshot_days``: expire the asset's table versions (snapshots) older than
+        ``days`` days, never the current one, so that the files only they read (what re-runs, drops and
+        erases replaced) are deleted. Returns how many were expired. Holds the table's writer lock."""
+        retention.check_days(table, asset, days, retention.SNAPSHOT_DAYS, minimum=0)
+        self.hold_writer_lock(table)
+        cutoff = (now or datetime.now(timezone.utc)) - timedelta(days=days)
+        return self.tables.expire_snapshots_before(self._session(), table, asset, int(cutoff.timestamp() * 1000))
 
     def dropped_partition(self, table: str, asset: str, business_date: str) -> dict | None:
         """What retention recorded when it dropped the partition (``setting``, its value under the setting's
