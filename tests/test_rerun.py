@@ -97,14 +97,21 @@ def _snapshots(storage: WarehouseStorage) -> dict[str, list[int]]:
     return {asset: [s.snapshot_id for s in storage.tables.load("t", asset).snapshots()] for asset in storage.stored_assets("t")}
 
 
-def test_a_rerun_of_a_middle_date_with_a_corrected_extract_leaves_no_later_date_from_the_old_one(spark, tmp_path, monkeypatch):
+# An incremental current_table compacted every second date stores 1, 3 and 5 as full copies, 2 and 4 as
+# changes: date 3's re-run writes a full copy and drops 5 from the full copies and 4 from the changes,
+# a table it writes no date of.
+INCREMENTAL = {"storage": {"current": "incremental", "compact_after_dates": 2, "compact_after_share": 10.0}}
+
+
+@pytest.mark.parametrize("fields", [{}, INCREMENTAL], ids=["snapshot", "incremental"])
+def test_a_rerun_of_a_middle_date_with_a_corrected_extract_leaves_no_later_date_from_the_old_one(spark, tmp_path, monkeypatch, fields):
     # What the chain holds when date 3's extract was the corrected one from the start.
-    reference_root, reference_defs = _chain(tmp_path, monkeypatch, "reference", CORRECTED_DAY3)
+    reference_root, reference_defs = _chain(tmp_path, monkeypatch, "reference", CORRECTED_DAY3, **fields)
     assert run_range(reference_defs, D[0], D[4]).success
     reference = WarehouseStorage(str(reference_root))
     expected = {(asset, day): _rows(spark, reference, asset, day) for asset in (CURRENT, HISTORY) for day in D[3:]}
 
-    root, defs = _chain(tmp_path, monkeypatch, "warehouse", OLD_DAY3)
+    root, defs = _chain(tmp_path, monkeypatch, "warehouse", OLD_DAY3, **fields)
     instance = DagsterInstance.ephemeral()
     assert run_range(defs, D[0], D[4], instance).success
     storage = WarehouseStorage(str(root))

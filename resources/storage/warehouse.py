@@ -167,7 +167,9 @@ class WarehouseStorage:
         self.hold_writer_lock(table)
         self._record_dropped_by_rerun(table, asset, rerun_dates, dropped)
         properties = {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(dropped)}
-        self.tables.drop_dates(self._session(), table, asset, dropped, properties)
+        self._read_snapshots[(table, asset)] = self.tables.drop_dates(
+            self._session(), table, asset, dropped, properties, read_snapshot=self._read_snapshots.get((table, asset))
+        )
 
     def _record_dropped_by_rerun(self, table: str, asset: str, rerun_dates: list[str], dropped: list[str]) -> None:
         first, last = min(rerun_dates), max(rerun_dates)
