@@ -292,3 +292,33 @@ def test_the_io_manager_previews_each_dates_own_first_rows(spark, tmp_path):
     assert sorted(previews[D2]) == [("m0", 100), ("m1", 101)]
     assert previews[D3] == []
     manager.storage.release()
+
+
+def test_sessions_opening_a_new_warehouse_at_once_all_open_it(spark, tmp_path):
+    """Two tables' first runs on one Spark Connect server are two sessions of one JVM opening the same new
+    catalog at once. Iceberg's JDBC catalog creates its SQLite tables, then adds a column, on first open,
+    checking first and not in one transaction; unserialised, one session failed ("Cannot check and
+    eventually update SQL schema"). Each round is a new warehouse, opened by four sessions started
+    together; every round all of them open it, and a table written through one is listed by all."""
+    sessions = [spark.newSession() for _ in range(4)]
+    for round_ in range(12):
+        root = str(tmp_path / f"warehouse-{round_}")
+        start = threading.Barrier(len(sessions))
+        errors: list[BaseException] = []
+
+        def first_open(session) -> None:
+            try:
+                start.wait()
+                WarehouseStorage(root).tables.session_for(session).sql("SHOW NAMESPACES IN lake").collect()
+            except BaseException as error:  # noqa: BLE001 - reported below with the round
+                errors.append(error)
+
+        threads = [threading.Thread(target=first_open, args=(session,)) for session in sessions]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, f"round {round_}: {errors[0]!r}"
+    storage = WarehouseStorage(root)
+    storage.tables.write(spark.range(3).withColumn("business_date", F.lit(date(2024, 1, 1))), "orders", "hashed_incoming", [D1], {})
+    assert WarehouseStorage(root).tables.assets("orders") == ["hashed_incoming"]

@@ -138,7 +138,17 @@ query Run($runId: ID!) {
 """
 RUN_LOGS = """
 query Logs($runId: ID!) {
-  logsForRun(runId: $runId) { __typename ... on EventConnection { events { __typename ... on MessageEvent { message } } } }
+  logsForRun(runId: $runId) {
+    __typename
+    ... on EventConnection {
+      events {
+        __typename
+        ... on MessageEvent { message }
+        ... on ExecutionStepFailureEvent { error { message stack cause { message stack } } }
+        ... on RunFailureEvent { pipelineFailureError: error { message } }
+      }
+    }
+  }
 }
 """
 
@@ -209,7 +219,11 @@ def test_make_ui_keeps_one_warm_server_for_runs_of_two_tables_at_once_and_stops_
             table: [event.get("message", "") for event in _graphql(url, RUN_LOGS, {"runId": run})["logsForRun"]["events"]]
             for table, run in runs.items()
         }
-        assert statuses == {"orders": "SUCCESS", "accounts": "SUCCESS"}, (statuses, messages)
+        failures = {
+            table: [event for event in _graphql(url, RUN_LOGS, {"runId": run})["logsForRun"]["events"] if event["__typename"].endswith("FailureEvent")]
+            for table, run in runs.items()
+        }
+        assert statuses == {"orders": "SUCCESS", "accounts": "SUCCESS"}, (statuses, failures, tail(log))
         application = connect_server.probe(server.port)["spark.app.id"]
         for table in runs:
             assert any(f"Spark for this run: the project's warm Spark Connect server {server.url} (pid {server.pid})" in m for m in messages[table]), messages[table]

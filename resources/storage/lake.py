@@ -12,6 +12,12 @@ is opened, so it is fixed here. No Dagster here.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+
 from pyspark.sql import SparkSession
 
 # The name Spark and pyiceberg open the catalog under (also the key of its rows in the SQLite file).
@@ -78,6 +84,44 @@ def use_catalog(spark: SparkSession, root: str) -> None:
         )
     for key, value in wanted.items():
         spark.conf.set(key, value)
+
+
+# The catalog's own tables, as Iceberg's JDBC catalog (schema V1) leaves them once it opened the file.
+_CATALOG_TABLES = ("iceberg_tables", "iceberg_namespace_properties")
+_V1_COLUMN = "iceberg_type"
+INIT_LOCK_FILE = ".lake_catalog.init.lock"
+
+
+def catalog_ready(root: str) -> bool:
+    """Whether the warehouse's SQLite file holds the catalog's tables in their V1 shape: opening it
+    then only reads them."""
+    path = catalog_file(root)
+    if not os.path.exists(path):
+        return False
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_SECONDS)) as connection:
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        columns = {row[1] for row in connection.execute("PRAGMA table_info(iceberg_tables)")}
+    return all(name in tables for name in _CATALOG_TABLES) and _V1_COLUMN in columns
+
+
+def open_catalog_once(root: str, open_catalog: Callable[[], None]) -> None:
+    """Run ``open_catalog`` (the first use of the catalog by Spark) under a lock on the warehouse when
+    the catalog's tables are not all there yet.
+
+    Iceberg's JDBC catalog creates its tables, then adds the V1 column, the first time each session
+    opens it, checking first and not in one transaction: two sessions opening a new warehouse at once
+    (two tables' first runs on one Spark Connect server) raced, and one failed with "Cannot check and
+    eventually update SQL schema". Once the tables are there, opening only reads them and needs no lock."""
+    if catalog_ready(root):
+        return
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, INIT_LOCK_FILE), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not catalog_ready(root):
+                open_catalog()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def opened_warehouse(spark: SparkSession) -> str | None:

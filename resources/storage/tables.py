@@ -38,7 +38,15 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructT
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.dates import date_runs
 from cdc_assets.core.errors import SummarizedError
-from resources.storage.lake import CATALOG_NAME, catalog_file, opened_warehouse, pyiceberg_properties, table_identifier, use_catalog
+from resources.storage.lake import (
+    CATALOG_NAME,
+    catalog_file,
+    open_catalog_once,
+    opened_warehouse,
+    pyiceberg_properties,
+    table_identifier,
+    use_catalog,
+)
 
 STORED_DATES = "cdc.stored-dates"
 RUN_ID = "cdc.run-id"
@@ -117,6 +125,7 @@ class LakeTables:
     _schemas: dict[str, StructType] = field(default_factory=dict, repr=False)
     # Sessions of this warehouse derived from sessions that opened another one (see :meth:`session_for`).
     _derived: dict[int, SparkSession] = field(default_factory=dict, repr=False)
+    _catalog_ready: bool = field(default=False, repr=False)
 
     def session_for(self, spark: SparkSession) -> SparkSession:
         """``spark``, with this warehouse's catalog opened in it; or, when ``spark`` opened another
@@ -125,13 +134,17 @@ class LakeTables:
         opened = opened_warehouse(spark)
         if opened is None or opened == catalog_file(self.root):
             use_catalog(spark, self.root)
-            return spark
-        derived = self._derived.get(id(spark))
-        if derived is None:
-            derived = _another_session(spark)
-            use_catalog(derived, self.root)
-            self._derived[id(spark)] = derived
-        return derived
+            session = spark
+        else:
+            session = self._derived.get(id(spark))
+            if session is None:
+                session = _another_session(spark)
+                use_catalog(session, self.root)
+                self._derived[id(spark)] = session
+        if not self._catalog_ready:
+            open_catalog_once(self.root, lambda: session.sql(f"SHOW NAMESPACES IN {CATALOG_NAME}").collect())
+            self._catalog_ready = True
+        return session
 
     # -- the catalog -----------------------------------------------------------------------------------
     @property
@@ -140,7 +153,10 @@ class LakeTables:
         if self._catalog is None:
             from pyiceberg.catalog import load_catalog
 
-            self._catalog = load_catalog(CATALOG_NAME, **pyiceberg_properties(self.root))
+            # pyiceberg creates the catalog's tables too when they are missing: not at once with Spark.
+            open_catalog_once(self.root, lambda: setattr(self, "_catalog", load_catalog(CATALOG_NAME, **pyiceberg_properties(self.root))))
+            if self._catalog is None:
+                self._catalog = load_catalog(CATALOG_NAME, **pyiceberg_properties(self.root))
         return self._catalog
 
     def load(self, table: str, asset: str):
