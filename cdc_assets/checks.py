@@ -46,7 +46,7 @@ from cdc_assets.core.state import untouched_operation
 from cdc_assets.core.schema import SchemaChangeError, schema_change, shared_tracked_columns, stored_spec, updates_equal_on_shared_columns
 from cdc_assets.schema_changes import configured_spec
 from pyspark.sql import functions as F
-from resources.state import state_rows, stored_fields
+from resources.state import state_rows, stored_fields, untouched_rows
 from resources.storage import state_changes_asset
 from cdc_assets.names import (
     CLASSIFICATION,
@@ -265,7 +265,7 @@ def _state_figures(io_manager: PartitionedParquetIOManager, config: TableConfig,
     figures = {}
     if fulls:
         figures.update(keyed_figures_by_date(io_manager.read_partitions(table, CURRENT, fulls), BUSINESS_DATE, config.key_names))
-    parts = {date.fromisoformat(day): (True, figures.get(date.fromisoformat(day), KeyedFigures()).rows) for day in fulls}
+    parts = {date.fromisoformat(day): (True, figures.get(date.fromisoformat(day), KeyedFigures()).rows, 0) for day in fulls}
     if changes:
         stored = keyed_figures_by_date(
             io_manager.read_partitions(table, state_changes_asset(CURRENT), changes), BUSINESS_DATE, config.key_names
@@ -276,7 +276,7 @@ def _state_figures(io_manager: PartitionedParquetIOManager, config: TableConfig,
             rows = state_rows(storage, table, CURRENT, day)
             # Keys the date's changes hold twice are keys the state holds twice.
             figures[on] = KeyedFigures(rows, rows - (part.rows - part.distinct_keys), part.null_key_rows)
-            parts[on] = (False, part.rows)
+            parts[on] = (False, part.rows, untouched_rows(storage, table, CURRENT, day, untouched_operation(config.load_type)))
     return figures, parts
 
 
@@ -328,5 +328,5 @@ def _updates_outcome(io_manager: PartitionedParquetIOManager, config: TableConfi
 def _stored_part_outcomes(config: TableConfig, day: str, operations: dict[str, int], parts) -> list:
     if not config.storage.incremental:
         return []
-    full_copy, rows = parts.get(date.fromisoformat(day), (False, 0))
-    return [reconcile_stored_state(operations, full_copy, rows, untouched_operation(config.load_type))]
+    full_copy, rows, untouched_rows_stored = parts.get(date.fromisoformat(day), (False, 0, 0))
+    return [reconcile_stored_state(operations, full_copy, rows, untouched_operation(config.load_type), untouched_rows_stored)]

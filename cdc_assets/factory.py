@@ -343,6 +343,7 @@ def _apply_changes(
             non_key_columns=[column.name for column in table.non_keys],
             touched_keys_only=incremental,
             previous_rows=previous_rows,
+            untracked_columns=[column.name for column in table.untracked_columns],
         )
     try:
         counts = {day.isoformat(): by_op for day, by_op in plan.counts.items()}

@@ -59,6 +59,16 @@ def state_rows(storage: WarehouseStorage, table: str, asset: str, as_of: str) ->
     return rows
 
 
+def untouched_rows(storage: WarehouseStorage, table: str, asset: str, day: str, untouched: str) -> int:
+    """Rows of the date's stored changes with the ``untouched`` operation (a full load's N rows whose
+    untracked values changed), from the ``operation`` column only; 0 when the date stored no changes."""
+    changes_asset = state_changes_asset(asset)
+    if day not in storage.stored_dates(table, changes_asset):
+        return 0
+    operations = storage.tables.column(table, changes_asset, [day], OPERATION)
+    return pc.sum(pc.equal(operations, untouched)).as_py() or 0
+
+
 def state_since_full(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> StateSince:
     """What the state as of ``as_of`` is stored as: its full copy's rows and the changes after it."""
     layout = storage.state_layout(table, asset, as_of)

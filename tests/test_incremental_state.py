@@ -10,7 +10,9 @@ pass. ``compact_after_dates: 2`` (and a share too large to matter) makes the inc
 and dates 2 and 4 as changes, so the chain is compacted in its middle. Dates 1-3 run one by one (a
 one-date run of an incremental delta or change set reads only the keys it touches, and date 3 compacts
 on that path); the last two run as one single-run backfill, which plans a range of incremental dates
-in one step. The change sets keep a tombstone one date, so untouched keys' tombstones expire.
+in one step. The change sets keep a tombstone one date, so untouched keys' tombstones expire. The full
+loads carry an untracked batch id that changes every date, and date 4 changes nothing tracked: the state as
+of each date shows that date's batch (issue 34: the incremental state showed the previous date's).
 """
 
 from __future__ import annotations
@@ -71,16 +73,21 @@ def _land(source: Path, load_type: str) -> dict:
     source.mkdir(parents=True)
     sequence = 0
     for index, day in enumerate(DAYS):
-        changes = [("I", key, row) for key, row in sorted(table.items())] if index == 0 else _evolve(rng, table, next_key)
-        if load_type == "full":
-            rows = [(key, *row) for key, row in sorted(table.items())]
+        if index == 0:
+            changes = [("I", key, row) for key, row in sorted(table.items())]
+        elif load_type == "full" and index == 3:
+            changes = []  # a full load that changes nothing tracked: every key N, with a new batch
+        else:
+            changes = _evolve(rng, table, next_key)
+        if load_type == "full":  # every row carries the extract's batch (untracked): its latest value is the state's
+            rows = [(key, *row, index + 1) for key, row in sorted(table.items())]
         elif load_type == "delta":  # a delta carries the changed and new rows; a deleted key is left out (X)
             rows = [(key, *row) for flag, key, row in changes if row is not None]
             rows += [(3, *table[3])] if 3 in table and index % 2 == 0 else []  # supplied again unchanged: N
         if load_type in ("full", "delta"):
             with open(source / f"{day}.csv", "w", newline="") as handle:
                 writer = csv.writer(handle)
-                writer.writerow(["id", "value", "name"])
+                writer.writerow(["id", "value", "name", "batch"] if load_type == "full" else ["id", "value", "name"])
                 writer.writerows(sorted(set(rows)))
         elif load_type == "changeset":
             with open(source / f"{day}.csv", "w", newline="") as handle:
@@ -102,7 +109,11 @@ def _land(source: Path, load_type: str) -> dict:
                     event = {"before": {"id": key} if flag == "D" else None, "after": after, "op": op, "source": {"lsn": sequence}}
                     handle.write(json.dumps(event) + "\n")
     if load_type == "full":
-        return {"load_type": "full", "source": {"path": f"{source}/{{date}}.csv", "format": "csv", "options": {"header": True}}}
+        return {
+            "load_type": "full",
+            "source": {"path": f"{source}/{{date}}.csv", "format": "csv", "options": {"header": True}},
+            "untracked_columns": [{"name": "batch", "type": "int"}],
+        }
     if load_type == "delta":
         return {"load_type": "delta", "source": {"path": f"{source}/{{date}}.csv", "format": "csv", "options": {"header": True}}}
     if load_type == "changeset":
@@ -177,10 +188,15 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
         for root in (incremental, snapshot):  # X is counted, not written
             assert read_stored(spark, partition_dir(root, "t", DELETES, day)).filter("operation <> 'D'").count() == 0
             assert read_stored(spark, partition_dir(root, "t", CLASSIFICATION, day)).filter("operation = 'X'").count() == 0
-    # The changes stored for date 2 are the touched keys only.
     stored = read_stored(spark, partition_dir(incremental, "t", state_changes_asset(CURRENT), DAYS[1]))
-    untouched = "N" if load_type == "full" else "X"
-    assert stored.count() and stored.filter(f"operation = '{untouched}'").count() == 0
+    if load_type == "full":
+        # A full load's unchanged keys came with a new batch (untracked): their N rows are state changes,
+        # stored, and the state as of date 4 (nothing tracked changed) holds date 4's batch on every row.
+        unchanged = read_stored(spark, partition_dir(snapshot, "t", CLASSIFICATION, DAYS[1])).filter("operation = 'N'").count()
+        assert stored.filter("operation = 'N'").count() == unchanged > 0
+        assert {row.batch for row in current_state(spark, configs["incremental"], DAYS[3]).collect()} == {4}
+    else:  # the changes stored for date 2 are the touched keys only
+        assert stored.count() and stored.filter("operation = 'X'").count() == 0
 
     if load_type in ("changeset", "debezium"):  # a change set's own state, applied_sequences, likewise
         for day in DAYS:

@@ -86,6 +86,7 @@ def plan_changes(
     non_key_columns: Sequence[str] | None = None,
     touched_keys_only: bool = False,
     previous_rows: int = 0,
+    untracked_columns: Sequence[str] = (),
 ) -> ChangePlan:
     """Classify every date of the range against the state the date before left; the outputs to write.
 
@@ -101,7 +102,9 @@ def plan_changes(
     which stores a date's changes only) a delta, and a one-date change set without a truncate, read of
     the previous state only the keys the date supplies, and the X count is ``previous_rows`` (the
     previous state's rows) less the keys the date touched; ``current`` then holds the touched keys
-    only, and ``full_states`` gives the whole state.
+    only, and ``full_states`` gives the whole state. ``untracked_columns`` name the payload columns that
+    are neither keys nor tracked: a full load's N rows whose values of them changed are state changes too
+    (:func:`state.stored_changes`).
     """
     dates = sorted(business_dates)
     # What every output row is annotated with: the run's audit stamp, and the non-key columns U rows name
@@ -139,7 +142,7 @@ def plan_changes(
         current=current,
         history=cdc.build_history(changed),
         counts=counts,
-        state_changes=stored_changes(changed, load_type),
+        state_changes=stored_changes(changed, load_type, previous, dates, untracked_columns),
         full_states=full_states or _dates_of(current),
         _cached=cached,
     )

@@ -118,18 +118,27 @@ def reconcile_changes(
     ]
 
 
-def reconcile_stored_state(operations: Mapping[str, int], full_copy: bool, stored_rows: int, untouched: str) -> Reconciliation:
+def reconcile_stored_state(
+    operations: Mapping[str, int], full_copy: bool, stored_rows: int, untouched: str, stored_untouched: int = 0
+) -> Reconciliation:
     """What an incremental state stored for the date: a full copy holds I + U + N + X rows; the date's
-    changes every operation's rows but ``untouched``'s (N after a full load, X otherwise)."""
+    changes every operation's rows but ``untouched``'s (N after a full load, X otherwise), plus the
+    ``stored_untouched`` N rows of a full load whose untracked values changed (at most N of them: more
+    stored fails the check)."""
     counts = {op: operations[op] for op in (INSERT, UPDATE, DELETE, UNCHANGED, NOT_SUPPLIED)}
+    extra = {}
     if full_copy:
         expected, label = sum(counts[op] for op in (INSERT, UPDATE, UNCHANGED, NOT_SUPPLIED)), "I + U + N + X"
     else:
         kept = [op for op in (INSERT, UPDATE, DELETE, UNCHANGED) if op != untouched]
         expected, label = sum(counts[op] for op in kept), " + ".join(kept)
+        if stored_untouched:
+            expected += min(stored_untouched, counts[untouched])
+            label += f" + {untouched} rows whose untracked values changed"
+            extra = {"untracked_values_changed": stored_untouched}
     stored_as = "full copy" if full_copy else "changes"
     return _rule("current_table", "stored_state_reconciles", f"rows stored ({stored_as})", stored_rows, label, expected,
-                 stored_as=stored_as)
+                 stored_as=stored_as, **extra)
 
 
 def reconcile_change_set_intake(

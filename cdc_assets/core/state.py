@@ -39,10 +39,61 @@ def untouched_operation(load_type: LoadType) -> str:
     return UNCHANGED if load_type is LoadType.full else NOT_SUPPLIED
 
 
-def stored_changes(changes: DataFrame, load_type: LoadType) -> DataFrame:
-    """The rows of ``changes`` (a date's classified rows) that an incremental state stores for the date:
-    all but the untouched operation's (N for a full load, X otherwise), without ``changed_columns``."""
-    return changes.filter(F.col(OPERATION) != F.lit(untouched_operation(load_type))).drop(CHANGED_COLUMNS)
+def stored_changes(
+    changes: DataFrame,
+    load_type: LoadType,
+    previous: DataFrame | None = None,
+    dates: Sequence[date] = (),
+    untracked_columns: Sequence[str] = (),
+) -> DataFrame:
+    """The rows of ``changes`` (the range's classified rows, dated) that an incremental state stores for
+    each date: all but the untouched operation's (N for a full load, X otherwise), without
+    ``changed_columns``.
+
+    A full load's N row carries the key's latest supplied untracked values: with ``untracked_columns``,
+    the N rows whose untracked values differ from the key's row the date before are stored too (the
+    date before is ``previous`` for the first of ``dates``, else the previous date's rows), so the state
+    as of the date shows them. A full load whose untracked column changes every day (a batch id) so
+    stores every key every date.
+    """
+    untouched = F.lit(untouched_operation(load_type))
+    kept = changes.filter(F.col(OPERATION) != untouched)
+    if load_type is not LoadType.full or not untracked_columns or not dates:
+        return kept.drop(CHANGED_COLUMNS)
+    return kept.unionByName(_refreshed_untracked(changes, previous, sorted(dates), untracked_columns)).drop(CHANGED_COLUMNS)
+
+
+_BEFORE = "__cdc_before_"
+
+
+def _refreshed_untracked(changes: DataFrame, previous: DataFrame | None, dates: Sequence[date], untracked: Sequence[str]) -> DataFrame:
+    """The N rows of ``changes`` (full loads of ``dates``, consecutive) whose ``untracked`` columns differ
+    from the same key's row on the date before: after a full load the state is the date's rows, so the
+    row before is the previous date's I/U/N row, or ``previous``'s for the first date."""
+    following = {day: after for day, after in zip(dates, dates[1:])}
+    rows_before = changes.filter(F.col(OPERATION) != F.lit(DELETE))
+    if following:
+        pairs = [F.lit(value) for day, after in following.items() for value in (day, after)]
+        moved = rows_before.withColumn(BUSINESS_DATE, F.element_at(F.create_map(*pairs), F.col(BUSINESS_DATE)))
+        befores = [moved.filter(F.col(BUSINESS_DATE).isNotNull())]
+    else:
+        befores = []
+    if previous is not None:
+        befores.append(previous.withColumn(BUSINESS_DATE, F.lit(dates[0]).cast("date")))
+    if not befores:
+        return changes.filter(F.lit(False))
+    types = {field.name: field.dataType for field in changes.schema.fields}
+
+    def untracked_of(part: DataFrame) -> list[F.Column]:
+        # A column added on the date is NULL the date before (as the readers show it).
+        return [F.col(name) if name in part.columns else F.lit(None).cast(types[name]).alias(name) for name in untracked]
+
+    before = reduce(DataFrame.unionByName, [part.select(KEY_HASH, BUSINESS_DATE, *untracked_of(part)) for part in befores]).select(
+        KEY_HASH, BUSINESS_DATE, *(F.col(name).alias(f"{_BEFORE}{name}") for name in untracked)
+    )
+    same = reduce(lambda both, name: both & F.col(name).eqNullSafe(F.col(f"{_BEFORE}{name}")), untracked, F.lit(True))
+    unchanged = changes.filter(F.col(OPERATION) == F.lit(UNCHANGED))
+    return unchanged.join(before, on=[KEY_HASH, BUSINESS_DATE], how="left").filter(~same).select(*changes.columns)
 
 
 def state_from_parts(
