@@ -313,10 +313,21 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         """``retention.snapshot_days``: expire the assets' table versions older than ``days`` days."""
         if days is None:
             return {}
-        expired = sum(self.storage.expire_snapshots(table, asset, days) for asset in assets)
+        expired = removed = 0
+        for asset in assets:
+            expired_here = self.storage.expire_snapshots(table, asset, days)
+            expired += expired_here
+            if expired_here:  # sweep what killed writes left when versions age out, not at every run (it reads every retained version's manifests)
+                removed += len(self.storage.remove_unreferenced_files(table, asset))
         if expired:
             context.log.info(f"{table}/{', '.join(assets)}: retention.snapshot_days={days} expired {expired} table version(s)")
-        return {"retention_snapshot_days": MetadataValue.int(days), "expired_snapshots": MetadataValue.int(expired)}
+        if removed:
+            context.log.info(f"{table}/{', '.join(assets)}: removed {removed} file(s) no table version names (left by killed writes)")
+        return {
+            "retention_snapshot_days": MetadataValue.int(days),
+            "expired_snapshots": MetadataValue.int(expired),
+            "removed_unreferenced_files": MetadataValue.int(removed),
+        }
 
     def _previews(self, table: str, asset: str, rows: dict[str, int]) -> dict[str, list[tuple]]:
         """Up to ``PREVIEW_ROWS`` stored rows of each date, read back from the committed partitions.

@@ -395,11 +395,19 @@ def test_kill_9_inside_a_commit_leaves_every_table_at_a_whole_snapshot_and_a_rer
     referenced = _referenced_files(storage.tables.load(TABLE, "current_table"))
     leftovers = _data_files(warehouse, TABLE, "current_table", DAY2) - files_before["current_table"]
     assert leftovers and not leftovers & referenced
+    # The killed commit wrote its manifests and its new metadata file too, none of which the table
+    # names: maintenance finds them all, beside the data files.
+    unreferenced = set(storage.tables.unreferenced_files(TABLE, "current_table"))
+    assert leftovers <= unreferenced
+    kinds = {("manifest list" if name.startswith("snap-") else "metadata file" if name.endswith(".metadata.json") else "manifest")
+             for name in (os.path.basename(path) for path in unreferenced - leftovers) if not name.endswith(".crc")}
+    assert kinds == {"manifest", "manifest list", "metadata file"}, unreferenced - leftovers
     # The purge removes them (and every other file no current snapshot reads).
     storage.purge_unreferenced_files(TABLE)
     storage.release()
-    assert not any(os.path.exists(path) for path in leftovers)
+    assert not any(os.path.exists(path) for path in unreferenced)
     assert all(live for _, _, _, live in storage.data_files(TABLE))
+    assert all(not storage.tables.unreferenced_files(TABLE, asset) for asset in ALL_ASSETS)
 
     # The re-run of the date with the original extract: every asset, row for row, as the uninterrupted run.
     (landing / f"{DAY2}.csv").write_text(original_day2)

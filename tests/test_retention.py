@@ -68,11 +68,41 @@ def chain(spark, tmp_path_factory):
     patch.setenv("CDC_TABLE_CONFIGS", str(configs))
     instance = DagsterInstance.ephemeral()
     try:
-        results = run_dates(definitions_for(retained, kept), [D1, D2, D3, D4], instance)
+        defs = definitions_for(retained, kept)
+        results = run_dates(defs, [D1, D2, D3], instance)
+        planted = _plant_killed_write_leftovers(warehouse)
+        results += run_dates(defs, [D4], instance)
         assert all(result.success for result in results)
-        yield {"warehouse": warehouse, "retained": retained, "kept": kept, "instance": instance, "runs": results}
+        yield {"warehouse": warehouse, "retained": retained, "kept": kept, "instance": instance, "runs": results, "planted": planted}
     finally:
         patch.undo()
+
+
+def _plant_killed_write_leftovers(warehouse: Path) -> dict[str, list[Path]]:
+    """What a write killed inside its commit leaves under each table's current_table (a data file, a
+    manifest, a metadata file none names), as copies of real ones dated two days back; and, under the
+    retained table, one such manifest written just now (a write of another host may still commit it)."""
+    storage = WarehouseStorage(str(warehouse))
+    planted = {}
+    for table in (RETAINED, KEPT):
+        loaded = storage.tables.load(table, "current_table")
+        location = Path(storage.tables.location(table, "current_table"))
+        data_file = next(iter(storage.tables.live_files(table, "current_table", [D3])))
+        manifest = next(location.glob("metadata/*-m0.avro"))
+        copies = {
+            location / "data" / f"business_date={D3}" / "00000-9-killed-00001.parquet": Path(data_file),
+            location / "metadata" / "killed-m0.avro": manifest,
+            location / "metadata" / "00099-killed.metadata.json": Path(loaded.metadata_location.removeprefix("file:")),
+        }
+        two_days_ago = loaded.current_snapshot().timestamp_ms / 1000 - 2 * 86400
+        for copy, original in copies.items():
+            copy.write_bytes(original.read_bytes())
+            os.utime(copy, (two_days_ago, two_days_ago))
+        planted[table] = list(copies)
+    fresh = Path(storage.tables.location(RETAINED, "current_table")) / "metadata" / "fresh-m0.avro"
+    fresh.write_bytes(planted[RETAINED][1].read_bytes())
+    planted["fresh"] = [fresh]
+    return planted
 
 
 def _stored(warehouse: Path, table: str, asset: str) -> list[str]:
@@ -123,6 +153,21 @@ def test_snapshot_days_expires_replaced_versions_and_deletes_a_dropped_dates_fil
     assert kept_current == set(DAYS)
 
 
+def test_a_run_that_expires_versions_removes_what_killed_writes_left_once_a_day_old(chain):
+    """Files no table version names (planted before day 4: a killed write's data file, manifest and
+    metadata file) are removed by the next run that expires versions, once a day old; a newer one stays
+    (it may be a write in progress elsewhere), and a table whose run expired nothing is not swept."""
+    planted, storage = chain["planted"], WarehouseStorage(str(chain["warehouse"]))
+    assert not any(path.exists() for path in planted[RETAINED])
+    assert all(path.exists() for path in planted["fresh"] + planted[KEPT])
+    assert [Path(path) for path in storage.tables.unreferenced_files(RETAINED, "current_table")] == planted["fresh"]
+    assert {Path(path) for path in storage.tables.unreferenced_files(KEPT, "current_table")} == set(planted[KEPT])
+    # Nothing any version reads was removed: every table still reads whole.
+    for table in (RETAINED, KEPT):
+        for asset in CDC_OUTPUTS:
+            storage.tables.load(table, asset).scan().to_arrow()
+
+
 def test_materializations_and_the_run_log_say_what_was_dropped(chain):
     instance = chain["instance"]
 
@@ -139,6 +184,8 @@ def test_materializations_and_the_run_log_say_what_was_dropped(chain):
     assert metadata(RETAINED, D4)["expired_snapshots"].value == 2
     assert metadata(KEPT, D4)["retention_snapshot_days"].value == 7
     assert metadata(KEPT, D4)["expired_snapshots"].value == 0
+    assert metadata(RETAINED, D4)["removed_unreferenced_files"].value == 3  # the planted leftovers
+    assert metadata(KEPT, D4)["removed_unreferenced_files"].value == 0
     assert "dropped_current_partitions" not in metadata(KEPT, D4)
     # Dagster still shows the dropped dates as materialized: retention does not touch the instance.
     assert metadata(RETAINED, D1)["dagster/row_count"].value == 3

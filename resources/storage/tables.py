@@ -270,7 +270,7 @@ class LakeTables:
 
     def expire_all_but_current(self, spark: SparkSession, table: str, asset: str) -> None:
         """Expire every snapshot of the asset but the current one (Iceberg deletes the files only they
-        referenced), then delete every data file the current snapshot does not read: what killed writes left."""
+        referenced), then delete every file under the asset that no metadata names: what killed writes left."""
         spark = self.session_for(spark)
         loaded = self.load(table, asset)
         if loaded is None or loaded.current_snapshot() is None:
@@ -280,10 +280,49 @@ class LakeTables:
             f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{table}.{asset}', "
             f"older_than => TIMESTAMP_MILLIS({newest + 1}), retain_last => 1)"
         ).collect()
-        live = set(self.live_files(table, asset))
-        for path in self.data_file_paths(table, asset):
-            if path not in live:
-                os.unlink(path)
+        self.remove_unreferenced_files(table, asset)
+
+    def unreferenced_files(self, table: str, asset: str) -> list[str]:
+        """Every file under the asset's location that neither the table's metadata files (the current one
+        and those it lists as previous) nor any of its snapshots name: what a write killed before or
+        inside its commit left (data files, manifests, a manifest list, a metadata file never committed),
+        with the checksum files (``.name.crc``) the local file system writes beside each. None of them is
+        ever read; reading every retained snapshot's manifests, this costs a read of the table's metadata."""
+        loaded = self.load(table, asset)
+        if loaded is None:
+            return []
+        metadata = loaded.metadata
+        named = {loaded.metadata_location, *(entry.metadata_file for entry in metadata.metadata_log)}
+        named |= {stats.statistics_path for stats in (*metadata.statistics, *metadata.partition_statistics)}
+        manifests = {}
+        for snapshot in loaded.snapshots():
+            named.add(snapshot.manifest_list)
+            manifests.update((manifest.manifest_path, manifest) for manifest in snapshot.manifests(loaded.io))
+        for path, manifest in manifests.items():
+            named.add(path)
+            named |= {entry.data_file.file_path for entry in manifest.fetch_manifest_entry(loaded.io, discard_deleted=True)}
+        referenced = {_local(uri) for uri in named}
+        found = []
+        for folder, _, names in os.walk(_local(loaded.location())):
+            for name in names:
+                checksum_of = name[1:-len(".crc")] if name.startswith(".") and name.endswith(".crc") else None
+                if os.path.join(folder, checksum_of or name) not in referenced:
+                    found.append(os.path.join(folder, name))
+        return sorted(found)
+
+    def remove_unreferenced_files(self, table: str, asset: str, older_than: float | None = None) -> list[str]:
+        """Delete :meth:`unreferenced_files` (last modified before ``older_than``, seconds since the
+        epoch, if given); returns the paths deleted. The caller holds the table's writer lock: a file of a
+        write still in progress is unreferenced too, until it commits."""
+        removed = []
+        for path in self.unreferenced_files(table, asset):
+            try:
+                if older_than is None or os.stat(path).st_mtime < older_than:
+                    os.unlink(path)
+                    removed.append(path)
+            except FileNotFoundError:  # a checksum file whose file went first, or removed meanwhile
+                pass
+        return removed
 
     def expire_snapshots_before(self, spark: SparkSession, table: str, asset: str, cutoff_ms: int) -> int:
         """Expire the asset's snapshots committed before ``cutoff_ms`` (ms since the epoch), never the

@@ -30,6 +30,10 @@ from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
 from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables
 from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout, missing_partition_error
 
+# Routine maintenance deletes a file no table metadata names once it is this old (see
+# WarehouseStorage.remove_unreferenced_files); an erase deletes them at once.
+UNREFERENCED_FILE_AGE = timedelta(days=1)
+
 
 @dataclass
 class WarehouseStorage:
@@ -328,6 +332,17 @@ class WarehouseStorage:
         self.hold_writer_lock(table)
         cutoff = (now or datetime.now(timezone.utc)) - timedelta(days=days)
         return self.tables.expire_snapshots_before(self._session(), table, asset, int(cutoff.timestamp() * 1000))
+
+    def remove_unreferenced_files(self, table: str, asset: str, now: datetime | None = None) -> list[str]:
+        """Delete the files under the asset that no table metadata names (what a killed write left) and
+        that are older than ``UNREFERENCED_FILE_AGE``; returns their paths. Holds the table's writer lock.
+
+        The age keeps the files of a write in progress that got past the lock (another host on a shared
+        file system without locks) until it commits or fails: Iceberg's own ``remove_orphan_files``
+        refuses a shorter one for the same reason."""
+        self.hold_writer_lock(table)
+        cutoff = (now or datetime.now(timezone.utc)) - UNREFERENCED_FILE_AGE
+        return self.tables.remove_unreferenced_files(table, asset, older_than=cutoff.timestamp())
 
     def dropped_partition(self, table: str, asset: str, business_date: str) -> dict | None:
         """What retention recorded when it dropped the partition (``setting``, its value under the setting's
