@@ -357,7 +357,8 @@ def avro_blocks(raw: bytes) -> bytes:
             count = -count
             read_long()
         for _ in range(count):
-            meta[read_bytes().decode()] = read_bytes()
+            name = read_bytes().decode()  # before the value: `meta[a()] = b()` calls b() first
+            meta[name] = read_bytes()
     pos += 16
     codec = meta.get("avro.codec", b"null").decode()
     out = [raw[:pos]]
@@ -484,6 +485,8 @@ def main() -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--study", default="bucket16-mor", help="the variant kept for reads, tags, maintenance, erasure")
     parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument("--study-properties", default="",
+                        help="extra table properties of the study variant, k=v,k=v (e.g. write.metadata.metrics.default=counts)")
     parser.add_argument("--json", default="", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -502,7 +505,8 @@ def main() -> int:
         if name != args.study:
             attempt(name, lambda: variant(spark, name, args.rows, keep=False))
 
-    table = attempt(args.study, lambda: variant(spark, args.study, args.rows, keep=True))
+    extra = dict(kv.split("=", 1) for kv in args.study_properties.split(",") if kv)
+    table = attempt(args.study, lambda: variant(spark, args.study, args.rows, keep=True, extra=extra))
     if table:
         location = table_folder(spark, table)
         seconds, _ = timed(lambda: merge(spark, table, args.rows, 2))
