@@ -213,7 +213,7 @@ def baselines(spark: SparkSession, rows: int, work: Path) -> dict:
     seconds, _ = timed(lambda: full_state(spark, rows).write.mode("overwrite").parquet(str(target)))
     out["plain"] = seconds
     record("baseline: full copy as plain Parquet (today's snapshot layout)", wall_s=seconds,
-           written_MiB=round(folder_bytes(target) / MiB, 1))
+           added_MiB=round(folder_bytes(target) / MiB, 1))
     shutil.rmtree(target, ignore_errors=True)
 
     table = f"lake.{NS}.per_date"
@@ -477,6 +477,19 @@ def pick_bound_key(spark: SparkSession, table: str) -> int:
     return int(row[0].split("-")[1])
 
 
+TABLE_COLUMNS = ("wall_s", "ratio_to_full_load", "added_MiB", "removed_MiB", "added_data_files", "deleted_data_files",
+                 "added_delete_files", "added_pos_deletes", "total_MiB")
+
+
+def print_table(rows: list[dict]) -> None:
+    """The figures as one table: a row per step, the write figures where the step committed."""
+    width = max(len(r["step"]) for r in rows) if rows else 10
+    print("\n=== figures ===")
+    print(f"{'step':<{width}} " + " ".join(f"{c:>18}" for c in TABLE_COLUMNS))
+    for r in rows:
+        print(f"{r['step']:<{width}} " + " ".join(f"{'' if r.get(c) is None else r[c]!s:>18}" for c in TABLE_COLUMNS))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -529,7 +542,8 @@ def main() -> int:
             label="erase B (DELETE + rewrite_data_files on a branch per tag)"))
 
     log(f"total {time.perf_counter() - started:.0f}s")
-    print("\n=== figures ===")
+    print_table(results)
+    print("\n=== every figure ===")
     for r in results:
         print(json.dumps(r, default=str))
     print("\n=== pitfalls ===")
