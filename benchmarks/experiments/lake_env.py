@@ -104,7 +104,7 @@ class CatalogLock:
         self.connection: sqlite3.Connection | None = None
 
     def acquire(self) -> None:
-        self.connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self.connection = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         self.connection.execute(f"BEGIN {self.mode}")
 
     def release(self) -> None:

@@ -8,7 +8,8 @@ writer (``commit_worker``, its own process group and JVM) whose table is in its 
 data files and then, inside the commit, reads the catalog: it waits there for as long as its SQLite busy
 timeout lets it.
 
-1. default busy timeout (sqlite-jdbc: 3 s), lock held 10 s: what the writer sees;
+1. default busy timeout (sqlite-jdbc: 3 s): what the writer sees when the file is locked (it waits at its
+   table load), and when another writer holds SQLite's write lock (it waits at its commit's UPDATE);
 2. ``jdbc.busy_timeout=600000``, lock held 8 s: the commit waits, then succeeds;
 3. the same, and kill -9 of the writer's process group while its commit waits: the table stays at its
    previous snapshot (pyiceberg and Spark), the killed write's files are not read, remove_orphan_files
@@ -133,14 +134,30 @@ def main() -> int:
     left = sorted(files_under(Path(before["location"])) - files_before)
     show("  files the failed write left", left)
 
+    # -- 1b: the default busy timeout, another writer holding SQLite's write lock (readers pass) ------
+    before = state(catalog)
+    files_before = files_under(Path(before["location"]))
+    writer_lock = CatalogLock(str(root), "IMMEDIATE")
+    writer_lock.acquire()
+    started = time.monotonic()
+    command(folder, 4, write("default", "busy-default-at-update"), worker, timeout=None)
+    outcome = result(folder, 4, worker, 60)
+    waited = time.monotonic() - started
+    writer_lock.release()
+    show("4 default busy timeout, catalog write-locked (IMMEDIATE): the commit's UPDATE", outcome)
+    show("  returned after (s)", round(waited, 1))
+    after = state(catalog)
+    show("  table snapshot unchanged", after["snapshot"] == before["snapshot"])
+    show("  files the failed write left", sorted(files_under(Path(before["location"])) - files_before))
+
     # -- 2: busy_timeout lets the commit wait -------------------------------------------------
     lock.acquire()
-    command(folder, 4, write("patient", "busy-patient"), worker, timeout=None)
+    command(folder, 5, write("patient", "busy-patient"), worker, timeout=None)
     time.sleep(8)
-    waiting = not (folder / "result-4.json").exists()
+    waiting = not (folder / "result-5.json").exists()
     lock.release()
-    outcome = result(folder, 4, worker, 120)
-    show("4 jdbc.busy_timeout=600000, catalog locked 8 s: still waiting at 8 s", waiting)
+    outcome = result(folder, 5, worker, 120)
+    show("5 jdbc.busy_timeout=600000, catalog locked 8 s: still waiting at 8 s", waiting)
     show("  then", outcome)
     show("  table now holds run", state(catalog)["runs"])
 
@@ -150,7 +167,7 @@ def main() -> int:
     files_before = files_under(location)
     kill_lock = CatalogLock(str(root), "EXCLUSIVE" if args.kill_at == "refresh" else "IMMEDIATE")
     kill_lock.acquire()
-    command(folder, 5, write("patient", "killed"), worker, timeout=None)
+    command(folder, 6, write("patient", "killed"), worker, timeout=None)
     # refresh: the commit waits reading the catalog, its data files written; update: it waits at the
     # catalog's UPDATE, its manifests, manifest list and metadata file written too.
     wanted = "data/" if args.kill_at == "refresh" else "metadata/0"
@@ -162,9 +179,9 @@ def main() -> int:
     time.sleep(3)
     written = sorted(files_under(location) - files_before)
     time.sleep(2)
-    show(f"5 [{args.kill_at}] files of the paused write (commit waiting on the catalog)", written)
+    show(f"6 [{args.kill_at}] files of the paused write (commit waiting on the catalog)", written)
     show("  nothing more written in 2 s", sorted(files_under(location) - files_before) == written)
-    show("  writer returned", (folder / "result-5.json").exists())
+    show("  writer returned", (folder / "result-6.json").exists())
     if args.kill_at == "update":
         # Readers are not blocked by a RESERVED lock: the table reads at its previous snapshot meanwhile.
         show("  pyiceberg reads during the pause (runs, rows)", (state(catalog)["runs"], state(catalog)["rows"]))
@@ -187,9 +204,9 @@ def main() -> int:
     time.sleep(1.5)
     try:
         spark.sql(f"CALL lake.system.remove_orphan_files(table => 'exp.killed', older_than => TIMESTAMP '{cutoff}')").collect()
-        show(f"6 remove_orphan_files(older_than => TIMESTAMP '{cutoff}')", "accepted")
+        show(f"7 remove_orphan_files(older_than => TIMESTAMP '{cutoff}')", "accepted")
     except Exception as error:  # noqa: BLE001 - the procedure's guard is the finding
-        show(f"6 remove_orphan_files(older_than => TIMESTAMP '{cutoff}') refused", describe_error(error)["message"][:260])
+        show(f"7 remove_orphan_files(older_than => TIMESTAMP '{cutoff}') refused", describe_error(error)["message"][:260])
     visible = {name for name in leftovers if not Path(name).name.startswith((".", "_"))}
     unreachable = unreachable_files(spark, TABLE, location)
     show("  unreachable by the table's metadata tables (what a project sweep would delete)", sorted(unreachable))
@@ -209,7 +226,7 @@ def main() -> int:
 
     df = spark.range(ROWS).select(F.lit(D1).cast("date").alias("business_date"), F.col("id"), F.lit("rerun").alias("run"))
     df.writeTo(TABLE).overwrite(F.col("business_date") == F.lit(D1).cast("date"))
-    show("7 re-run: Spark reads", [tuple(row) for row in spark.sql(f"SELECT run, count(*) FROM {TABLE} GROUP BY run").collect()])
+    show("8 re-run: Spark reads", [tuple(row) for row in spark.sql(f"SELECT run, count(*) FROM {TABLE} GROUP BY run").collect()])
     spark.stop()
     show("  pyiceberg reads", {k: v for k, v in state(pyiceberg_catalog(str(root))).items() if k in ("runs", "rows")})
     if not args.keep:
