@@ -1,10 +1,10 @@
 """A Spark process that commits on command, for q3 (kill -9 mid-commit) and q4 (a date over several tables).
 
-    python -m benchmarks.experiments.commit_worker ROOT FOLDER
+    python -m benchmarks.experiments.commit_worker ROOT FOLDER [PATIENT_CACHE]
 
 It opens two sessions on the catalog: ``default`` (the catalog's properties as ``lake.py`` sets them)
 and ``patient`` (plus ``jdbc.busy_timeout``: a commit that finds the SQLite file locked waits for it
-instead of failing). Then it writes FOLDER/ready and runs commands: for each N from 1 it waits for
+instead of failing; its catalog cache on unless PATIENT_CACHE is ``false``). Then it writes FOLDER/ready and runs commands: for each N from 1 it waits for
 FOLDER/cmd-N.json, runs it, and writes FOLDER/result-N.json. A command is
 ``{"session": "default"|"patient", "writes": [{"table": ..., "date": ..., "run": ..., "rows": ...}, ...],
 "publish": {...} | null}``: each write is one ``overwrite(business_date = date)`` commit of its table; after
@@ -58,7 +58,7 @@ def publish(spark, marker_table: str, date: str, run: str, tables: list[str]) ->
     )
 
 
-def main(root: str, folder: str) -> None:
+def main(root: str, folder: str, patient_cache: str = "true") -> None:
     out = Path(folder)
     # Uncached: every table load reads the catalog (so the default busy timeout shows where it fails).
     default = spark_session(root, {"cache-enabled": "false"}, app="commit-worker")
@@ -66,8 +66,9 @@ def main(root: str, folder: str) -> None:
     # A new session of the same JVM: the builder's catalog conf, its own catalog instance, plus the busy wait.
     patient.conf.set(f"{CATALOG_PREFIX}.jdbc.busy_timeout", PATIENT_BUSY_TIMEOUT_MS)
     # Cached (the catalog's default): a write's table load does not touch SQLite, so the first catalog
-    # access of a write is inside its commit (the refresh before the new snapshot is applied).
-    patient.conf.set(f"{CATALOG_PREFIX}.cache-enabled", "true")
+    # access of a write is inside its commit (the refresh before the new snapshot is applied). Uncached
+    # (the recommended conf): the load reads the catalog too, which only an EXCLUSIVE lock blocks.
+    patient.conf.set(f"{CATALOG_PREFIX}.cache-enabled", patient_cache)
     sessions = {"default": default, "patient": patient}
     default.sql("CREATE NAMESPACE IF NOT EXISTS lake.exp")
     (out / "ready").touch()
@@ -101,4 +102,4 @@ def main(root: str, folder: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

@@ -33,12 +33,12 @@ def show(label: str, value) -> None:
     print(f"{label}: {value}", flush=True)
 
 
-def start(folder: Path, root: Path):
+def start(folder: Path, root: Path, patient_cache: str):
     for stale in folder.glob("*-*"):
         if stale.name.startswith(("cmd-", "result-", "committed-", "continue-")):
             stale.unlink()
     (folder / "ready").unlink(missing_ok=True)
-    worker = start_worker("commit_worker", [str(root), str(folder)], folder / f"worker-{time.time():.0f}.log")
+    worker = start_worker("commit_worker", [str(root), str(folder), patient_cache], folder / f"worker-{time.time():.0f}.log")
     while not (folder / "ready").exists():
         if worker.poll() is not None:
             raise SystemExit("worker exited early")
@@ -94,6 +94,8 @@ def published_runs(catalog) -> dict[str, list[str]] | str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", help="work in this folder and keep it")
+    parser.add_argument("--patient-cache", choices=("true", "false"), default="false",
+                        help="cache-enabled of the writer's session (default false: the recommended conf)")
     args = parser.parse_args()
     folder = Path(args.keep or tempfile.mkdtemp(prefix="ice-q4-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,7 +103,7 @@ def main() -> int:
     root.mkdir(exist_ok=True)
     catalog = pyiceberg_catalog(str(root))
 
-    worker = start(folder, root)
+    worker = start(folder, root, args.patient_cache)
     run_date(folder, 1, "run-1", gated=False)
     wait(folder / "result-1.json", worker)
     show("1 run-1 of D1, published", json.loads((folder / "result-1.json").read_text()))
@@ -134,7 +136,7 @@ def main() -> int:
     show("  after the kill: latest snapshots (each table whole, the date mixed)", latest_runs(catalog))
     show("  after the kill: published (the date whole, as run-1 left it)", published_runs(catalog))
 
-    worker = start(folder, root)
+    worker = start(folder, root, args.patient_cache)
     run_date(folder, 1, "run-3", gated=False)
     wait(folder / "result-1.json", worker)
     show("3 re-run (run-3)", json.loads((folder / "result-1.json").read_text()))
