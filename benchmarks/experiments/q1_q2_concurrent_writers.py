@@ -147,6 +147,7 @@ def main() -> int:
     parser.add_argument("--catalog-props", default="{}", help="JSON: extra catalog properties for both writers")
     parser.add_argument("--table-props", default="{}", help="JSON: table properties of every phase's table")
     parser.add_argument("--pyiceberg-uri-query", default="", help="e.g. timeout=30")
+    parser.add_argument("--only", help="comma-separated phase names to run (default: all)")
     parser.add_argument("--keep", help="work in this folder and keep it")
     args = parser.parse_args()
 
@@ -155,6 +156,8 @@ def main() -> int:
     root = str(folder / "warehouse")
     Path(root).mkdir(exist_ok=True)
     the_plan = plan(args.iterations, args.rows)
+    if args.only:
+        the_plan["phases"] = [phase for phase in the_plan["phases"] if phase["name"] in args.only.split(",")]
     the_plan["catalog_props"] = json.loads(args.catalog_props)
     for phase in the_plan["phases"]:
         phase["table_props"] = json.loads(args.table_props)
@@ -165,12 +168,13 @@ def main() -> int:
     started = time.time()
     # A creates the catalog's tables first; B starts once it has (two JVMs must not both create them).
     writer_a = start_worker("writer_loop", [root, "A", str(plan_path), str(results)], folder / "A.log")
-    while not (folder / "same_default.ready.A").exists():
+    while not (folder / f"{the_plan['phases'][0]['name']}.ready.A").exists():
         if writer_a.poll() is not None:
             raise SystemExit(f"writer A exited early: see {folder / 'A.log'}")
         time.sleep(0.2)
     writer_b = start_worker("writer_loop", [root, "B", str(plan_path), str(results)], folder / "B.log")
-    tag_while_writing(root, folder, results, args.pyiceberg_uri_query)
+    if any(phase["name"] == "tags" for phase in the_plan["phases"]):
+        tag_while_writing(root, folder, results, args.pyiceberg_uri_query)
     for worker, log in ((writer_a, "A.log"), (writer_b, "B.log")):
         if worker.wait(timeout=1200) != 0:
             print(f"writer exited {worker.returncode}: {folder / log}")
