@@ -4,7 +4,7 @@ catalog's SQLite file by another process, and a Spark worker started as a proces
 
 Standalone scripts, not part of the suite. Run from the repository's root with the project's venv:
 
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.experiments.q1_concurrent_writers
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.experiments.q1_q2_concurrent_writers
 
 The jars are the ones the issue-34 prototype pins (``ICEBERG_JAR``, ``SQLITE_JAR``; override with the
 environment variables of the same names).
