@@ -23,20 +23,39 @@ from benchmarks.experiments.lake_env import CATALOG_PREFIX, describe_error, spar
 PATIENT_BUSY_TIMEOUT_MS = "600000"
 
 
-def overwrite_date(spark, table: str, date: str, run: str, rows: int) -> None:
+def overwrite_date(spark, table: str, date: str, run: str, rows: int, write: dict | None = None) -> None:
+    """One commit of ``date`` to ``table``. ``write`` may say ``"op": "merge"`` (SQL MERGE of the date's
+    rows on (business_date, id), setting ``run``), ``"options"`` (write options of an overwrite) and
+    ``"validate_from_current": true`` (``validate-from-snapshot-id`` = main's snapshot before computing)."""
     from pyspark.sql import functions as F
 
+    write = write or {}
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {table} (business_date DATE, id BIGINT, run STRING) "
         "USING iceberg PARTITIONED BY (business_date) TBLPROPERTIES ('format-version'='2')"
     )
     df = spark.range(rows).select(F.lit(date).cast("date").alias("business_date"), F.col("id"), F.lit(run).alias("run"))
-    (
-        df.writeTo(table)
-        .option("snapshot-property.cdc.run-id", run)
-        .option("snapshot-property.cdc.business-date", date)
-        .overwrite(F.col("business_date") == F.lit(date).cast("date"))
-    )
+    if write.get("op") == "merge":
+        view = f"changes_{run.replace('-', '_')}"
+        df.createOrReplaceTempView(view)
+        spark.conf.set("spark.sql.iceberg.snapshot-property.cdc.run-id", run)
+        try:
+            spark.sql(
+                f"MERGE INTO {table} t USING {view} s ON t.business_date = s.business_date AND t.id = s.id "
+                "WHEN MATCHED THEN UPDATE SET run = s.run WHEN NOT MATCHED THEN INSERT *"
+            )
+        finally:
+            spark.conf.unset("spark.sql.iceberg.snapshot-property.cdc.run-id")
+        return
+    options = dict(write.get("options", {}))
+    if write.get("validate_from_current"):
+        options["validate-from-snapshot-id"] = str(
+            spark.sql(f"SELECT snapshot_id FROM {table}.refs WHERE name = 'main'").collect()[0][0]
+        )
+    writer = df.writeTo(table).option("snapshot-property.cdc.run-id", run).option("snapshot-property.cdc.business-date", date)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    writer.overwrite(F.col("business_date") == F.lit(date).cast("date"))
 
 
 def publish(spark, marker_table: str, date: str, run: str, tables: list[str]) -> None:
@@ -85,7 +104,7 @@ def main(root: str, folder: str, patient_cache: str = "true") -> None:
         result = {"command": number, "ok": True, "started": time.time()}
         try:
             for index, write in enumerate(command["writes"], start=1):
-                overwrite_date(spark, write["table"], write["date"], write["run"], write["rows"])
+                overwrite_date(spark, write["table"], write["date"], write["run"], write["rows"], write)
                 (out / f"committed-{number}-{index}").touch()
                 gate = out / f"continue-{number}-{index}"
                 if command.get("gated"):
