@@ -29,7 +29,7 @@ SQLITE_JAR = os.environ.get("SQLITE_JAR", "/tmp/mvnchk/jars/sqlite-jdbc-3.51.1.0
 REPO = Path(__file__).resolve().parents[2]
 CATALOG_PREFIX = f"spark.sql.catalog.{CATALOG_NAME}"
 
-# A Java exception's class as Spark's Python errors quote it (classic and Connect alike: no py4j needed).
+# A Java exception's class as Spark's Python errors quote it (classic and Connect alike: no JVM handle needed).
 _PY4J_PREFIX = re.compile(r"^An error occurred while calling o\d+\.\w+\. : ")
 _JAVA_EXCEPTION = re.compile(r"((?:org\.apache\.iceberg|java\.sql|org\.sqlite|java\.io|java\.lang)[\w.$]*(?:Exception|Error))")
 
@@ -80,7 +80,7 @@ def describe_error(error: BaseException) -> dict[str, str]:
     text = str(error)
     java = _JAVA_EXCEPTION.search(text)
     first = " ".join(line.strip() for line in text.strip().splitlines()[:3])
-    # py4j's "An error occurred while calling o123.overwrite. : " names a JVM object, different every time.
+    # The classic session's "An error occurred while calling o123.overwrite. : " names a JVM object, different every time.
     first = _PY4J_PREFIX.sub("", first)
     causes = [line.strip().removeprefix("Caused by: ") for line in text.splitlines() if line.strip().startswith("Caused by:")]
     described = {"python": type(error).__name__, "java": java.group(1) if java else "", "message": first[:400]}
