@@ -369,13 +369,7 @@ class LakeTables:
         the dates, nothing is committed and :class:`ConcurrentWriteError` says so.
         """
         spark = self.session_for(frame.sparkSession)
-        hop = None
-        if spark is not frame.sparkSession:
-            # The frame belongs to a session of another warehouse: hand it over as a global view,
-            # which every session of the same Spark sees.
-            hop = f"cdc_write_{uuid.uuid4().hex}"
-            frame.createOrReplaceGlobalTempView(hop)
-            frame = spark.table(f"global_temp.{hop}")
+        frame, hop = hand_over(frame, spark)
         identifier = table_identifier(table, asset)
         schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         sid = self._record_schema(table, asset, schema)
@@ -413,8 +407,7 @@ class LakeTables:
                 raise
             raise _conflict(table, asset, replaced, read_snapshot, error) from error
         finally:
-            if hop is not None:
-                spark.catalog.dropGlobalTempView(hop)
+            release_hand_over(spark, hop)
         return self._committed_by(table, asset, properties.get(RUN_ID))
 
     def _committed_by(self, table: str, asset: str, run_id: str | None) -> int:
@@ -484,6 +477,23 @@ def _conflict(table: str, asset: str, days: list[str], read_snapshot: int | None
         f"nothing of this write was committed. Re-run the date(s) once the other run is done.",
         f"Iceberg's ValidationException: {found}",
     )
+
+
+def hand_over(frame: DataFrame, spark: SparkSession) -> tuple[DataFrame, str | None]:
+    """``frame`` as a DataFrame of ``spark``, and the name of the global view that carries it over (None
+    when ``frame`` is of ``spark`` already). A frame of a session that opened another warehouse (see
+    :meth:`LakeTables.session_for`) is handed over as a global view, which every session of the same
+    Spark sees; drop it with :func:`release_hand_over` once the write is done."""
+    if spark is frame.sparkSession:
+        return frame, None
+    hop = f"cdc_write_{uuid.uuid4().hex}"
+    frame.createOrReplaceGlobalTempView(hop)
+    return spark.table(f"global_temp.{hop}"), hop
+
+
+def release_hand_over(spark: SparkSession, hop: str | None) -> None:
+    if hop is not None:
+        spark.catalog.dropGlobalTempView(hop)
 
 
 def _local(uri: str) -> str:

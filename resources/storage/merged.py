@@ -1,0 +1,211 @@
+"""A table's state as one Iceberg table changed by each date's changes, with a tag per business date
+(issue 34, point 3; the layout and its figures: ``docs/design/iceberg-current-table.md``).
+
+Where a snapshot table stores the whole state once per date, this stores it once: each date's run
+applies the rows of the keys it touched with one ``MERGE`` (merge-on-read: a small data file and
+position deletes, not a rewrite), then tags the snapshot with the date. The state as of D is the
+table at tag D. Each row keeps the ``operation`` of the date that last touched it and that date
+(``operation_date``); as of D a row carries its stored operation when D touched it, and otherwise
+the operation of a key D did not touch (N after a full load, X after a delta or change set): the
+labels a snapshot of D holds.
+
+A date can also replace the whole state (the table's first date, or a date that changed most rows):
+one overwrite, tagged the same way. The tables are partitioned by ``bucket(N, key_hash)``, so an
+erase finds a key's files by its bucket. Nothing here knows Dagster; the caller holds the table's
+writer lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc_assets.core.changes import DELETE, OPERATION
+from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.hashing import KEY_HASH
+from resources.storage.lake import CATALOG_NAME, table_identifier
+from resources.storage.tables import TABLE_PROPERTIES, LakeTables, hand_over, release_hand_over
+
+# The business date whose run set a row's ``operation``.
+OPERATION_DATE = "operation_date"
+# Buckets of ``key_hash``: a bucket's files hold the keys an erase must rewrite.
+DEFAULT_BUCKETS = 16
+# A MERGE adds rows and position deletes; an erase's DELETE must rewrite the files holding the key.
+STATE_TABLE_PROPERTIES = {
+    # Not write.spark.accept-any-schema: with it, Spark 4.0 resolves no column of the table in a MERGE
+    # ("UNRESOLVED_COLUMN ... Did you mean `t`.`key_hash`"); a new column is added before the MERGE.
+    **{key: value for key, value in TABLE_PROPERTIES.items() if key != "write.spark.accept-any-schema"},
+    "write.merge.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.delete.mode": "copy-on-write",
+}
+# Spark's session conf that puts a key into the summary of the snapshots a SQL statement commits.
+_SNAPSHOT_PROPERTY_CONF = "spark.sql.iceberg.snapshot-property."
+
+
+class StateOrderError(RuntimeError):
+    """A date applied out of order: the table's newest date is not the date before."""
+
+
+@dataclass
+class MergedStates:
+    """The merged state tables of the warehouse whose :class:`LakeTables` is ``tables``."""
+
+    tables: LakeTables
+    buckets: int = DEFAULT_BUCKETS
+
+    # -- what is stored ---------------------------------------------------------------------------------
+    def dates(self, table: str, asset: str) -> list[str]:
+        """The business dates the table holds a state of (its tags), oldest first."""
+        return sorted(self._tags(table, asset))
+
+    def tag_snapshot(self, table: str, asset: str, day: str) -> int | None:
+        """The id of the snapshot tagged ``day``, or None."""
+        return self._tags(table, asset).get(day)
+
+    def _tags(self, table: str, asset: str) -> dict[str, int]:
+        loaded = self.tables.load(table, asset)
+        if loaded is None:
+            return {}
+        found = {}
+        for name, ref in loaded.metadata.refs.items():
+            if str(ref.snapshot_ref_type).lower().endswith("tag") and _is_date(name):
+                found[name] = ref.snapshot_id
+        return found
+
+    # -- writing -----------------------------------------------------------------------------------------
+    def apply_changes(self, changes: DataFrame, table: str, asset: str, day: str, properties: dict[str, str]) -> int:
+        """Apply date ``day``'s changes and tag the result ``day``; returns the tagged snapshot's id.
+
+        ``changes`` holds one row per key the date touched, with the state's columns and ``operation``:
+        I, U and N rows are upserted with ``operation_date`` = ``day``; a D row deletes its key. The
+        table must hold the state of the date before ``day`` as its newest tag; a re-run of its newest
+        date first sets the table back to the tag before it. ``properties`` go into the snapshot summary.
+        """
+        spark = self.tables.session_for(changes.sparkSession)
+        identifier = table_identifier(table, asset)
+        base = self._base_for(table, asset, day)
+        if base is None:
+            raise StateOrderError(f"{table}/{asset}: no state before {day} to apply its changes to; write the whole state")
+        self._reset_to(spark, table, asset, base)
+        source = f"cdc_changes_{table}_{asset}_{day.replace('-', '_')}"
+        changes, hop = hand_over(changes, spark)
+        dated = changes.drop(BUSINESS_DATE).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
+        dated.createOrReplaceTempView(source)
+        columns = [name for name in dated.columns]
+        # Aliases no namespace is likely to be named (``t`` was: the table ``lake.t.current_table``).
+        assignments = ", ".join(f"cdc_state.`{name}` = cdc_change.`{name}`" for name in columns)
+        listed = ", ".join(f"`{name}`" for name in columns)
+        values = ", ".join(f"cdc_change.`{name}`" for name in columns)
+        statement = (
+            f"MERGE INTO {identifier} cdc_state USING {source} cdc_change ON cdc_state.`{KEY_HASH}` = cdc_change.`{KEY_HASH}` "
+            f"WHEN MATCHED AND cdc_change.`{OPERATION}` = '{DELETE}' THEN DELETE "
+            f"WHEN MATCHED THEN UPDATE SET {assignments} "
+            f"WHEN NOT MATCHED AND cdc_change.`{OPERATION}` <> '{DELETE}' THEN INSERT ({listed}) VALUES ({values})"
+        )
+        try:
+            self._with_snapshot_properties(spark, properties, lambda: spark.sql(statement).collect())
+        finally:
+            spark.catalog.dropTempView(source)
+            release_hand_over(spark, hop)
+        return self._tag_head(spark, table, asset, day)
+
+    def replace_state(self, state: DataFrame, table: str, asset: str, day: str, properties: dict[str, str]) -> int:
+        """Replace the whole table with ``state`` (the state as of ``day``, its rows' operations as of
+        ``day``) in one commit and tag it ``day``: the table's first date, or a date that changed most of
+        its rows. Returns the tagged snapshot's id."""
+        spark = self.tables.session_for(state.sparkSession)
+        identifier = table_identifier(table, asset)
+        state, hop = hand_over(state, spark)
+        try:
+            dated = state.drop(BUSINESS_DATE).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
+            if self.tables.load(table, asset) is None:
+                self._create(spark, table, asset, dated)
+            writer = dated.writeTo(identifier)
+            for key, value in properties.items():
+                writer = writer.option(f"snapshot-property.{key}", value)
+            writer.overwrite(F.lit(True))
+        finally:
+            release_hand_over(spark, hop)
+        return self._tag_head(spark, table, asset, day)
+
+    def _base_for(self, table: str, asset: str, day: str) -> str | None:
+        """The tag a date's changes apply to: the newest date before ``day``, which must be the date
+        before it when ``day`` is new, or ``day``'s own predecessor when ``day`` is the newest (a re-run)."""
+        stored = self.dates(table, asset)
+        earlier = [stored_day for stored_day in stored if stored_day < day]
+        later = [stored_day for stored_day in stored if stored_day > day]
+        if later:
+            raise StateOrderError(
+                f"{table}/{asset}: dates after {day} are stored ({', '.join(later)}); their states were computed from {day}'s"
+            )
+        return earlier[-1] if earlier else None
+
+    def _reset_to(self, spark: SparkSession, table: str, asset: str, day: str) -> None:
+        """Point the table's ``main`` at the snapshot tagged ``day`` unless it is there already (a
+        re-run of the date after, or a run killed between its MERGE and its tag)."""
+        snapshot = self.tag_snapshot(table, asset, day)
+        loaded = self.tables.load(table, asset)
+        if loaded.current_snapshot() is not None and loaded.current_snapshot().snapshot_id == snapshot:
+            return
+        spark.sql(
+            f"CALL {CATALOG_NAME}.system.set_current_snapshot(table => '{table}.{asset}', snapshot_id => {snapshot})"
+        ).collect()
+
+    def _tag_head(self, spark: SparkSession, table: str, asset: str, day: str) -> int:
+        snapshot = self.tables.load(table, asset).current_snapshot().snapshot_id
+        spark.sql(f"ALTER TABLE {table_identifier(table, asset)} CREATE OR REPLACE TAG `{day}` AS OF VERSION {snapshot}")
+        return snapshot
+
+    def _create(self, spark: SparkSession, table: str, asset: str, frame: DataFrame) -> None:
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG_NAME}.`{table}`")
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in frame.schema.fields)
+        properties = ", ".join(f"'{key}'='{value}'" for key, value in STATE_TABLE_PROPERTIES.items())
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {table_identifier(table, asset)} ({columns}) USING iceberg "
+            f"PARTITIONED BY (bucket({self.buckets}, `{KEY_HASH}`)) TBLPROPERTIES ({properties})"
+        )
+
+    @staticmethod
+    def _with_snapshot_properties(spark: SparkSession, properties: dict[str, str], statement):
+        """Run ``statement`` with ``properties`` in the summary of the snapshot it commits (a SQL
+        statement takes no write options: Iceberg reads them from the session conf)."""
+        keys = [f"{_SNAPSHOT_PROPERTY_CONF}{key}" for key in properties]
+        for key, value in zip(keys, properties.values()):
+            spark.conf.set(key, value)
+        try:
+            return statement()
+        finally:
+            for key in keys:
+                spark.conf.unset(key)
+
+    # -- reading: no lock, no write -------------------------------------------------------------------------
+    def state(self, spark: SparkSession, table: str, asset: str, day: str, untouched: str) -> DataFrame:
+        """The state as of ``day`` (the table at tag ``day``) with ``day``'s operations: a row the date
+        touched keeps its stored operation, any other row is ``untouched`` (N after a full load, X
+        otherwise). Without ``operation_date``; lazily, pinned to the tag's snapshot."""
+        spark = self.tables.session_for(spark)
+        snapshot = self.tag_snapshot(table, asset, day)
+        if snapshot is None:
+            raise KeyError(f"{table}/{asset}: no state of {day} is stored (stored: {', '.join(self.dates(table, asset)) or 'none'})")
+        frame = spark.read.option("snapshot-id", str(snapshot)).table(table_identifier(table, asset))
+        return label_as_of(frame, day, untouched)
+
+
+def label_as_of(frame: DataFrame, day: str, untouched: str) -> DataFrame:
+    """``frame`` (a merged state's rows) with the operations as of ``day``: the stored one on rows whose
+    ``operation_date`` is ``day``, ``untouched`` on every other; without ``operation_date``."""
+    on_day = F.col(OPERATION_DATE) == F.lit(day).cast("date")
+    labelled = F.when(on_day, F.col(OPERATION)).otherwise(F.lit(untouched))
+    return frame.withColumn(OPERATION, labelled).drop(OPERATION_DATE)
+
+
+def _is_date(name: str) -> bool:
+    try:
+        date.fromisoformat(name)
+    except ValueError:
+        return False
+    return True

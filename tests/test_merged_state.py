@@ -1,0 +1,92 @@
+"""A state as one Iceberg table changed by each date's MERGE, with a tag per date
+(``resources/storage/merged.py``), on tiny frames through real Spark and Iceberg: each date's state and
+labels as of its tag, a MERGE that writes what changed (merge-on-read), a re-run of the newest date, a
+run killed between its MERGE and its tag, and pyiceberg reading a tag as Spark does."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+
+from resources.storage import WarehouseStorage
+from resources.storage.merged import OPERATION_DATE, MergedStates, StateOrderError
+
+D1, D2, D3 = "2024-03-01", "2024-03-02", "2024-03-03"
+COLUMNS = "id int, name string, key_hash string, operation string, eff_start_date date"
+
+
+@pytest.fixture()
+def states(tmp_path) -> MergedStates:
+    return MergedStates(WarehouseStorage(str(tmp_path / "warehouse")).tables, buckets=4)
+
+
+def _rows(frame) -> list[tuple]:
+    return sorted((row.id, row.name, row.operation) for row in frame.collect())
+
+
+def _frame(spark, rows):
+    return spark.createDataFrame([(key, name, f"h{key}", op, date.fromisoformat(on)) for key, name, op, on in rows], COLUMNS)
+
+
+def _three_dates(spark, states: MergedStates) -> None:
+    states.replace_state(_frame(spark, [(1, "a", "I", D1), (2, "b", "I", D1), (3, "c", "I", D1)]), "t", "current_table", D1, {"cdc.run-id": "r1"})
+    # D2, a delta: 1 updated, 2 deleted, 4 inserted, 3 supplied again unchanged (N).
+    states.apply_changes(
+        _frame(spark, [(1, "A", "U", D2), (2, "b", "D", D1), (4, "d", "I", D2), (3, "c", "N", D1)]), "t", "current_table", D2, {"cdc.run-id": "r2"}
+    )
+    # D3: 4 updated; 1 and 3 untouched (X).
+    states.apply_changes(_frame(spark, [(4, "D", "U", D3)]), "t", "current_table", D3, {"cdc.run-id": "r3"})
+
+
+def test_each_dates_state_and_labels_are_read_at_its_tag(spark, states):
+    _three_dates(spark, states)
+    assert states.dates("t", "current_table") == [D1, D2, D3]
+    assert _rows(states.state(spark, "t", "current_table", D1, "X")) == [(1, "a", "I"), (2, "b", "I"), (3, "c", "I")]
+    assert _rows(states.state(spark, "t", "current_table", D2, "X")) == [(1, "A", "U"), (3, "c", "N"), (4, "d", "I")]
+    assert _rows(states.state(spark, "t", "current_table", D3, "X")) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "U")]
+    assert OPERATION_DATE not in states.state(spark, "t", "current_table", D3, "X").columns
+
+
+def test_a_merge_writes_the_changed_rows_and_position_deletes_not_the_table(spark, states):
+    _three_dates(spark, states)
+    loaded = states.tables.load("t", "current_table")
+    summary = loaded.snapshot_by_id(states.tag_snapshot("t", "current_table", D3)).summary.additional_properties
+    assert summary["cdc.run-id"] == "r3"
+    assert int(summary["added-records"]) == 1  # key 4's new row
+    assert int(summary.get("added-position-deletes", 0)) == 1  # key 4's old row, masked
+    assert int(summary.get("deleted-data-files", 0)) == 0  # nothing rewritten
+
+
+def test_a_rerun_of_the_newest_date_replaces_its_state_and_leaves_the_others(spark, states):
+    _three_dates(spark, states)
+    before = states.tag_snapshot("t", "current_table", D2)
+    states.apply_changes(_frame(spark, [(1, "Z", "U", D3)]), "t", "current_table", D3, {"cdc.run-id": "r3b"})
+    assert states.dates("t", "current_table") == [D1, D2, D3]
+    assert states.tag_snapshot("t", "current_table", D2) == before
+    assert _rows(states.state(spark, "t", "current_table", D3, "X")) == [(1, "Z", "U"), (3, "c", "X"), (4, "d", "X")]
+    assert _rows(states.state(spark, "t", "current_table", D2, "X")) == [(1, "A", "U"), (3, "c", "N"), (4, "d", "I")]
+    # A date whose later dates are stored is refused: their states were computed from it.
+    with pytest.raises(StateOrderError, match=f"dates after {D2} are stored \\({D3}\\)"):
+        states.apply_changes(_frame(spark, [(1, "Y", "U", D2)]), "t", "current_table", D2, {})
+
+
+def test_a_merge_committed_but_never_tagged_is_undone_by_the_next_run_of_its_date(spark, states):
+    _three_dates(spark, states)
+    # A run of a fourth date killed after its MERGE committed, before its tag: main is ahead of every tag.
+    lake = states.tables.session_for(spark)
+    lake.sql("DELETE FROM lake.t.current_table WHERE id = 1").collect()
+    assert states.dates("t", "current_table") == [D1, D2, D3]
+    assert _rows(states.state(spark, "t", "current_table", D3, "X")) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "U")]
+    d4 = "2024-03-04"
+    states.apply_changes(_frame(spark, [(5, "e", "I", d4)]), "t", "current_table", d4, {})
+    assert _rows(states.state(spark, "t", "current_table", d4, "X")) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "X"), (5, "e", "I")]
+
+
+def test_pyiceberg_reads_each_tag_as_spark_does(spark, states):
+    _three_dates(spark, states)
+    table = states.tables.load("t", "current_table")
+    for day in (D1, D2, D3):
+        by_spark = sorted((row.id, row.name) for row in states.state(spark, "t", "current_table", day, "X").collect())
+        scanned = table.scan(snapshot_id=table.snapshot_by_name(day).snapshot_id).to_arrow()
+        assert sorted(zip(scanned.column("id").to_pylist(), scanned.column("name").to_pylist())) == by_spark, day
