@@ -6,6 +6,7 @@ run killed between its MERGE and its tag, and pyiceberg reading a tag as Spark d
 from __future__ import annotations
 
 from datetime import date
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,41 @@ def test_pyiceberg_reads_each_tag_as_spark_does(spark, states):
         by_spark = sorted((row.id, row.name) for row in states.state(spark, "t", "current_table", day, "X").collect())
         scanned = table.scan(snapshot_id=table.snapshot_by_name(day).snapshot_id).to_arrow()
         assert sorted(zip(scanned.column("id").to_pylist(), scanned.column("name").to_pylist())) == by_spark, day
+
+
+def test_an_erase_removes_keys_present_on_every_date_from_every_tag_and_every_file(spark, tmp_path):
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    def key_hash(key: int) -> str:
+        return hashlib.md5(f"key-{key}".encode()).hexdigest()
+
+    def frame(rows):
+        return spark.createDataFrame(
+            [(key, name, key_hash(key), op, date.fromisoformat(on)) for key, name, op, on in rows], COLUMNS
+        )
+
+    states = MergedStates(WarehouseStorage(str(tmp_path / "warehouse")).tables, buckets=4)
+    everyone = [(key, f"person{key}", "I", D1) for key in range(1, 41)]
+    states.replace_state(frame(everyone), "t", "current_table", D1, {})
+    # Key 7 is updated on D2 (merge-on-read masks its D1 row) and untouched on D3; key 9 on every date.
+    states.apply_changes(frame([(7, "Zelda Erasmus", "U", D2), (9, "Yorick Erasmus", "U", D2), (12, "x", "D", D1)]), "t", "current_table", D2, {})
+    states.apply_changes(frame([(9, "Yorick Erasmus II", "U", D3), (41, "new", "I", D3)]), "t", "current_table", D3, {})
+    before = {day: _rows(states.state(spark, "t", "current_table", day, "X")) for day in (D1, D2, D3)}
+
+    removed = states.erase(spark, "t", "current_table", [key_hash(7), key_hash(9)], {"cdc.erase": "test"})
+    assert removed == {D1: 2, D2: 2, D3: 2, "main": 2}
+    for day in (D1, D2, D3):
+        assert _rows(states.state(spark, "t", "current_table", day, "X")) == [row for row in before[day] if row[0] not in (7, 9)], day
+    # No file under the table holds the keys' hashes or names: decoded Parquet, and every file's bytes.
+    location = Path(states.tables.location("t", "current_table"))
+    files = [path for path in location.rglob("*") if path.is_file()]
+    for path in files:
+        if path.suffix == ".parquet" and not path.name.startswith("."):
+            decoded = pq.read_table(path).to_pylist()
+            assert not [row for row in decoded if row.get("key_hash") in (key_hash(7), key_hash(9))], path
+            assert not [row for row in decoded if "Erasmus" in str(row.get("name"))], path
+        raw = path.read_bytes()
+        assert b"Erasmus" not in raw and key_hash(7).encode() not in raw and key_hash(9).encode() not in raw, path
+    assert not states.tables.unreferenced_files("t", "current_table")

@@ -169,6 +169,47 @@ class MergedStates:
             f"PARTITIONED BY (bucket({self.buckets}, `{KEY_HASH}`)) TBLPROPERTIES ({properties})"
         )
 
+    def erase(self, spark: SparkSession, table: str, asset: str, key_hashes: list[str], properties: dict[str, str]) -> dict[str, int]:
+        """Remove the keys ``key_hashes`` from the table's current state and from the state of every
+        tagged date, so that no data file any tag or ``main`` reads holds them; returns the rows removed
+        per date (``main`` under the key ``"main"``). Then expire every snapshot no tag or ``main``
+        needs and delete every file no metadata names: the replaced files, which held the keys.
+
+        A tag is re-pointed to a copy of its snapshot without the keys, made on a branch: a DELETE
+        (copy-on-write: the files where a key is live are rewritten) and a rewrite of the keys'
+        buckets (``rewrite-all``), which also rewrites the files where merge-on-read only masked a
+        key's older version with a position delete. Holds no lock: the caller holds the table's."""
+        spark = self.tables.session_for(spark)
+        identifier = table_identifier(table, asset)
+        listed = ", ".join(f"'{key_hash}'" for key_hash in sorted(set(key_hashes)))
+        where = f"`{KEY_HASH}` IN ({listed})"
+        removed = {}
+
+        def erase_on(ref: str | None) -> int:
+            target = identifier if ref is None else f"{identifier}.`branch_{ref}`"
+            held = spark.sql(f"SELECT count(*) FROM {target} WHERE {where}").first()[0]
+            self._with_snapshot_properties(spark, properties, lambda: spark.sql(f"DELETE FROM {target} WHERE {where}").collect())
+            branch = "" if ref is None else f", branch => '{ref}'"
+            # The filter is a string argument holding quoted hashes: a double-quoted literal.
+            spark.sql(
+                f"CALL {CATALOG_NAME}.system.rewrite_data_files(table => '{table}.{asset}'{branch}, "
+                f'where => "{KEY_HASH} IN ({listed})", options => map(\'rewrite-all\', \'true\'))'
+            ).collect()
+            return held
+
+        for day, snapshot in sorted(self._tags(table, asset).items()):
+            branch = f"cdc_erase_{day.replace('-', '_')}"
+            spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE BRANCH `{branch}` AS OF VERSION {snapshot}")
+            try:
+                removed[day] = erase_on(branch)
+                head = spark.sql(f"SELECT snapshot_id FROM {identifier}.refs WHERE name = '{branch}'").first()[0]
+                spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{day}` AS OF VERSION {head}")
+            finally:
+                spark.sql(f"ALTER TABLE {identifier} DROP BRANCH IF EXISTS `{branch}`")
+        removed["main"] = erase_on(None)
+        self.tables.expire_all_but_current(spark, table, asset)
+        return removed
+
     @staticmethod
     def _with_snapshot_properties(spark: SparkSession, properties: dict[str, str], statement):
         """Run ``statement`` with ``properties`` in the summary of the snapshot it commits (a SQL
