@@ -129,3 +129,29 @@ def test_an_erase_removes_keys_present_on_every_date_from_every_tag_and_every_fi
         raw = path.read_bytes()
         assert b"Erasmus" not in raw and key_hash(7).encode() not in raw and key_hash(9).encode() not in raw, path
     assert not states.tables.unreferenced_files("t", "current_table")
+
+
+def test_duckdb_reads_each_tag_with_its_labels_as_spark_does(spark, states):
+    from cdc_assets.duckdb_iceberg import duckdb_connection
+
+    _three_dates(spark, states)
+    with duckdb_connection() as duck:
+        for day in (D1, D2, D3):
+            found = duck.sql(f"SELECT id, name, operation FROM ({states.duckdb_sql('t', 'current_table', day, 'X')})").fetchall()
+            assert sorted(found) == _rows(states.state(spark, "t", "current_table", day, "X")), day
+
+
+def test_compaction_applies_the_deletes_and_a_dropped_tags_files_go_at_expiry(spark, states):
+    _three_dates(spark, states)
+    states.compact(spark, "t", "current_table")
+    loaded = states.tables.load("t", "current_table")
+    summary = loaded.current_snapshot().summary.additional_properties
+    assert int(summary["total-position-deletes"]) == 0 and int(summary["total-records"]) == 3  # keys 1, 3, 4
+    # Every date still reads as before (each tag keeps the files it read).
+    assert _rows(states.state(spark, "t", "current_table", D2, "X")) == [(1, "A", "U"), (3, "c", "N"), (4, "d", "I")]
+    assert states.drop_dates(spark, "t", "current_table", [D1, "2024-01-01"]) == [D1]
+    assert states.dates("t", "current_table") == [D2, D3]
+    states.tables.expire_all_but_current(spark, "t", "current_table")
+    # D1's own snapshot, and the files only it read, are gone; D2, D3 and main still read.
+    assert len(states.tables.load("t", "current_table").snapshots()) == 3
+    assert _rows(states.state(spark, "t", "current_table", D3, "X")) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "U")]

@@ -210,6 +210,48 @@ class MergedStates:
         self.tables.expire_all_but_current(spark, table, asset)
         return removed
 
+    def drop_dates(self, spark: SparkSession, table: str, asset: str, days: list[str]) -> list[str]:
+        """Forget the states of ``days`` (their tags); returns the tags dropped. Their files go when the
+        snapshots only they kept expire (``retention.snapshot_days``): retention is tag removal."""
+        spark = self.tables.session_for(spark)
+        dropped = [day for day in sorted(days) if day in self._tags(table, asset)]
+        for day in dropped:
+            spark.sql(f"ALTER TABLE {table_identifier(table, asset)} DROP TAG IF EXISTS `{day}`")
+        return dropped
+
+    def compact(self, spark: SparkSession, table: str, asset: str) -> int:
+        """Rewrite ``main``'s data files that have position deletes, with the deletes applied (with hashed
+        keys a MERGE's deletes reach every bucket, so this is a copy of the table); returns the data files
+        rewritten. Tags keep the files they read until they are dropped and expired."""
+        spark = self.tables.session_for(spark)
+        result = spark.sql(
+            f"CALL {CATALOG_NAME}.system.rewrite_data_files(table => '{table}.{asset}', "
+            "options => map('delete-file-threshold', '1', 'remove-dangling-deletes', 'true'))"
+        ).first()
+        # The rewrite leaves a delete file whose data file it replaced (a dangling delete, seen with the
+        # 1.11 runtime despite ``remove-dangling-deletes``): this removes it, so readers skip no deletes.
+        spark.sql(
+            f"CALL {CATALOG_NAME}.system.rewrite_position_delete_files(table => '{table}.{asset}', "
+            "options => map('rewrite-all', 'true'))"
+        ).collect()
+        return int(result["rewritten_data_files_count"])
+
+    def duckdb_sql(self, table: str, asset: str, day: str, untouched: str) -> str:
+        """A DuckDB query of :meth:`state` (the state as of ``day`` with its labels, without
+        ``operation_date``): ``iceberg_scan`` of the metadata file committed now, at the tag's snapshot."""
+        loaded = self.tables.load(table, asset)
+        snapshot = self.tag_snapshot(table, asset, day)
+        if loaded is None or snapshot is None:
+            raise KeyError(f"{table}/{asset}: no state of {day} is stored")
+        columns = [field.name for field in loaded.schema().fields if field.name != OPERATION_DATE]
+        selected = ", ".join(
+            f"CASE WHEN \"{OPERATION_DATE}\" = DATE '{day}' THEN \"{OPERATION}\" ELSE '{untouched}' END AS \"{OPERATION}\""
+            if name == OPERATION
+            else f'"{name}"'
+            for name in columns
+        )
+        return f"SELECT {selected} FROM iceberg_scan('{loaded.metadata_location}', snapshot_from_id => {snapshot})"
+
     @staticmethod
     def _with_snapshot_properties(spark: SparkSession, properties: dict[str, str], statement):
         """Run ``statement`` with ``properties`` in the summary of the snapshot it commits (a SQL
