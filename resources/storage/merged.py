@@ -152,7 +152,7 @@ class MergedStates:
         if loaded.current_snapshot() is not None and loaded.current_snapshot().snapshot_id == snapshot:
             return
         spark.sql(
-            f"CALL {CATALOG_NAME}.system.set_current_snapshot(table => '{table}.{asset}', snapshot_id => {snapshot})"
+            f"CALL {CATALOG_NAME}.system.set_current_snapshot(table => '{table_identifier(table, asset)}', snapshot_id => {snapshot})"
         ).collect()
 
     def _tag_head(self, spark: SparkSession, table: str, asset: str, day: str) -> int:
@@ -192,7 +192,7 @@ class MergedStates:
             branch = "" if ref is None else f", branch => '{ref}'"
             # The filter is a string argument holding quoted hashes: a double-quoted literal.
             spark.sql(
-                f"CALL {CATALOG_NAME}.system.rewrite_data_files(table => '{table}.{asset}'{branch}, "
+                f"CALL {CATALOG_NAME}.system.rewrite_data_files(table => '{table_identifier(table, asset)}'{branch}, "
                 f'where => "{KEY_HASH} IN ({listed})", options => map(\'rewrite-all\', \'true\'))'
             ).collect()
             return held
@@ -225,13 +225,13 @@ class MergedStates:
         rewritten. Tags keep the files they read until they are dropped and expired."""
         spark = self.tables.session_for(spark)
         result = spark.sql(
-            f"CALL {CATALOG_NAME}.system.rewrite_data_files(table => '{table}.{asset}', "
+            f"CALL {CATALOG_NAME}.system.rewrite_data_files(table => '{table_identifier(table, asset)}', "
             "options => map('delete-file-threshold', '1', 'remove-dangling-deletes', 'true'))"
         ).first()
         # The rewrite leaves a delete file whose data file it replaced (a dangling delete, seen with the
         # 1.11 runtime despite ``remove-dangling-deletes``): this removes it, so readers skip no deletes.
         spark.sql(
-            f"CALL {CATALOG_NAME}.system.rewrite_position_delete_files(table => '{table}.{asset}', "
+            f"CALL {CATALOG_NAME}.system.rewrite_position_delete_files(table => '{table_identifier(table, asset)}', "
             "options => map('rewrite-all', 'true'))"
         ).collect()
         return int(result["rewritten_data_files_count"])
