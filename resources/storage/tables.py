@@ -277,7 +277,7 @@ class LakeTables:
             return
         newest = max(snapshot.timestamp_ms for snapshot in loaded.snapshots())
         spark.sql(
-            f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{table}.{asset}', "
+            f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{table_identifier(table, asset)}', "
             f"older_than => TIMESTAMP_MILLIS({newest + 1}), retain_last => 1)"
         ).collect()
         self.remove_unreferenced_files(table, asset)
@@ -324,6 +324,8 @@ class LakeTables:
                 pass
         return removed
 
+    # Procedures take the table with its catalog (``lake.t.a``): given ``t.a``, Iceberg first tries ``t`` as a
+    # catalog and logs a CatalogNotFoundException with its stack trace on every call, into the run's log.
     def expire_snapshots_before(self, spark: SparkSession, table: str, asset: str, cutoff_ms: int) -> int:
         """Expire the asset's snapshots committed before ``cutoff_ms`` (ms since the epoch), never the
         current one; Iceberg deletes the files only they read. Returns how many were expired: none to
@@ -336,7 +338,7 @@ class LakeTables:
         if not expired:
             return 0
         self.session_for(spark).sql(
-            f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{table}.{asset}', "
+            f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{table_identifier(table, asset)}', "
             f"older_than => TIMESTAMP_MILLIS({cutoff_ms}), retain_last => 1)"
         ).collect()
         return len(expired)
