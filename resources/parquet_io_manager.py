@@ -317,7 +317,9 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         for asset in assets:
             expired_here = self.storage.expire_snapshots(table, asset, days)
             expired += expired_here
-            if expired_here:  # sweep what killed writes left when versions age out, not at every run (it reads every retained version's manifests)
+            # What killed writes left is swept when versions age out, not at every run: the sweep reads
+            # the manifests of every version kept.
+            if expired_here:
                 removed += len(self.storage.remove_unreferenced_files(table, asset))
         if expired:
             context.log.info(f"{table}/{', '.join(assets)}: retention.snapshot_days={days} expired {expired} table version(s)")

@@ -9,6 +9,7 @@ Per table::
     {root}/{table}/_erasures/{request}/request.json       an erase: when, who, why, what it removed
     {root}/{table}/_erasures/{request}/key_hashes/*.parquet the erased keys' hashes (no key value)
     {root}/lake_catalog.db                                the Iceberg catalog (resources/storage/lake.py)
+    {root}/.lake_catalog.init.lock                        held while a new catalog's tables are created
     {root}/_runs/{table}-{time}-{run}-{id}.parquet        the runs log, a file per append
     {root}/_catalog/                                      the SQL catalog's metastore (cdc_assets.catalog)
 
