@@ -141,6 +141,20 @@ def reconcile_stored_state(
                  stored_as=stored_as, **extra)
 
 
+def reconcile_merged_date(operations: Mapping[str, int], added_records: int, added_position_deletes: int, stored_untouched: int) -> list[Reconciliation]:
+    """What a date's MERGE into a merged state (``resources/storage/merged.py``) wrote, from its snapshot's
+    summary: each I, U and stored N row is one added row, and each U, stored N and D row masks the
+    key's previous row with one position delete. ``stored_untouched`` is the N rows the MERGE carried
+    (a delta's keys supplied unchanged, a full load's whose untracked values changed)."""
+    i, u, d = operations[INSERT], operations[UPDATE], operations[DELETE]
+    return [
+        _rule("current_table", "merged_rows_reconcile", "rows the MERGE added", added_records,
+              "I + U + N stored", i + u + stored_untouched, added_records=added_records),
+        _rule("current_table", "merged_deletes_reconcile", "position deletes the MERGE added", added_position_deletes,
+              "U + N stored + D", u + stored_untouched + d, added_position_deletes=added_position_deletes),
+    ]
+
+
 def reconcile_change_set_intake(
     rows_read: int, accepted_rows: int, rejected_rows: int, tombstone_lines: int, set_aside: int = 0
 ) -> Reconciliation:
