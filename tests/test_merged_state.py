@@ -47,6 +47,9 @@ def test_each_dates_state_and_labels_are_read_at_its_tag(spark, states):
     assert _rows(states.state(spark, "t", "current_table", D2, "X")) == [(1, "A", "U"), (3, "c", "N"), (4, "d", "I")]
     assert _rows(states.state(spark, "t", "current_table", D3, "X")) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "U")]
     assert OPERATION_DATE not in states.state(spark, "t", "current_table", D3, "X").columns
+    # Each state's rows, from its tag's summary alone, equal a count of the state.
+    for day in (D1, D2, D3):
+        assert states.rows("t", "current_table", day) == states.state(spark, "t", "current_table", day, "X").count(), day
 
 
 def test_a_merge_writes_the_changed_rows_and_position_deletes_not_the_table(spark, states):

@@ -66,6 +66,16 @@ class MergedStates:
         """The id of the snapshot tagged ``day``, or None."""
         return self._tags(table, asset).get(day)
 
+    def rows(self, table: str, asset: str, day: str) -> int:
+        """Rows of the state as of ``day``, from the tag's snapshot summary (no scan): the rows in its data
+        files less the rows its position deletes mask (one delete masks one row; no equality deletes)."""
+        loaded = self.tables.load(table, asset)
+        snapshot = self.tag_snapshot(table, asset, day)
+        if loaded is None or snapshot is None:
+            raise KeyError(f"{table}/{asset}: no state of {day} is stored")
+        summary = loaded.snapshot_by_id(snapshot).summary.additional_properties
+        return int(summary.get("total-records", 0)) - int(summary.get("total-position-deletes", 0))
+
     def _tags(self, table: str, asset: str) -> dict[str, int]:
         loaded = self.tables.load(table, asset)
         if loaded is None:
