@@ -173,3 +173,16 @@ def test_a_merges_summary_reconciles_with_the_dates_operations(spark, states):
     # A miscount fails: one N row fewer than the MERGE carried.
     wrong = reconcile_merged_date(operations, int(d2["added-records"]), int(d2["added-position-deletes"]), stored_untouched=0)
     assert not any(outcome.passed for outcome in wrong)
+
+
+def test_a_date_with_a_new_column_adds_it_and_earlier_rows_read_it_as_null(spark, states):
+    _three_dates(spark, states)
+    d4 = "2024-03-04"
+    with_city = spark.createDataFrame(
+        [(5, "e", "h5", "I", date(2024, 3, 4), "Oslo")], f"{COLUMNS}, city string"
+    )
+    states.apply_changes(with_city, "t", "current_table", d4, {})
+    state = states.state(spark, "t", "current_table", d4, "X")
+    assert sorted((row.id, row.city) for row in state.collect()) == [(1, None), (3, None), (4, None), (5, "Oslo")]
+    # The earlier tags still read as they were written.
+    assert _rows(states.state(spark, "t", "current_table", D3, "X")) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "U")]

@@ -104,6 +104,7 @@ class MergedStates:
         source = f"cdc_changes_{table}_{asset}_{day.replace('-', '_')}"
         changes, hop = hand_over(changes, spark)
         dated = changes.drop(BUSINESS_DATE).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
+        self._add_columns(spark, identifier, dated)
         dated.createOrReplaceTempView(source)
         columns = [name for name in dated.columns]
         # Aliases no namespace is likely to be named (``t`` was: the table ``lake.t.current_table``).
@@ -134,6 +135,8 @@ class MergedStates:
             dated = state.drop(BUSINESS_DATE).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
             if self.tables.load(table, asset) is None:
                 self._create(spark, table, asset, dated)
+            else:
+                self._add_columns(spark, identifier, dated)
             writer = dated.writeTo(identifier)
             for key, value in properties.items():
                 writer = writer.option(f"snapshot-property.{key}", value)
@@ -169,6 +172,16 @@ class MergedStates:
         snapshot = self.tables.load(table, asset).current_snapshot().snapshot_id
         spark.sql(f"ALTER TABLE {table_identifier(table, asset)} CREATE OR REPLACE TAG `{day}` AS OF VERSION {snapshot}")
         return snapshot
+
+    @staticmethod
+    def _add_columns(spark: SparkSession, identifier: str, frame: DataFrame) -> None:
+        """Add to the table the columns of ``frame`` it lacks (Iceberg schema evolution: no data is
+        rewritten; rows written before read them as NULL). The table takes no ``mergeSchema`` write: with
+        ``accept-any-schema``, Spark 4.0 resolves no column of it in a MERGE."""
+        present = {name.lower() for name in spark.table(identifier).columns}
+        for field in frame.schema.fields:
+            if field.name.lower() not in present:
+                spark.sql(f"ALTER TABLE {identifier} ADD COLUMN `{field.name}` {field.dataType.simpleString()}")
 
     def _create(self, spark: SparkSession, table: str, asset: str, frame: DataFrame) -> None:
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG_NAME}.`{table}`")
