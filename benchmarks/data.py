@@ -43,7 +43,11 @@ def operation_counts(stored: tuple[Path, str, str, str]) -> dict[str, int]:
     from resources.storage import WarehouseStorage
 
     warehouse, table, asset, day = stored
-    operations = WarehouseStorage(str(warehouse)).tables.column(table, asset, [day], "operation")
+    storage = WarehouseStorage(str(warehouse))
+    if storage.merged.holds(table, asset):  # an incremental state: its tag, labelled as of the date
+        operations = storage.merged.operations(table, asset, day)
+    else:
+        operations = storage.tables.column(table, asset, [day], "operation")
     rows = duckdb.sql("select operation, count(*) from (select unnest(?) as operation) group by all", params=[operations.to_pylist()]).fetchall()
     return dict(sorted(rows))
 
@@ -74,11 +78,17 @@ def folder_bytes(folder: Path) -> int:
 
 
 def partition_bytes(warehouse: Path, table: str, day: str) -> dict[str, int]:
-    """Bytes of each asset's data files that ``day`` reads now (its Iceberg table's live files of that date)."""
+    """Bytes of each asset's data files of ``day`` (its Iceberg table's live files of that date; for an
+    incremental state, the files the date's commit added)."""
     from resources.storage import WarehouseStorage
 
     storage = WarehouseStorage(str(warehouse))
-    return {asset: storage.bytes_stored(table, asset, [day]).get(day, 0) for asset in storage.stored_assets(table)}
+    return {
+        # An incremental state's date is what its commit added (the table holds every date's rows).
+        asset: storage.merged.bytes_written(table, asset, day) if storage.merged.holds(table, asset)
+        else storage.bytes_stored(table, asset, [day]).get(day, 0)
+        for asset in storage.stored_assets(table)
+    }
 
 
 def cdc_current(env: dict, table: str, day: str) -> Path:

@@ -10,9 +10,8 @@ under the names analysts use:
 
 - ``<table>_current`` and ``<table>_history``: ``lake.<table>.current_table`` and
   ``lake.<table>.history_partition``, ``business_date`` (a DATE) last; for a table with
-  ``storage: {current: incremental}``, ``<table>_current`` is each date's state over
-  ``<table>_current_full`` and ``<table>_current_changes`` (views of ``lake.<table>.current_table`` and
-  ``lake.<table>.current_table_changes``; docs/incremental-state.md);
+  ``storage: {current: incremental}``, ``<table>_current`` reads each date's tag of the one table
+  ``lake.<table>.current_table`` (docs/incremental-state.md);
 - ``<table>_latest``: current_table as of its newest date with rows;
 - ``<table>_scd2``: the SCD type 2 view over all stored history (``cdc_assets/sql/scd2.sql``);
 - and ``runs_log``: the runs log (``_runs/``, Parquet files a run only adds), an external Parquet table,
@@ -53,10 +52,10 @@ from cdc_assets.core.changes import AUDIT_COLUMNS, EFF_START_DATE, OPERATION
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 from cdc_assets.core.scd2 import Dialect, quote_identifier, scd2_sql
-from cdc_assets.core.state import state_sql, untouched_operation
+from cdc_assets.core.state import untouched_operation
 from cdc_assets.names import CURRENT, HISTORY
 from cdc_assets.stored_schema import date_schema, stored_former_names
-from resources.storage import WarehouseStorage, state_changes_asset
+from resources.storage import OPERATION_DATE, WarehouseStorage
 from resources.storage.lake import CATALOG_NAME
 
 DATABASE_ENV = "CDC_CATALOG_DATABASE"
@@ -158,17 +157,34 @@ class AssetView:
     stored: bool
     columns: tuple[tuple[str, str], ...] = ()
     lake_columns: frozenset[str] = frozenset()
+    # A merged state (storage: incremental): each date's tag with the columns (lower case) the date was
+    # written with (its snapshot's schema may lack later columns), and the operation of an untouched row.
+    tags: tuple[tuple[str, frozenset[str]], ...] = ()
+    untouched: str = ""
 
     def view(self) -> View:
         """``SELECT`` the declared columns, each as its declared type (NULL if the Iceberg table lacks it),
-        then ``business_date``, from the Iceberg table."""
+        then ``business_date``, from the Iceberg table; for a merged state, from each date's tag, each
+        row labelled with the date's operation (``resources/storage/merged.py``)."""
+        if not self.tags:
+            items = [*self._items(self.lake_columns), quote_identifier(BUSINESS_DATE, Dialect.spark)]
+            return View(self.name, self.asset, self.comment, f"SELECT {', '.join(items)} FROM {lake_table(self.table, self.asset)}")
+        selects = []
+        for day, columns in self.tags:
+            operation = f"CASE WHEN {OPERATION_DATE} = DATE '{day}' THEN {quote_identifier(OPERATION, Dialect.spark)} ELSE {_string_literal(self.untouched)} END"
+            items = [*self._items(columns, {OPERATION: operation}), f"DATE '{day}' AS {quote_identifier(BUSINESS_DATE, Dialect.spark)}"]
+            selects.append(f"SELECT {', '.join(items)} FROM {lake_table(self.table, self.asset)} VERSION AS OF '{day}'")
+        return View(self.name, self.asset, self.comment, " UNION ALL ".join(selects))
+
+    def _items(self, present: frozenset[str], values: dict[str, str] | None = None) -> list[str]:
+        """Each declared column as its declared type: its value (or ``values``'s expression for it) where
+        ``present`` (lower-case names) has it, else NULL."""
         items = []
         for column, data_type in self.columns:
             quoted = quote_identifier(column, Dialect.spark)
-            value = quoted if column.lower() in self.lake_columns else "NULL"
+            value = (values or {}).get(column, quoted) if column.lower() in present else "NULL"
             items.append(f"CAST({value} AS {data_type}) AS {quoted}")
-        items.append(quote_identifier(BUSINESS_DATE, Dialect.spark))
-        return View(self.name, self.asset, self.comment, f"SELECT {', '.join(items)} FROM {lake_table(self.table, self.asset)}")
+        return items
 
     def as_configured(self, config: TableConfig, database: str) -> str:
         """The view as a relation with the configured columns as configured now (a renamed column's
@@ -205,53 +221,34 @@ def _lake_columns(storage: WarehouseStorage, table: str, asset: str) -> frozense
 
 
 def asset_views(config: TableConfig, storage: WarehouseStorage) -> list[AssetView]:
-    """The views of one table's Iceberg tables: ``<table>_current`` and ``<table>_history``; for an
-    incremental state ``<table>_current_full`` (its full copies) and ``<table>_current_changes`` instead of
-    ``_current``, which is then the state view (:func:`table_views`)."""
-    assets = [(table_name(config, CURRENT), CURRENT, _asset_comment(config, CURRENT))]
-    if config.storage.incremental:
-        changes = state_changes_asset(CURRENT)
-        assets = [
-            (f"{config.name}_current_full", CURRENT, f"{config.name}: full copies of the state (storage: incremental)"),
-            (f"{config.name}_current_changes", changes, f"{config.name}: each date's changes to the state (storage: incremental)"),
-        ]
-    assets.append((table_name(config, HISTORY), HISTORY, _asset_comment(config, HISTORY)))
+    """The views of one table's Iceberg tables: ``<table>_current`` and ``<table>_history``. A merged
+    state's view reads each stored date's tag: a sync after each date brings in the new one."""
     views = []
-    for name, asset, comment in assets:
+    for asset in (CURRENT, HISTORY):
         columns = tuple(declared_columns(config, storage, asset))
         lake_columns = _lake_columns(storage, config.name, asset) if columns else frozenset()
-        views.append(AssetView(name, config.name, asset, comment, bool(columns), columns, lake_columns))
+        merged = columns and storage.merged.holds(config.name, asset)
+        tags = tuple(
+            (day, frozenset(name.lower() for name in storage.stored_schema(config.name, asset, day).names))
+            for day in storage.stored_dates(config.name, asset)
+        ) if merged else ()
+        untouched = untouched_operation(config.load_type) if merged else ""
+        views.append(AssetView(table_name(config, asset), config.name, asset, _asset_comment(config, asset), bool(columns), columns,
+                               lake_columns, tags, untouched))
     return views
 
 
 def table_views(config: TableConfig, database: str, assets: Sequence[AssetView]) -> list[View]:
-    """``<table>_latest`` over current_table and ``<table>_scd2`` over history_partition; for an
-    incremental state also ``<table>_current``, every stored date's state. ``assets`` are the table's
-    :func:`asset_views`; the views show the configured columns as configured now."""
+    """``<table>_latest`` over current_table and ``<table>_scd2`` over history_partition. ``assets`` are
+    the table's :func:`asset_views`; the views show the configured columns as configured now."""
     by_name = {view.name: view for view in assets}
     current = _quoted(database, table_name(config, CURRENT))
     history_relation = by_name[table_name(config, HISTORY)].as_configured(config, database)
     scd2 = scd2_sql([column.name for column in config.columns], history_relation, ALL_HISTORY, config.scd2.open_end, config.scd2.hard_deletes, Dialect.spark)
     views = []
-    if config.storage.incremental:
-        # The newest date is read from the stored tables, not from the state view (which would build
-        # every date's state to find it).
-        full_view, changes_view = by_name[f"{config.name}_current_full"], by_name[f"{config.name}_current_changes"]
-        full, changes = _quoted(database, full_view.name), _quoted(database, changes_view.name)
-        state = state_sql(
-            state_columns(config),
-            full_view.as_configured(config, database),
-            changes_view.as_configured(config, database) if changes_view.stored else None,
-            untouched_operation(config.load_type),
-        )
-        views.append(View(table_name(config, CURRENT), CURRENT, f"{config.name}: the state as of each business_date", state))
-        newest = f"(SELECT max(business_date) FROM {full})" if not changes_view.stored else (
-            f"(SELECT greatest(max(business_date), (SELECT max(business_date) FROM {changes})) FROM {full})")
-        latest = f"SELECT * FROM {current} WHERE business_date = {newest}"  # the view above is as configured
-    else:
-        newest = f"(SELECT max(business_date) FROM {current})"
-        relation = by_name[table_name(config, CURRENT)].as_configured(config, database)
-        latest = f"SELECT * FROM {relation} WHERE business_date = {newest}"
+    newest = f"(SELECT max(business_date) FROM {current})"
+    relation = by_name[table_name(config, CURRENT)].as_configured(config, database)
+    latest = f"SELECT * FROM {relation} WHERE business_date = {newest}"
     views.append(View(f"{config.name}_latest", CURRENT, f"{config.name}: current_table as of its newest business_date", latest))
     views.append(View(f"{config.name}_scd2", HISTORY, f"{config.name}: SCD type 2 versions from history_partition",
                       " ".join(line for line in scd2.splitlines() if not line.lstrip().startswith("--"))))

@@ -10,6 +10,7 @@ equation in the metadata. A range is measured in one aggregation per dataset, gr
 
 from collections.abc import Iterator
 from datetime import date
+from functools import reduce
 
 from dagster import (
     AssetCheckEvaluation,
@@ -41,13 +42,13 @@ from cdc_assets.core.reconcile import (
     reconcile_stored_state,
     reconcile_updates,
 )
-from cdc_assets.core.changes import NOT_SUPPLIED
+from cdc_assets.core.changes import NOT_SUPPLIED, OPERATION
 from cdc_assets.core.state import untouched_operation
 from cdc_assets.core.schema import SchemaChangeError, schema_change, shared_tracked_columns, stored_spec, updates_equal_on_shared_columns
 from cdc_assets.schema_changes import configured_spec
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from resources.state import state_rows, stored_fields, untouched_rows
-from resources.storage import state_changes_asset
+from resources.state import state_rows, stored_fields
 from cdc_assets.names import (
     CLASSIFICATION,
     CURRENT,
@@ -256,27 +257,34 @@ def _with_not_supplied(instance: DagsterInstance, config: TableConfig, day: str,
 def _state_figures(io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]):
     """current_table's figures per date as a state, and what each date stored (full copy or changes, rows).
 
-    A date stored as a full copy is measured as it is; an incremental state's other dates count their
-    rows from what is stored (``resources/state.py``) and their keys from the changes the date stored.
+    A date stored whole is measured as it is; a merged state's other dates count their rows from what
+    is stored (the tag's summary, ``resources/state.py``) and their keys from the rows the date's MERGE
+    wrote (the rows of the tag whose ``operation_date`` is the date).
     """
     storage, table = io_manager.storage, config.name
-    fulls = [day for day in days if storage.has_partition(table, CURRENT, day)]
-    changes = [day for day in days if day not in fulls]
+    stored_as = {day: storage.stored_as(table, CURRENT, day) for day in days}
+    fulls = [day for day in days if stored_as[day] == "full"]
+    changes = [day for day in days if stored_as[day] == "changes"]
     figures = {}
     if fulls:
         figures.update(keyed_figures_by_date(io_manager.read_partitions(table, CURRENT, fulls), BUSINESS_DATE, config.key_names))
     parts = {date.fromisoformat(day): (True, figures.get(date.fromisoformat(day), KeyedFigures()).rows, 0) for day in fulls}
     if changes:
-        stored = keyed_figures_by_date(
-            io_manager.read_partitions(table, state_changes_asset(CURRENT), changes), BUSINESS_DATE, config.key_names
-        )
+        spark = io_manager.pyspark.spark_session
+        written = reduce(DataFrame.unionByName, [storage.merged.touched(spark, table, CURRENT, day) for day in changes])
+        stored = keyed_figures_by_date(written, BUSINESS_DATE, config.key_names)
+        untouched = untouched_operation(config.load_type)
+        untouched_written = {
+            row[BUSINESS_DATE]: row["count"]
+            for row in written.filter(F.col(OPERATION) == F.lit(untouched)).groupBy(BUSINESS_DATE).count().collect()
+        }
         for day in changes:
             on = date.fromisoformat(day)
             part = stored.get(on, KeyedFigures())
             rows = state_rows(storage, table, CURRENT, day)
-            # Keys the date's changes hold twice are keys the state holds twice.
+            # Keys the date's MERGE wrote twice are keys the state holds twice.
             figures[on] = KeyedFigures(rows, rows - (part.rows - part.distinct_keys), part.null_key_rows)
-            parts[on] = (False, part.rows, untouched_rows(storage, table, CURRENT, day, untouched_operation(config.load_type)))
+            parts[on] = (False, part.rows, untouched_written.get(on, 0))
     return figures, parts
 
 
@@ -320,7 +328,7 @@ def _updates_outcome(io_manager: PartitionedParquetIOManager, config: TableConfi
     except SchemaChangeError:  # only a declared re-baseline writes such a date: every key was compared anew
         return reconcile_updates(unnamed)
     updates = io_manager.read_partitions(table, UPDATES, [day])
-    previous = io_manager.read_state(table, CURRENT, day_before(day), config.load_type)
+    previous = io_manager.read_state(table, CURRENT, day_before(day))
     equal = updates_equal_on_shared_columns(updates, previous, shared_tracked_columns(stored, written, change)).count()
     return reconcile_updates(unnamed, equal, change.summary())
 

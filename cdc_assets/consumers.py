@@ -33,7 +33,7 @@ from cdc_assets.names import CURRENT, HISTORY
 from cdc_assets.stored_schema import stored_configured_names, stored_former_names
 from resources.state import read_state
 from cdc_assets.duckdb_iceberg import load_extensions
-from resources.storage import WarehouseStorage, state_changes_asset, warehouse_root
+from resources.storage import OPERATION_DATE, WarehouseStorage, warehouse_root
 
 # What the views need of history besides the configured columns and business_date.
 _HISTORY_COLUMNS = ((KEY_HASH, "string"), (NON_KEY_HASH, "string"), (OPERATION, "string"))
@@ -64,7 +64,7 @@ def current_state(
     storage = WarehouseStorage(warehouse_root(warehouse))
     day = current_as_of(config, as_of, warehouse)
     try:
-        stored = read_state(storage, spark, config.name, CURRENT, day, config.load_type)
+        stored = read_state(storage, spark, config.name, CURRENT, day)
     except RuntimeError as error:  # MissingPartitionError, DroppedPartitionError
         raise ValueError(str(error)) from error
     # read_state gives the state as stored, which the CDC step compares against; consumers see it as configured.
@@ -77,7 +77,7 @@ def current_as_of(config: TableConfig, as_of: str | date | None = None, warehous
     Raises ValueError when the table has no stored state on that date (no Spark needed).
     """
     storage = WarehouseStorage(warehouse_root(warehouse))
-    stored = sorted(set(storage.stored_dates(config.name, CURRENT)) | set(storage.stored_dates(config.name, state_changes_asset(CURRENT))))
+    stored = storage.stored_dates(config.name, CURRENT)
     if not stored:
         raise ValueError(
             f"{config.name} has no stored current_table (looked in {storage.asset_path(config.name, CURRENT)}): "
@@ -105,36 +105,18 @@ def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, 
     config = table_config(config)
     storage = WarehouseStorage(warehouse_root(warehouse))
     day = current_as_of(config, as_of, warehouse)
-    layout = storage.state_layout(config.name, CURRENT, day)
-    full_stored = storage.stored_schema(config.name, CURRENT, layout.full_date).names
-    untouched = untouched_operation(config.load_type)
-
-    def select(stored: list[str], operation: str) -> str:
-        configured = configured_select_list(config.columns, stored, Dialect.duckdb)
-        own = [operation if name == OPERATION else quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(full_stored)]
-        return ", ".join([*configured, *own])
-
-    def dated(asset: str, days: list[str]) -> str:
-        listed = ", ".join(f"DATE '{stored}'" for stored in days)
-        return f"(SELECT * FROM {_iceberg_scan(storage, config.name, asset)} WHERE {BUSINESS_DATE} IN ({listed}))"
-
-    full = f"{dated(CURRENT, [layout.full_date])} AS full_copy"
-    if not layout.change_dates:
-        if layout.full_date == day:
-            return f"SELECT {select(full_stored, OPERATION)} FROM {full}"
-        return f"SELECT {select(full_stored, f'{_sql_string(untouched)} AS {OPERATION}')} FROM {full}"
-    changes_asset = state_changes_asset(CURRENT)
-    changes_stored = sorted({name for change in layout.change_dates for name in storage.stored_schema(config.name, changes_asset, change).names})
-    on_day = f"DATE '{day}'"
-    full_operation = OPERATION if layout.full_date == day else f"{_sql_string(untouched)} AS {OPERATION}"
-    return (
-        f"WITH changes AS {dated(changes_asset, layout.change_dates)},\n"
-        "newest AS (SELECT * FROM changes QUALIFY row_number() OVER (PARTITION BY key_hash ORDER BY business_date DESC) = 1)\n"
-        f"SELECT {select(full_stored, full_operation)} FROM {full} WHERE key_hash NOT IN (SELECT key_hash FROM changes)\n"
-        "UNION ALL\n"
-        f"SELECT {select(changes_stored, f'CASE WHEN business_date = {on_day} THEN {OPERATION} ELSE {_sql_string(untouched)} END AS {OPERATION}')} "
-        f"FROM newest WHERE {OPERATION} <> 'D'"
-    )
+    stored = storage.stored_schema(config.name, CURRENT, day).names
+    configured = configured_select_list(config.columns, stored, Dialect.duckdb)
+    if storage.merged.holds(config.name, CURRENT):
+        # The table at the date's tag, each row labelled as of the date (merged.py).
+        snapshot = storage.merged.tag_snapshot(config.name, CURRENT, day)
+        untouched = _sql_string(untouched_operation(config.load_type))
+        operation = f"CASE WHEN {OPERATION_DATE} = DATE '{day}' THEN {OPERATION} ELSE {untouched} END AS {OPERATION}"
+        own = [operation if name == OPERATION else quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(stored)]
+        scan = _iceberg_scan(storage, config.name, CURRENT)[:-1] + f", snapshot_from_id => {snapshot})"
+        return f"SELECT {', '.join([*configured, *own])} FROM {scan}"
+    own = [quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(stored)]
+    return f"SELECT {', '.join([*configured, *own])} FROM {_iceberg_scan(storage, config.name, CURRENT)} WHERE {BUSINESS_DATE} = DATE '{day}'"
 
 
 def _iceberg_scan(storage: WarehouseStorage, table: str, asset: str) -> str:

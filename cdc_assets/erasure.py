@@ -38,7 +38,7 @@ from cdc_assets.core.erasure import (
 from cdc_assets.core.hashing import KEY_HASH
 from cdc_assets.names import CLASSIFICATION, CURRENT, REJECTS
 from resources.state import state_rows
-from resources.storage import MissingPartitionError, WarehouseStorage, state_changes_asset
+from resources.storage import MissingPartitionError, WarehouseStorage
 from resources.storage.erasure import TORN
 
 ERASING, COMPLETE = "erasing", "complete"
@@ -162,7 +162,7 @@ def erase_keys(
     result = ErasureResult(request_id=request_id, keys=count, resumed=bool(unfinished))
     rewritten_before = record.get("bytes_rewritten", 0)  # by an attempt that was killed
     tracks_state = config.load_type is not LoadType.full and CURRENT in storage.stored_assets(table)
-    current_dates = storage.stored_dates(table, CURRENT) + storage.stored_dates(table, state_changes_asset(CURRENT))
+    current_dates = storage.stored_dates(table, CURRENT)
     if tracks_state:
         result.state_rows_before = _state_rows(storage, table, current_dates)
     for asset in storage.stored_assets(table):
@@ -176,10 +176,15 @@ def erase_keys(
         if asset == CLASSIFICATION:
             result.removed_operations = by_operation
         affected = sorted(day for day, rows in hits.items() if rows)
+        if affected and storage.merged.holds(table, asset):
+            # A merged state: every tag and the table's head rewritten without the keys (merged.py).
+            result.bytes_rewritten += sum(storage.bytes_stored(table, asset, affected).values())
+            storage.erase_from_state(spark, table, asset, erased, request_id)
+            affected = []
         for group in _same_schema(storage, table, asset, affected):
             result.bytes_rewritten += sum(storage.bytes_stored(table, asset, group).values())
             _rewrite_without(spark, storage, config, asset, group, erased)
-        for day in affected:
+        for day in sorted(d for d, rows in hits.items() if rows):
             result.removed[(asset, day)] = hits[day]
         record["partitions"] = {**record.get("partitions", {}), **{f"{a}/{d}": n for (a, d), n in result.removed.items()}}
         record["bytes_rewritten"] = rewritten_before + result.bytes_rewritten

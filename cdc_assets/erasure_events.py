@@ -34,7 +34,6 @@ from cdc_assets.names import (
     CDC_OUTPUTS, CHANGESET_OUTPUTS, CLASSIFICATION, CURRENT, HASHED_INCOMING, HISTORY, LATE_CHANGES, REJECTS, asset_key, pool_name,
 )
 from resources.parquet_io_manager import PartitionedParquetIOManager
-from resources.storage import state_changes_asset
 
 # The metadata of an operation's count, as the CDC step records it on classification, current_table and history.
 _OPERATION_FIGURES = {INSERT: "inserts", UPDATE: "updates", DELETE: "deletes", UNCHANGED: "unchanged"}
@@ -48,8 +47,7 @@ def erasure_materializations(instance: DagsterInstance, config: TableConfig, sto
     A partition this Dagster instance never saw materialized gets none: it has no figures to adjust.
     """
     removed: dict[tuple[str, str], int] = defaultdict(int)
-    for (stored_as, day), rows in result.removed.items():
-        asset = CURRENT if stored_as == state_changes_asset(CURRENT) else stored_as
+    for (asset, day), rows in result.removed.items():
         removed[(asset, day)] += rows
     events = []
     for day in touched_days(result):
@@ -64,11 +62,8 @@ def erasure_materializations(instance: DagsterInstance, config: TableConfig, sto
                 continue
             metadata = {name: value for name, value in latest.items() if name not in _NOT_COPIED}
             metadata.update(_adjusted_figures(config, asset, day, latest, removed, result))
-            # What the date stores now: its partition, or an incremental state's changes of the date.
-            for stored_as in (asset, state_changes_asset(asset)):
-                if storage.has_partition(config.name, stored_as, day):
-                    metadata["dagster/row_count"] = MetadataValue.int(storage.row_counts(config.name, stored_as, [day])[day])
-                    break
+            if storage.has_partition(config.name, asset, day):  # what the date stores now
+                metadata["dagster/row_count"] = MetadataValue.int(storage.row_counts(config.name, asset, [day])[day])
             metadata["erased_rows"] = MetadataValue.int(removed.get((asset, day), 0))
             metadata["erasure_request"] = MetadataValue.text(result.request_id)
             events.append(AssetMaterialization(asset_key=asset_key(config, asset), partition=day, metadata=metadata,

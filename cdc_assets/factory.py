@@ -86,8 +86,13 @@ from resources.parquet_io_manager import (
     StateRows,
     server_loss_explained,
 )
-from resources.state import state_rows, state_since_full
-from resources.storage import state_changes_asset
+from resources.state import (
+    CHANGE_DATES_SINCE_FULL_COPY,
+    CHANGE_ROWS_SINCE_FULL_COPY,
+    FULL_COPY_ROWS,
+    state_rows,
+    state_since_full,
+)
 from resources.spark import SCHEDULER_POOL, for_each_date
 
 IO_MANAGER_KEY = "parquet_io_manager"
@@ -227,8 +232,7 @@ def later_dates_decision(context: AssetExecutionContext, table: TableConfig, sto
     """Whether the run may write ``days`` while current_table stores later dates (cdc_assets/core/rerun.py):
     the stored dates and the run's backfill are gathered here; the decision is the core's."""
     storage.hold_writer_lock(table.name)  # no run adds a date between this look and the run's writes
-    stored = set(storage.stored_dates(table.name, CURRENT)) | set(storage.stored_dates(table.name, state_changes_asset(CURRENT)))
-    return rerun_decision(table.name, days, sorted(stored), _backfill_dates(context, table))
+    return rerun_decision(table.name, days, storage.stored_dates(table.name, CURRENT), _backfill_dates(context, table))
 
 
 def _backfill_dates(context: AssetExecutionContext, table: TableConfig) -> set[str] | None:
@@ -399,7 +403,7 @@ def _apply_changes(
                 # Compacted together with current_table: full copies on the same dates.
                 full = plan.sequences.filter(F.col(BUSINESS_DATE).isin(*state.full_dates)) if state.full_dates else None
                 rows = StateRows(
-                    plan.sequence_changes, full, state.full_dates, retention_current_days=dropped,
+                    plan.sequence_changes, full, state.full_dates, untouched=state.untouched, retention_current_days=dropped,
                     retention_snapshot_days=snapshot_days, drop_stored_after=drop_after,
                 )
             with _timed(context, table.name, f"write {name}", _span(days)):
@@ -427,12 +431,12 @@ def _incremental_state(
     context, table: TableConfig, storage, plan, days: list[str], has_previous: bool, previous_rows: int, current_days,
     spec, changed_schema: bool, snapshot_days: int, drop_after: str | None = None,
 ) -> StateRows:
-    """What an incremental current_table stores for each date: its changes, or a full copy when
-    ``storage.compact_after_share`` / ``compact_after_dates`` say so (compaction), when there is no
-    earlier state, when the date's columns changed (the state's parts then share one schema), or when
-    the date was stored as a full copy before (a re-run keeps the form)."""
+    """What an incremental (merged) current_table stores for each date: its changes, applied with one
+    MERGE, or the whole state when ``storage.compact_after_share`` / ``compact_after_dates`` say so
+    (compaction: a copy without position deletes), when there is no earlier state, or when the date's
+    columns changed (a date's changes have the columns of the date before)."""
     since = state_since_full(storage, table.name, CURRENT, day_before(days[0])) if has_previous else None
-    rows, full_dates, metadata, notes = previous_rows, [], {}, []
+    rows, full_dates, metadata, properties, notes = previous_rows, [], {}, {}, []
     for day in days:
         counts = plan.counts[date.fromisoformat(day)]
         change_rows = sum(n for op, n in counts.items() if op != untouched_operation(table.load_type))
@@ -441,7 +445,7 @@ def _incremental_state(
         # A truncate changes the whole state (and a change set's floor): stored as a full copy.
         truncated = plan.figures.get(date.fromisoformat(day), {}).get("truncates", 0) > 0
         new_schema = changed_schema and day == days[0]
-        if compaction_due(grown, table.storage) or truncated or new_schema or storage.has_partition(table.name, CURRENT, day):
+        if compaction_due(grown, table.storage) or truncated or new_schema:
             full_dates.append(day)
             reason = "no earlier state" if grown is None else "a truncate" if truncated else "a schema change" if new_schema else (
                 f"{grown.change_rows} change rows over {grown.change_dates} date(s) since the last full copy "
@@ -456,6 +460,12 @@ def _incremental_state(
             "change_rows_since_full_copy": MetadataValue.int(since.change_rows),
             "change_dates_since_full_copy": MetadataValue.int(since.change_dates),
         }
+        # Recorded in the date's snapshot, for the next run's compaction decision (resources/state.py).
+        properties[day] = {
+            FULL_COPY_ROWS: str(since.full_rows),
+            CHANGE_DATES_SINCE_FULL_COPY: str(since.change_dates),
+            CHANGE_ROWS_SINCE_FULL_COPY: str(since.change_rows),
+        }
     if notes:
         context.log.info("\n".join(notes))
     full = plan.full_states([date.fromisoformat(day) for day in full_dates]) if full_dates else None
@@ -463,9 +473,11 @@ def _incremental_state(
         changes=with_hash_spec(plan.state_changes, spec),
         full=None if full is None else with_hash_spec(full, spec),
         full_dates=tuple(full_dates),
+        untouched=untouched_operation(table.load_type),
         retention_current_days=current_days,
         retention_snapshot_days=snapshot_days,
         metadata=metadata,
+        properties=properties,
         drop_stored_after=drop_after,
     )
 

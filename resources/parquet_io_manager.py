@@ -40,7 +40,6 @@ from resources.storage import (
     WarehouseStorage,
     as_stored,
     local_warehouse_path,
-    state_changes_asset,
 )
 
 PREVIEW_ROWS = 5
@@ -70,17 +69,21 @@ class DatedRows:
 
 @dataclass(frozen=True)
 class StateRows:
-    """A state's rows for every partition of the run, as an incremental state stores them: dates in
-    ``full_dates`` as a full copy (rows of ``full``), the others as their changes (rows of ``changes``);
-    both DataFrames dated by ``business_date``. ``metadata`` adds figures per date."""
+    """A merged state's rows for every partition of the run (``resources/storage/merged.py``): dates in
+    ``full_dates`` replace the whole state (rows of ``full``), the others apply their changes (rows of
+    ``changes``) with one MERGE; both DataFrames dated by ``business_date``. ``untouched`` is the
+    operation a date's untouched rows read with; ``properties`` go into each date's snapshot summary and
+    ``metadata`` into its materialization."""
 
     changes: DataFrame
     full: DataFrame | None
     full_dates: tuple[str, ...]
+    untouched: str
     retention_current_days: int | None = None
     retention_snapshot_days: int | None = None
     metadata: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
-    drop_stored_after: str | None = None  # as DatedRows's, for the full copies and the changes alike
+    properties: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    drop_stored_after: str | None = None  # as DatedRows's
 
 
 # The asset definition metadata that makes an asset a state, read through resources/state.py: the
@@ -101,7 +104,7 @@ class LazyPartitions(Mapping[str, DataFrame]):
         if business_date not in self._dates:
             raise KeyError(business_date)
         if self._load_type is not None:
-            return self._manager.read_state(self._table, self._asset, business_date, self._load_type)
+            return self._manager.read_state(self._table, self._asset, business_date)
         return self._manager.read_partition(self._table, self._asset, business_date)
 
     def __contains__(self, business_date: object) -> bool:
@@ -181,9 +184,9 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         """Several stored partitions as one DataFrame with a ``business_date`` column, in one scan."""
         return self.storage.read(self.pyspark.spark_session, table, asset, business_dates)
 
-    def read_state(self, table: str, asset: str, business_date: str, load_type: LoadType) -> DataFrame:
+    def read_state(self, table: str, asset: str, business_date: str) -> DataFrame:
         """The state as of the date, whether stored as a snapshot or as a full copy and changes."""
-        return read_state(self.storage, self.pyspark.spark_session, table, asset, business_date, load_type)
+        return read_state(self.storage, self.pyspark.spark_session, table, asset, business_date)
 
     def row_counts(self, table: str, asset: str, business_dates: list[str]) -> dict[str, int]:
         """Rows per stored partition, from the Parquet footers."""
@@ -238,45 +241,42 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=business_date)
 
     def _store_state(self, context: OutputContext, table: str, asset: str, dates: list[str], obj: StateRows) -> None:
-        """Write each date of an incremental state as a full copy or as its changes, then describe it."""
-        full_dates = [day for day in dates if day in obj.full_dates]
-        change_dates = [day for day in dates if day not in obj.full_dates]
-        parts = []
-        if full_dates:
-            parts.append((asset, obj.full.filter(F.col(BUSINESS_DATE).isin(*full_dates)), full_dates))
-        if change_dates:
-            parts.append((state_changes_asset(asset), obj.changes.filter(F.col(BUSINESS_DATE).isin(*change_dates)), change_dates))
+        """Write each date of a merged state, oldest first: its whole state or its changes, each date a
+        commit and a tag; then describe it."""
+        later = self._later_dates(table, asset, obj.drop_stored_after)
+        if later:
+            context.log.info(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
         described = {}
-        written = {stored_as for stored_as, _, _ in parts}
-        for stored_as in (asset, state_changes_asset(asset)):
-            later = self._later_dates(table, stored_as, obj.drop_stored_after)
-            if later and stored_as not in written:  # the dates this run writes went to the other part
-                self.storage.drop_after_rerun(table, stored_as, dates, later)
-        for stored_as, frame, days in parts:
-            later = self._later_dates(table, stored_as, obj.drop_stored_after)
-            rows_written = self.storage.write(frame, table, stored_as, days, dropped=later)
-            schema = as_stored(frame.drop(BUSINESS_DATE).schema)
-            previews = self._previews(table, stored_as, rows_written)
-            for day in days:
-                path = self.partition_path(table, stored_as, day)
-                described[day] = describe_partition(schema, path, rows_written[day], previews[day])
+        for day in dates:
+            whole = day in obj.full_dates
+            frame = (obj.full if whole else obj.changes).filter(F.col(BUSINESS_DATE) == F.lit(day).cast("date"))
+            rows = self.storage.write_state(
+                frame, table, asset, day, whole, obj.untouched, properties=dict(obj.properties.get(day, {})),
+                rerun_of=dates, dropped=later if day == dates[0] else (),
+            )
+            schema = self.storage.stored_schema(table, asset, day)
+            described[day] = {
+                "dagster/row_count": MetadataValue.int(rows),
+                "dagster/column_schema": column_schema(schema),
+                "path": MetadataValue.path(self.storage.asset_path(table, asset)),
+                "tag": MetadataValue.text(day),
+                "snapshot_id": MetadataValue.text(str(self.storage.merged.tag_snapshot(table, asset, day))),
+            }
         retention = {}
         if obj.retention_current_days is not None:
-            dropped = self.storage.drop_state_outside_retention(table, asset, obj.retention_current_days)
+            dropped = self.storage.drop_outside_retention(table, asset, obj.retention_current_days)
             context.log.info(
                 f"{table}/{asset}: retention.current_days={obj.retention_current_days} dropped "
-                + (f"the stored parts of {len(dropped)} date(s): {', '.join(dropped)}" if dropped else "nothing")
+                + (f"the states of {len(dropped)} date(s): {', '.join(dropped)}" if dropped else "nothing")
             )
             retention = {
                 "retention_current_days": MetadataValue.int(obj.retention_current_days),
                 "dropped_current_partitions": MetadataValue.json(dropped),
             }
-        stored_assets = set(self.storage.stored_assets(table))
-        state_assets = [name for name in (asset, state_changes_asset(asset)) if name in stored_assets]
-        retention.update(self._expire_snapshots(context, table, state_assets, obj.retention_snapshot_days))
+        retention.update(self._expire_snapshots(context, table, [asset], obj.retention_snapshot_days))
         for day in dates:
             metadata = {**described[day], **retention, **obj.metadata.get(day, {})}
-            metadata["stored_as"] = MetadataValue.text("full copy" if day in full_dates else "changes")
+            metadata["stored_as"] = MetadataValue.text("full copy" if day in obj.full_dates else "changes")
             if len(dates) == 1:
                 context.add_output_metadata(metadata)
             else:
@@ -346,15 +346,18 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         return previews
 
 
+def column_schema(schema: StructType) -> TableSchema:
+    """The columns as the UI lists them."""
+    return TableSchema(columns=[TableColumn(name=field.name, type=field.dataType.simpleString()) for field in schema.fields])
+
+
 def describe_partition(schema: StructType, path: str, row_count: int, preview: list[tuple]) -> dict:
     """What the UI shows for a stored partition: row count (plotted across partitions), schema, preview, path."""
     header = "| " + " | ".join(schema.names) + " |\n|" + "---|" * len(schema.names)
     body = "\n".join("| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in preview)
     return {
         "dagster/row_count": MetadataValue.int(row_count),
-        "dagster/column_schema": TableSchema(
-            columns=[TableColumn(name=field.name, type=field.dataType.simpleString()) for field in schema.fields]
-        ),
+        "dagster/column_schema": column_schema(schema),
         "preview": MetadataValue.md(header + ("\n" + body if body else "")),
         "path": MetadataValue.path(path),
     }

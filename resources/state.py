@@ -1,94 +1,54 @@
 """Reading a table's state as of a date from what the warehouse stores, in either form.
 
-A snapshot table stores the whole state per date; an incremental one (``storage: {current:
-incremental}``) a full copy now and then and each date's changes (``cdc_assets/core/state.py``). Both
-read the same way here: the newest full copy on or before the date, and the changes after it. The IO
-manager hands the CDC step the previous state through :func:`read_state`, and ``cdc-current``, the
-consumers and the checks read through it too. Nothing here writes or takes a lock.
+A snapshot table stores the whole state per date, as the date's partition. A merged one (``storage:
+{current: incremental}``, ``resources/storage/merged.py``) is one Iceberg table changed by each date's
+MERGE, with a tag per date: the state as of D is the table at tag D, each row labelled with D's
+operation. The storage reads both the same way; this module adds what a state's readers need beside
+its rows. Nothing here writes or takes a lock.
 """
 
 from __future__ import annotations
 
-from datetime import date
-
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StringType, StructField, StructType
 
-from cdc_assets.config import LoadType
-from cdc_assets.core.changes import DELETE, INSERT, OPERATION
-from cdc_assets.core.state import StateSince, state_from_parts
-from resources.storage import WarehouseStorage, state_changes_asset
+from cdc_assets.core.state import StateSince
+from resources.storage import WarehouseStorage
 
-# Up to this many change rows are broadcast against the full copy (as the CDC step's payload join does).
-BROADCAST_MAX_CHANGE_ROWS = 2_000_000
+# What a merged state's date records in its snapshot summary for the compaction policy (core/state.py).
+FULL_COPY_ROWS = "cdc.full-copy-rows"
+CHANGE_DATES_SINCE_FULL_COPY = "cdc.change-dates-since-full-copy"
+CHANGE_ROWS_SINCE_FULL_COPY = "cdc.change-rows-since-full-copy"
 
 
-def read_state(storage: WarehouseStorage, spark: SparkSession, table: str, asset: str, as_of: str, load_type: LoadType) -> DataFrame:
-    """The state as of ``as_of`` with the columns of a full copy, lazily (nothing is scanned yet)."""
-    layout = storage.state_layout(table, asset, as_of)
-    full = storage.read_one(spark, table, asset, layout.full_date)
-    if not layout.change_dates:
-        return full
-    changes_asset = state_changes_asset(asset)
-    schema = full.schema
-    if OPERATION not in full.columns:  # a state without an operation of its own (applied_sequences)
-        schema = StructType([*schema.fields, StructField(OPERATION, StringType())])
-    changes = storage.read(spark, table, changes_asset, layout.change_dates, schema=schema)
-    rows = sum(storage.row_counts(table, changes_asset, layout.change_dates).values())
-    return state_from_parts(
-        full,
-        date.fromisoformat(layout.full_date),
-        changes,
-        date.fromisoformat(as_of),
-        load_type,
-        broadcast_changes=rows <= BROADCAST_MAX_CHANGE_ROWS,
-    )
+def read_state(storage: WarehouseStorage, spark: SparkSession, table: str, asset: str, as_of: str) -> DataFrame:
+    """The state as of ``as_of`` with its operations as of that date, lazily (nothing is scanned yet)."""
+    return storage.read_one(spark, table, asset, as_of)
 
 
 def state_rows(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> int:
-    """Rows of the state as of ``as_of`` without reading it: the full copy's rows (the table's manifests) plus,
-    for each date of changes after it, its I rows less its D rows (the ``operation`` column only)."""
-    layout = storage.state_layout(table, asset, as_of)
-    rows = storage.row_counts(table, asset, [layout.full_date])[layout.full_date]
-    changes_asset = state_changes_asset(asset)
-    if layout.change_dates:
-        operations = storage.tables.column(table, changes_asset, layout.change_dates, OPERATION)
-        rows += pc.sum(pc.equal(operations, INSERT)).as_py() or 0
-        rows -= pc.sum(pc.equal(operations, DELETE)).as_py() or 0
-    return rows
-
-
-def untouched_rows(storage: WarehouseStorage, table: str, asset: str, day: str, untouched: str) -> int:
-    """Rows of the date's stored changes with the ``untouched`` operation (a full load's N rows whose
-    untracked values changed), from the ``operation`` column only; 0 when the date stored no changes."""
-    changes_asset = state_changes_asset(asset)
-    if day not in storage.stored_dates(table, changes_asset):
-        return 0
-    operations = storage.tables.column(table, changes_asset, [day], OPERATION)
-    return pc.sum(pc.equal(operations, untouched)).as_py() or 0
+    """Rows of the state as of ``as_of`` without reading it (the table's manifests, or the tag's summary)."""
+    storage.require(table, asset, as_of)
+    return storage.row_counts(table, asset, [as_of])[as_of]
 
 
 def state_since_full(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> StateSince:
-    """What the state as of ``as_of`` is stored as: its full copy's rows and the changes after it."""
-    layout = storage.state_layout(table, asset, as_of)
-    changes = storage.row_counts(table, state_changes_asset(asset), layout.change_dates) if layout.change_dates else {}
+    """What the merged state as of ``as_of`` holds since its last full copy: the copy's rows, and the
+    dates and rows of changes applied since, as the date's commit recorded them. A date whose tag an
+    erase moved lost that record: counted as a full copy of its rows (compaction waits a little longer)."""
+    summary = storage.merged.summary(table, asset, as_of)
+    if FULL_COPY_ROWS not in summary:
+        return StateSince(state_rows(storage, table, asset, as_of), 0, 0)
     return StateSince(
-        full_rows=storage.row_counts(table, asset, [layout.full_date])[layout.full_date],
-        change_dates=len(layout.change_dates),
-        change_rows=sum(changes.values()),
+        full_rows=int(summary[FULL_COPY_ROWS]),
+        change_dates=int(summary.get(CHANGE_DATES_SINCE_FULL_COPY, 0)),
+        change_rows=int(summary.get(CHANGE_ROWS_SINCE_FULL_COPY, 0)),
     )
 
 
 def stored_fields(storage: WarehouseStorage, table: str, asset: str, as_of: str) -> list[dict] | None:
-    """The Spark schema fields (name, type, metadata) the state as of ``as_of`` was written with, from its
-    newest part (the date's full copy, or its changes); None when nothing is stored.
-
-    A date whose columns changed is always stored as a full copy, so the newest part speaks for the state.
-    """
-    try:
-        layout = storage.state_layout(table, asset, as_of)
-    except RuntimeError:  # MissingPartitionError, DroppedPartitionError: the CDC step reports them
+    """The Spark schema fields (name, type, metadata) the state as of ``as_of`` was written with; None
+    when nothing is stored. A date whose columns changed is always stored whole, so a merged state's
+    date has the columns of its last full copy."""
+    if not storage.has_partition(table, asset, as_of):  # missing or dropped: the CDC step reports it
         return None
-    newest = (state_changes_asset(asset), layout.change_dates[-1]) if layout.change_dates else (asset, layout.full_date)
-    return storage.stored_schema(table, *newest).jsonValue()["fields"]
+    return storage.stored_schema(table, asset, as_of).jsonValue()["fields"]

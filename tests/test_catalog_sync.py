@@ -124,12 +124,13 @@ STATE_SCHEMA = ("id int, name string, key_hash string, non_key_hash string, oper
                 "process_id string, processed_at timestamp")  # fmt: skip
 
 
-def _store_state(spark, storage: WarehouseStorage, asset: str, day: str, rows: list[tuple]) -> None:
-    """Rows (id, name, operation, eff_start_date) as a stored part of an incremental state."""
+def _store_state(spark, storage: WarehouseStorage, day: str, rows: list[tuple], whole: bool) -> None:
+    """Rows (id, name, operation, eff_start_date) as a date of an incremental (merged) state: its whole
+    state, or its changes (applied with a MERGE)."""
     from datetime import date as day_of
 
     stored = [(row[0], row[1], f"h{row[0]}", f"n{row[1]}", row[2], day_of.fromisoformat(row[3]), "run", None) for row in rows]
-    storage.write(spark.createDataFrame(stored, STATE_SCHEMA), TABLE, asset, [day])
+    storage.write_state(spark.createDataFrame(stored, STATE_SCHEMA), TABLE, "current_table", day, whole, "N")
     storage.release()
 
 
@@ -137,9 +138,9 @@ def _store_state(spark, storage: WarehouseStorage, asset: str, day: str, rows: l
 def test_an_incremental_tables_current_and_latest_apply_its_changes(spark, database, tmp_path, fresh):
     storage = WarehouseStorage(str(tmp_path / "warehouse"))
     day_3 = "2024-01-03"
-    _store_state(spark, storage, "current_table", DAY_1, [(1, "a", "I", DAY_1), (2, "b", "I", DAY_1)])
-    _store_state(spark, storage, "current_table_changes", DAY_2, [(1, "a2", "U", DAY_2), (2, "b", "D", DAY_2), (3, "c", "I", DAY_2)])
-    _store_state(spark, storage, "current_table_changes", day_3, [(3, "c3", "U", day_3)])
+    _store_state(spark, storage, DAY_1, [(1, "a", "I", DAY_1), (2, "b", "I", DAY_1)], whole=True)
+    _store_state(spark, storage, DAY_2, [(1, "a2", "U", DAY_2), (2, "b", "D", DAY_2), (3, "c", "I", DAY_2)], whole=False)
+    _store_state(spark, storage, day_3, [(3, "c3", "U", day_3)], whole=False)
     path = tmp_path / f"{TABLE}.yaml"
     path.write_text(yaml.safe_dump({**CONFIG, "storage": {"current": "incremental"}}, sort_keys=False))
     config = load_table_config(path)

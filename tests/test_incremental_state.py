@@ -27,14 +27,13 @@ import duckdb
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.catalog_ddl import state_columns
+from cdc_assets.catalog_ddl import asset_views
 from cdc_assets.cli import current_main
-from cdc_assets.core.state import state_sql
 from cdc_assets.consumers import current_duckdb_sql, current_state
 from cdc_assets.config import LoadType
 from cdc_assets.names import APPLIED_SEQUENCES, CLASSIFICATION, CURRENT, DELETES, HISTORY
 from resources.state import read_state
-from resources.storage import WarehouseStorage, state_changes_asset
+from resources.storage import WarehouseStorage
 from tests.engines import assert_engines_read_as_spark
 from tests.pipeline import AUDIT_COLUMNS, definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
 
@@ -170,9 +169,10 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
     assert operations[CURRENT] == ({"I", "U", "N"} if load_type == "full" else {"I", "U", "X"}), operations
     monkeypatch.setenv("CDC_WAREHOUSE", str(incremental))
     storage = WarehouseStorage(str(incremental))
-    # Compacted in the middle: full copies on dates 1, 3, 5, changes on 2 and 4.
-    assert storage.stored_dates("t", CURRENT) == [DAYS[0], DAYS[2], DAYS[4]]
-    assert storage.stored_dates("t", state_changes_asset(CURRENT)) == [DAYS[1], DAYS[3]]
+    # One table, a tag per date, compacted in the middle: whole states on dates 1, 3, 5, MERGEs on 2 and 4.
+    assert storage.stored_dates("t", CURRENT) == DAYS
+    stored_as = ["full", "changes", "full", "changes", "full"]
+    assert [storage.stored_as("t", CURRENT, day) for day in DAYS] == stored_as
     for day in DAYS:
         expected = sorted_rows(spark, partition_dir(snapshot, "t", CURRENT, day))
         state = current_state(spark, configs["incremental"], day)
@@ -188,7 +188,7 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
         for root in (incremental, snapshot):  # X is counted, not written
             assert read_stored(spark, partition_dir(root, "t", DELETES, day)).filter("operation <> 'D'").count() == 0
             assert read_stored(spark, partition_dir(root, "t", CLASSIFICATION, day)).filter("operation = 'X'").count() == 0
-    stored = read_stored(spark, partition_dir(incremental, "t", state_changes_asset(CURRENT), DAYS[1]))
+    stored = storage.merged.touched(spark, "t", CURRENT, DAYS[1])  # the rows date 2's MERGE wrote
     if load_type == "full":
         # A full load's unchanged keys came with a new batch (untracked): their N rows are state changes,
         # stored, and the state as of date 4 (nothing tracked changed) holds date 4's batch on every row.
@@ -197,21 +197,19 @@ def test_incremental_and_snapshot_states_are_equal_date_by_date(spark, tmp_path,
         assert {row.batch for row in current_state(spark, configs["incremental"], DAYS[3]).collect()} == {4}
     else:  # the changes stored for date 2 are the touched keys only
         assert stored.count() and stored.filter("operation = 'X'").count() == 0
+        assert stored.count() < current_state(spark, configs["incremental"], DAYS[1]).count()
 
     if load_type in ("changeset", "debezium"):  # a change set's own state, applied_sequences, likewise
         for day in DAYS:
-            state = read_state(storage, spark, "t", APPLIED_SEQUENCES, day, LoadType.changeset)
+            state = read_state(storage, spark, "t", APPLIED_SEQUENCES, day)
             expected = sorted_rows(spark, partition_dir(snapshot, "t", APPLIED_SEQUENCES, day))
             assert _rows(state) == expected, f"applied_sequences as of {day}"
-        assert storage.stored_dates("t", state_changes_asset(APPLIED_SEQUENCES)) == [DAYS[1], DAYS[3]]
+        assert [storage.stored_as("t", APPLIED_SEQUENCES, day) for day in DAYS] == stored_as
 
-    # Every date's state in SQL, over the two Iceberg tables as Spark's catalog reads them.
+    # Every date's state in SQL: the catalog's view, over the table's tags.
     lake = storage.tables.session_for(spark)
-    full_view, changes_view = f"state_full_{load_type}", f"state_changes_{load_type}"
-    lake.table(f"lake.t.{CURRENT}").createOrReplaceTempView(full_view)
-    lake.table(f"lake.t.{state_changes_asset(CURRENT)}").createOrReplaceTempView(changes_view)
-    untouched_op = "N" if load_type == "full" else "X"
-    every_state = lake.sql(state_sql(state_columns(configs["incremental"]), full_view, changes_view, untouched_op))
+    view = next(view for view in asset_views(configs["incremental"], storage) if view.asset == CURRENT).view()
+    every_state = lake.sql(view.query)
     for day in DAYS:
         expected = sorted_rows(spark, partition_dir(snapshot, "t", CURRENT, day))
         assert _rows(every_state.filter(f"business_date = DATE'{day}'").drop("business_date")) == expected, f"SQL, {day}"
@@ -315,25 +313,24 @@ def test_a_reader_of_the_state_never_sees_a_missing_or_mixed_state_while_compact
 
     from pyspark.sql import functions as F
 
-    config, configs, warehouse, _ = delta_chain  # full copy on date 3, changes on 4; rewritten here
+    config, configs, warehouse, _ = delta_chain  # whole state on date 3, a MERGE on 4; date 4 rewritten here
     monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
     storage = WarehouseStorage(str(warehouse))
-    full = read_stored(spark, partition_dir(warehouse, "t", CURRENT, DAYS[2]))
-    frame = full.localCheckpoint()
-    changed_keys = {row.id for row in read_stored(spark, partition_dir(warehouse, "t", state_changes_asset(CURRENT), DAYS[3])).collect()}
+    frame = storage.read_one(spark, "t", CURRENT, DAYS[3]).localCheckpoint()
     versions, failures, seen, done = 12, [], set(), threading.Event()
     expected_rows = {day: current_state(spark, config, day).count() for day in (DAYS[2], DAYS[3])}
     first = WarehouseStorage(str(warehouse))
-    first.write(frame.withColumn("name", F.lit("v0")).repartition(2), "t", CURRENT, [DAYS[2]])
+    first.write_state(frame.withColumn("name", F.lit("v0")).repartition(2), "t", CURRENT, DAYS[3], True, "X", rerun_of=[DAYS[3]])
     first.release()
 
     def compact() -> None:
         writer = WarehouseStorage(str(warehouse))
         try:
             for version in range(1, versions):
-                # Each compaction writes the same state with its number in `name` (over two files, so a torn
-                # read would show two numbers).
-                writer.write(frame.withColumn("name", F.lit(f"v{version}")).repartition(2), "t", CURRENT, [DAYS[2]])
+                # Each compaction replaces date 4's state with its number in `name` (over two files, so a
+                # torn read would show two numbers) and moves the date's tag.
+                versioned = frame.withColumn("name", F.lit(f"v{version}")).repartition(2)
+                writer.write_state(versioned, "t", CURRENT, DAYS[3], True, "X", rerun_of=[DAYS[3]])
         finally:
             writer.release()
             done.set()
@@ -355,17 +352,18 @@ def test_a_reader_of_the_state_never_sees_a_missing_or_mixed_state_while_compact
                 except Exception as error:  # noqa: BLE001 - any failed read is what the test looks for
                     failures.append(f"{day}: {error!r}")
                     continue
-                names = {row.name for row in rows if day == DAYS[2] or row.id not in changed_keys}
-                if len(names) != 1 or len(rows) != expected_rows[day]:
+                names = {row.name for row in rows}
+                if len(rows) != expected_rows[day] or (day == DAYS[3] and len(names) != 1):
                     failures.append(f"{day}: {len(rows)} rows, versions {sorted(map(str, names))}")
-                seen |= names
+                if day == DAYS[3]:
+                    seen |= names
     finally:
         thread.join()
     assert failures == []
     assert len(seen) >= 3, seen  # the reader did see compactions commit
 
 
-def test_retention_keeps_what_the_newest_states_need_full_copy_included(spark, tmp_path, monkeypatch):
+def test_retention_keeps_the_newest_states_tags(spark, tmp_path, monkeypatch):
     warehouse = tmp_path / "warehouse"
     warehouse.mkdir()
     monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
@@ -377,15 +375,51 @@ def test_retention_keeps_what_the_newest_states_need_full_copy_included(spark, t
     )
     instance = DagsterInstance.ephemeral()
     run_dates(definitions_for(config), DAYS[:4], instance)
-    kept = {day: _rows(current_state(spark, config, day)) for day in DAYS[2:4]}
+    kept = {day: _rows(current_state(spark, config, day)) for day in DAYS[3:4]}
     results = run_dates(definitions_for(config), [DAYS[4]], instance)
     storage = WarehouseStorage(str(warehouse))
-    # The newest two states are dates 4 and 5: date 4 is read from the full copy of date 3, which stays
-    # although it is older than two dates; date 1's full copy and date 2's changes are gone.
-    assert storage.stored_dates("t", CURRENT) == [DAYS[2], DAYS[4]]
-    assert storage.stored_dates("t", state_changes_asset(CURRENT)) == [DAYS[3]]
-    assert {day: _rows(current_state(spark, config, day)) for day in DAYS[2:4]} == kept
+    # The newest two states are dates 4 and 5, each its own tag: the others' tags are gone.
+    assert storage.stored_dates("t", CURRENT) == [DAYS[3], DAYS[4]]
+    assert {day: _rows(current_state(spark, config, day)) for day in DAYS[3:4]} == kept
     assert current_state(spark, config, DAYS[4]).count() > 0
-    with pytest.raises(ValueError, match="retention.current_days"):
-        current_state(spark, config, DAYS[1])
+    for dropped in DAYS[:3]:
+        with pytest.raises(ValueError, match="retention.current_days"):
+            current_state(spark, config, dropped)
     assert all(_checks_passed(results))
+
+
+def test_an_erase_of_keys_on_every_date_leaves_no_tag_and_no_file_holding_them(spark, tmp_path, monkeypatch):
+    """cdc-erase on an incremental delta chain: the keys leave every date's state (every tag) and every
+    file under the table, and the other keys' states are as before."""
+    from cdc_assets.erase_command import main as erase_main
+    from cdc_assets.erasure import read_keys_file, verify_erased
+
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
+    config = _incremental_delta(tmp_path)
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(tmp_path / "configs"))
+    run_dates(definitions_for(config), DAYS, DagsterInstance.ephemeral())
+    before = {day: {row.id: row for row in current_state(spark, config, day).collect()} for day in DAYS}
+    on_every_date = sorted(set.intersection(*(set(rows) for rows in before.values())))
+    erased = on_every_date[:2]
+    keys = tmp_path / "erase.csv"
+    keys.write_text("id\n" + "".join(f"{key}\n" for key in erased))
+    hashes = [row[0] for row in read_keys_file(spark, config, str(keys)).collect()]
+
+    def files_holding(text: str) -> list[str]:
+        return sorted(
+            str(path) for path in (warehouse / "t").rglob("*")
+            if path.is_file() and "_erasures" not in path.parts and text.encode() in path.read_bytes()
+        )
+
+    assert all(files_holding(key_hash) for key_hash in hashes), "the hashes must be findable for their absence to mean anything"
+    assert erase_main(["t", "--keys", str(keys), "--reason", "test"]) == 0
+
+    storage = WarehouseStorage(str(warehouse))
+    assert storage.stored_dates("t", CURRENT) == DAYS  # every date's tag is still there, without the keys
+    for day in DAYS:
+        after = {row.id: row for row in current_state(spark, config, day).collect()}
+        assert after == {key: row for key, row in before[day].items() if key not in erased}, day
+    assert verify_erased(spark, storage, config, str(keys)).holding == []
+    assert [path for key_hash in hashes for path in files_holding(key_hash)] == []

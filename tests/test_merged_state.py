@@ -160,21 +160,6 @@ def test_compaction_applies_the_deletes_and_a_dropped_tags_files_go_at_expiry(sp
     assert _rows(states.state(spark, "t", "current_table", D3, "X")) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "U")]
 
 
-def test_a_merges_summary_reconciles_with_the_dates_operations(spark, states):
-    from cdc_assets.core.reconcile import reconcile_merged_date
-
-    _three_dates(spark, states)
-    loaded = states.tables.load("t", "current_table")
-    d2 = loaded.snapshot_by_id(states.tag_snapshot("t", "current_table", D2)).summary.additional_properties
-    # D2: U 1, D 1, I 1, and key 3 supplied unchanged (N, stored).
-    operations = {"I": 1, "U": 1, "D": 1, "N": 1, "X": 0}
-    outcomes = reconcile_merged_date(operations, int(d2["added-records"]), int(d2["added-position-deletes"]), stored_untouched=1)
-    assert all(outcome.passed for outcome in outcomes), [outcome.equation for outcome in outcomes]
-    # A miscount fails: one N row fewer than the MERGE carried.
-    wrong = reconcile_merged_date(operations, int(d2["added-records"]), int(d2["added-position-deletes"]), stored_untouched=0)
-    assert not any(outcome.passed for outcome in wrong)
-
-
 def test_a_date_with_a_new_column_adds_it_and_earlier_rows_read_it_as_null(spark, states):
     _three_dates(spark, states)
     d4 = "2024-03-04"

@@ -173,8 +173,8 @@ def test_six_dates_of_schema_changes_re_version_no_key(spark, tmp_path, monkeypa
         names = _names(day)
         if state == "incremental":
             # A date whose columns changed is a full copy; the state as read is what a snapshot would hold.
-            assert storage.has_partition("evolving", CURRENT, day) == (day in (DAYS[0], *DAYS[2:])), day
-            frame = read_state(storage, spark, "evolving", CURRENT, day, LoadType.delta)
+            assert (storage.stored_as("evolving", CURRENT, day) == "full") == (day in (DAYS[0], *DAYS[2:])), day
+            frame = read_state(storage, spark, "evolving", CURRENT, day)
             assert frame.columns[: len(names)] == names
             current = {row["id"]: row.asDict() for row in frame.collect()}
         else:

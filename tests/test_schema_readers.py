@@ -189,6 +189,9 @@ def database(spark, monkeypatch):
     yield from own_catalog_database(spark, monkeypatch, "schema_readers_test")
 
 
+OWN_COLUMNS = ("key_hash", "non_key_hash", "operation", "eff_start_date", "process_id", "processed_at", "business_date")
+
+
 def _registered(spark, database: str, name: str) -> dict[str, str]:
     return {column.name: column.dataType for column in spark.catalog.listColumns(f"{database}.{name}")}
 
@@ -245,17 +248,13 @@ def test_a_sync_in_place_alters_the_views_when_a_column_was_widened(spark, confi
 
 @pytest.fixture(scope="module")
 def incremental_warehouse(spark, tmp_path_factory) -> str:
-    """The same states stored incrementally: a full copy on D1, each later date's changes (D2, D3)."""
+    """The same states stored as one merged table (storage: incremental): each date's whole state in its
+    own columns (a date whose columns changed is stored whole), the table's columns evolved in place."""
     root = str(tmp_path_factory.mktemp("schema_readers_incremental") / "warehouse")
     storage = WarehouseStorage(root)
-    deleted_on_d3 = (2, 20, 200, None, 2.5, Decimal("2.50"), "D", D1)
-    for asset, day, rows in (
-        ("current_table", D1, CURRENT[D1]),
-        ("current_table_changes", D2, [row for row in CURRENT[D2] if row[6] != "N"]),
-        ("current_table_changes", D3, [*(row for row in CURRENT[D3] if row[6] != "N"), deleted_on_d3]),
-    ):
-        stored = [_row(*row[:7], row[7], day) for row in rows]
-        storage.write(spark.createDataFrame(stored, f"{PAYLOAD[day]}, {OWN}"), TABLE, asset, [day])
+    for day in (D1, D2, D3):
+        stored = [_row(*row[:7], row[7], day) for row in CURRENT[day]]
+        storage.write_state(spark.createDataFrame(stored, f"{PAYLOAD[day]}, {OWN}"), TABLE, "current_table", day, True, "N")
     storage.release()
     return root
 
@@ -270,11 +269,12 @@ def test_an_incremental_state_across_the_changes_in_duckdb_and_the_catalog(spark
     session = WarehouseStorage(incremental_warehouse).tables.session_for(spark)
     for statement in sync_statements([config], WarehouseStorage(incremental_warehouse), database):
         session.sql(statement)
-    state = session.sql(f"SELECT *, CAST(business_date AS STRING) AS day FROM {database}.{TABLE}_current")
-    assert state.columns[:6] == CONFIGURED and "b" not in state.columns
-    by_date: dict[str, list] = {}
-    for row in state.collect():
-        by_date.setdefault(row["day"], []).append((*row[:6], row["operation"]))
-    assert {day: _sorted(rows) for day, rows in by_date.items()} == expected
+    # The view of current_table reads each date's tag as a snapshot table's view reads its partition: the
+    # configured types, and b where D1 and D2 stored it (each tag has the columns its date was written with).
+    assert set(_registered(session, database, f"{TABLE}_current")) == {*TYPES, "b", *OWN_COLUMNS}
+    raw = session.sql(f"SELECT id, b, b2, operation, CAST(business_date AS STRING) FROM {database}.{TABLE}_current")
+    assert _sorted(raw.collect()) == _sorted(
+        (row[0], row[2] if day != D3 else None, row[2] if day == D3 else None, row[6], day) for day, rows in CURRENT.items() for row in rows
+    )
     latest = session.sql(f"SELECT {', '.join(CONFIGURED)}, operation FROM {database}.{TABLE}_latest")
     assert _sorted(latest.collect()) == expected[D3]

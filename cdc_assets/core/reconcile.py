@@ -121,16 +121,16 @@ def reconcile_changes(
 def reconcile_stored_state(
     operations: Mapping[str, int], full_copy: bool, stored_rows: int, untouched: str, stored_untouched: int = 0
 ) -> Reconciliation:
-    """What an incremental state stored for the date: a full copy holds I + U + N + X rows; the date's
-    changes every operation's rows but ``untouched``'s (N after a full load, X otherwise), plus the
-    ``stored_untouched`` N rows of a full load whose untracked values changed (at most N of them: more
-    stored fails the check)."""
+    """What a merged state stored for the date: a full copy holds I + U + N + X rows; the date's MERGE
+    wrote a row for each I and U and, but for ``untouched``'s (N after a full load, X otherwise), each
+    N (its D keys left the table), plus the ``stored_untouched`` N rows of a full load whose untracked
+    values changed (at most N of them: more stored fails the check)."""
     counts = {op: operations[op] for op in (INSERT, UPDATE, DELETE, UNCHANGED, NOT_SUPPLIED)}
     extra = {}
     if full_copy:
         expected, label = sum(counts[op] for op in (INSERT, UPDATE, UNCHANGED, NOT_SUPPLIED)), "I + U + N + X"
     else:
-        kept = [op for op in (INSERT, UPDATE, DELETE, UNCHANGED) if op != untouched]
+        kept = [op for op in (INSERT, UPDATE, UNCHANGED) if op != untouched]
         expected, label = sum(counts[op] for op in kept), " + ".join(kept)
         if stored_untouched:
             expected += min(stored_untouched, counts[untouched])
@@ -139,20 +139,6 @@ def reconcile_stored_state(
     stored_as = "full copy" if full_copy else "changes"
     return _rule("current_table", "stored_state_reconciles", f"rows stored ({stored_as})", stored_rows, label, expected,
                  stored_as=stored_as, **extra)
-
-
-def reconcile_merged_date(operations: Mapping[str, int], added_records: int, added_position_deletes: int, stored_untouched: int) -> list[Reconciliation]:
-    """What a date's MERGE into a merged state (``resources/storage/merged.py``) wrote, from its snapshot's
-    summary: each I, U and stored N row is one added row, and each U, stored N and D row masks the
-    key's previous row with one position delete. ``stored_untouched`` is the N rows the MERGE carried
-    (a delta's keys supplied unchanged, a full load's whose untracked values changed)."""
-    i, u, d = operations[INSERT], operations[UPDATE], operations[DELETE]
-    return [
-        _rule("current_table", "merged_rows_reconcile", "rows the MERGE added", added_records,
-              "I + U + N stored", i + u + stored_untouched, added_records=added_records),
-        _rule("current_table", "merged_deletes_reconcile", "position deletes the MERGE added", added_position_deletes,
-              "U + N stored + D", u + stored_untouched + d, added_position_deletes=added_position_deletes),
-    ]
 
 
 def reconcile_change_set_intake(

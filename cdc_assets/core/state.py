@@ -1,18 +1,15 @@
-"""A table's state as a full copy plus the changes after it: what an incremental current_table stores.
+"""What an incremental current_table stores for each date: the date's changes, applied to one table.
 
 With ``storage: {current: incremental}`` a date does not store the whole state. It stores its
 *changes*: the rows of keys the date touched (I, U, D, and for delta and change-set loads N: a key
 supplied again unchanged), each with the ``operation`` of that date and the payload, ``eff_start_date``
-and audit columns the key has from then on (a D row its last payload). Now and then a date stores
-the whole state instead (a *full* copy: the first date, a compaction). The state as of date X is then
+and audit columns the key has from then on. The storage applies them to the table with one MERGE and
+tags the result with the date (``resources/storage/merged.py``). Now and then a date stores the whole
+state instead (the first date, a compaction: :func:`compaction_due`).
 
-    the newest full copy dated F <= X, each key replaced by its row in the latest changes of
-    (F, X] that touched it, D keys removed,
-
-and its ``operation`` is what X did to the key: the stored one for rows of X itself, else the
-operation of a key the date did not touch (N after a full load, which supplies every key; X, not
-supplied, otherwise). That is row for row what a snapshot of X holds. Plain DataFrame functions: the
-caller reads the parts (``resources/state.py``) and writes them.
+As of date X a row carries the stored ``operation`` if X touched it, else the operation of a key the
+date did not touch (N after a full load, which supplies every key; X, not supplied, otherwise): row
+for row what a snapshot of X holds. Plain DataFrame functions and figures; the caller writes.
 """
 
 from __future__ import annotations
@@ -96,42 +93,6 @@ def _refreshed_untracked(changes: DataFrame, previous: DataFrame | None, dates: 
     return unchanged.join(before, on=[KEY_HASH, BUSINESS_DATE], how="left").filter(~same).select(*changes.columns)
 
 
-def state_from_parts(
-    full: DataFrame,
-    full_date: date,
-    changes: DataFrame | None,
-    as_of: date,
-    load_type: LoadType,
-    broadcast_changes: bool = True,
-) -> DataFrame:
-    """The state as of ``as_of``: ``full`` (the state of ``full_date``) with ``changes`` applied in date
-    order; the columns of ``full``.
-
-    ``changes`` holds the stored changes of the dates in (``full_date``, ``as_of``] with a
-    ``business_date`` column, or is None when there are none. The full copy is not shuffled: keys the
-    changes touched leave it by an anti join with the changes' keys (broadcast with
-    ``broadcast_changes``, for changes small enough to hold in memory), and each such key takes its
-    newest change row, unless that row is a D.
-    """
-    untouched = F.lit(untouched_operation(load_type))
-    columns = full.columns
-    if changes is None:
-        if full_date == as_of:
-            return full
-        return full.withColumn(OPERATION, untouched).select(*columns)
-    newest_first = Window.partitionBy(KEY_HASH).orderBy(F.col(BUSINESS_DATE).desc())
-    newest = changes.withColumn(_NEWEST, F.row_number().over(newest_first)).filter(F.col(_NEWEST) == 1)
-    touched = newest.select(KEY_HASH)
-    kept = full.join(F.broadcast(touched) if broadcast_changes else touched, on=KEY_HASH, how="left_anti")
-    if full_date != as_of:
-        kept = kept.withColumn(OPERATION, untouched)
-    today = F.col(BUSINESS_DATE) == F.lit(as_of).cast("date")
-    latest = newest.filter(F.col(OPERATION) != F.lit(DELETE)).withColumn(
-        OPERATION, F.when(today, F.col(OPERATION)).otherwise(untouched)
-    )
-    return kept.select(*columns).unionByName(latest.select(*columns))
-
-
 def latest_rows(parts: Sequence[DataFrame], order_column: str) -> DataFrame:
     """Each key's row with the greatest ``order_column`` over ``parts`` (same columns), D rows removed."""
     combined = reduce(DataFrame.unionByName, parts)
@@ -158,36 +119,6 @@ def compaction_due(since: StateSince | None, policy: StateStorage) -> bool:
     if since.change_dates >= policy.compact_after_dates:
         return True
     return since.change_rows >= policy.compact_after_share * max(since.full_rows, 1)
-
-
-def state_sql(columns: Sequence[str], full: str, changes: str | None, untouched: str) -> str:
-    """A Spark SQL query of every stored date's state, with a ``business_date`` column: what a snapshot
-    table's partitions hold, for a state stored as full copies (relation ``full``) and changes (relation
-    ``changes``, None when none are stored); ``columns`` are the state's columns in order.
-
-    Each date's state is its newest full copy's rows, each key replaced by its newest change up to the
-    date, D keys removed (:func:`state_from_parts`). Filter on ``business_date`` to read one date.
-    """
-    quoted = {name: f"`{name.replace('`', '``')}`" for name in columns}
-    listed = ", ".join(quoted.values())
-    operation = f"CASE WHEN __cdc_part = __cdc_as_of THEN {quoted[OPERATION]} ELSE '{untouched}' END AS {quoted[OPERATION]}"
-    output = ", ".join(operation if name == OPERATION else quoted[name] for name in columns)
-    changed = f"SELECT {listed}, business_date AS __cdc_part FROM {changes}" if changes else "SELECT * FROM fulls WHERE false"
-    return (
-        f"WITH fulls AS (SELECT {listed}, business_date AS __cdc_part FROM {full}), "
-        f"changes AS ({changed}), "
-        "full_dates AS (SELECT DISTINCT __cdc_part FROM fulls), "
-        "dates AS (SELECT __cdc_part AS __cdc_as_of FROM full_dates UNION SELECT __cdc_part FROM changes), "
-        "anchors AS (SELECT d.__cdc_as_of, max(f.__cdc_part) AS __cdc_full FROM dates d "
-        "JOIN full_dates f ON f.__cdc_part <= d.__cdc_as_of GROUP BY d.__cdc_as_of), "
-        "parts AS (SELECT a.__cdc_as_of, p.* FROM anchors a JOIN fulls p ON p.__cdc_part = a.__cdc_full "
-        "UNION ALL SELECT a.__cdc_as_of, p.* FROM anchors a JOIN changes p "
-        "ON p.__cdc_part > a.__cdc_full AND p.__cdc_part <= a.__cdc_as_of), "
-        f"newest AS (SELECT *, row_number() OVER (PARTITION BY __cdc_as_of, {quoted[KEY_HASH]} "
-        "ORDER BY __cdc_part DESC) AS __cdc_rank FROM parts) "
-        f"SELECT {output}, __cdc_as_of AS business_date FROM newest "
-        f"WHERE __cdc_rank = 1 AND {quoted[OPERATION]} <> '{DELETE}'"
-    )
 
 
 def state_difference(before: DataFrame | None, after: DataFrame) -> DataFrame:

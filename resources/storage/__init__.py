@@ -2,6 +2,7 @@
 
 - ``lake``: the Iceberg catalog (its name, its SQLite file, how Spark and pyiceberg open it);
 - ``tables``: each asset as an Iceberg table: writing dates in one commit, reading them, their metadata;
+- ``merged``: a state as one table changed by each date's MERGE, with a tag per date (``storage: incremental``);
 - ``layout``: the paths of the project's own records and :func:`warehouse_root`, the one reading of ``CDC_WAREHOUSE``;
 - ``lock``: the per-table writer lock;
 - ``retention``: which dates ``retention.current_days`` / ``staging_days`` drop, and the record of a drop;
@@ -19,9 +20,9 @@ from resources.storage.layout import (
     UnsupportedWarehouseError,
     WarehouseLayout,
     local_warehouse_path,
-    state_changes_asset,
     warehouse_root,
 )
+from resources.storage.merged import OPERATION_DATE, StateOrderError
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, LOCK_TIMEOUT_ENV, WriterLockTimeout
 from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout
 from resources.storage.tables import ConcurrentWriteError, as_stored
@@ -44,6 +45,7 @@ __all__ = [
     "WriterLockTimeout",
     "as_stored",
     "local_warehouse_path",
-    "state_changes_asset",
+    "OPERATION_DATE",
+    "StateOrderError",
     "warehouse_root",
 ]

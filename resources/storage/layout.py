@@ -13,7 +13,8 @@ Per table::
     {root}/_runs/{table}-{time}-{run}-{id}.parquet        the runs log, a file per append
     {root}/_catalog/                                      the SQL catalog's metastore (cdc_assets.catalog)
 
-An incremental state stores its per-date changes as the asset ``{asset}_changes`` beside its full copies.
+An incremental state (``storage: {current: incremental}``) is one table, ``lake.{table}.current_table``, with a
+tag per business date (``merged.py``).
 
 The warehouse is a local (or mounted POSIX) folder for now: a URI other than ``file://`` is refused.
 Nothing here writes.
@@ -41,8 +42,6 @@ RETENTION_FOLDER = "_retention"
 ERASURES_FOLDER = "_erasures"
 # The SQL catalog's own state (Derby metastore, server state), beside the tables.
 CATALOG_FOLDER = "_catalog"
-# An incremental state's changes go to "{asset}_changes" (no asset name ends so).
-CHANGES_SUFFIX = "_changes"
 
 
 class UnsupportedWarehouseError(ValueError):
@@ -81,11 +80,6 @@ def local_warehouse_path(configured: str) -> str:
             )
         configured = rest if rest.startswith("/") else "/" + rest.split("/", 1)[-1]
     return os.path.abspath(configured).rstrip("/") or "/"
-
-
-def state_changes_asset(asset: str) -> str:
-    """Where an incremental state's per-date changes are stored, beside the asset's full copies."""
-    return f"{asset}{CHANGES_SUFFIX}"
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date
+from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from cdc_assets.core.changes import DELETE, OPERATION
 from cdc_assets.core.columns import BUSINESS_DATE
@@ -41,7 +43,17 @@ STATE_TABLE_PROPERTIES = {
     "write.merge.mode": "merge-on-read",
     "write.update.mode": "merge-on-read",
     "write.delete.mode": "copy-on-write",
+    # What makes the table a merged state to the project's readers (WarehouseStorage dispatches on it).
+    "cdc.state-layout": "merged",
 }
+LAYOUT_PROPERTY = "cdc.state-layout"
+# The operation of a row a date did not touch (N after a full load, X otherwise): a reader without the
+# table's config labels a date's rows with it.
+UNTOUCHED_PROPERTY = "cdc.untouched-operation"
+# + a business date: the project's record of the Spark schema (with its columns' hash spec) of that date.
+SCHEMA_PROPERTY = "cdc.schema."
+# What a date's commit stored: "full" (the whole state) or "changes" (a MERGE), in its snapshot summary.
+STORED_AS = "cdc.stored-as"
 # Spark's session conf that puts a key into the summary of the snapshots a SQL statement commits.
 _SNAPSHOT_PROPERTY_CONF = "spark.sql.iceberg.snapshot-property."
 
@@ -58,6 +70,26 @@ class MergedStates:
     buckets: int = DEFAULT_BUCKETS
 
     # -- what is stored ---------------------------------------------------------------------------------
+    def holds(self, table: str, asset: str) -> bool:
+        """Whether the asset is stored as a merged state (its table says so)."""
+        loaded = self.tables.load(table, asset)
+        return loaded is not None and loaded.properties.get(LAYOUT_PROPERTY) == "merged"
+
+    def stored(self, table: str, asset: str) -> dict[str, str]:
+        """Every date the table holds a state of (a tag) and the id of the project's schema record of it."""
+        loaded = self.tables.load(table, asset)
+        if loaded is None:
+            return {}
+        return {day: loaded.properties.get(f"{SCHEMA_PROPERTY}{day}", "") for day in self._tags(table, asset)}
+
+    def summary(self, table: str, asset: str, day: str) -> dict[str, str]:
+        """The snapshot summary of the tag ``day`` (after an erase: the erase's rewrite, without the date's figures)."""
+        loaded = self.tables.load(table, asset)
+        snapshot = None if loaded is None else self.tag_snapshot(table, asset, day)
+        if snapshot is None:
+            return {}
+        return dict(loaded.snapshot_by_id(snapshot).summary.additional_properties)
+
     def dates(self, table: str, asset: str) -> list[str]:
         """The business dates the table holds a state of (its tags), oldest first."""
         return sorted(self._tags(table, asset))
@@ -76,6 +108,36 @@ class MergedStates:
         summary = loaded.snapshot_by_id(snapshot).summary.additional_properties
         return int(summary.get("total-records", 0)) - int(summary.get("total-position-deletes", 0))
 
+    def bytes(self, table: str, asset: str, day: str) -> int:
+        """Bytes of the data and delete files the state as of ``day`` reads (its tag's snapshot)."""
+        loaded = self.tables.load(table, asset)
+        snapshot = None if loaded is None else self.tag_snapshot(table, asset, day)
+        if snapshot is None:
+            return 0
+        return sum(
+            stored.file_size_in_bytes
+            for task in loaded.scan(snapshot_id=snapshot).plan_files()
+            for stored in (task.file, *task.delete_files)
+        )
+
+    def bytes_written(self, table: str, asset: str, day: str) -> int:
+        """Bytes of the files the commit of ``day``'s tag added (data and position deletes): what the date
+        wrote, from the snapshot summary."""
+        return int(self.summary(table, asset, day).get("added-files-size", 0))
+
+    def operations(self, table: str, asset: str, day: str):
+        """The ``operation`` of every row of the state as of ``day``, labelled as of the date, as an Arrow
+        array read by pyiceberg in this process (no Spark; two columns of the tag's files)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        loaded = self.tables.load(table, asset)
+        snapshot = self.tag_snapshot(table, asset, day)
+        rows = loaded.scan(snapshot_id=snapshot, selected_fields=(OPERATION, OPERATION_DATE)).to_arrow()
+        on_day = pc.equal(rows.column(OPERATION_DATE), pa.scalar(date.fromisoformat(day), pa.date32()))
+        labelled = pc.if_else(pc.fill_null(on_day, False), rows.column(OPERATION), pa.scalar(self.untouched(table, asset)))
+        return labelled.combine_chunks() if rows.num_rows else pa.array([], pa.string())
+
     def _tags(self, table: str, asset: str) -> dict[str, int]:
         loaded = self.tables.load(table, asset)
         if loaded is None:
@@ -87,7 +149,9 @@ class MergedStates:
         return found
 
     # -- writing -----------------------------------------------------------------------------------------
-    def apply_changes(self, changes: DataFrame, table: str, asset: str, day: str, properties: dict[str, str]) -> int:
+    def apply_changes(
+        self, changes: DataFrame, table: str, asset: str, day: str, properties: dict[str, str], sid: str = "", untouched: str = ""
+    ) -> int:
         """Apply date ``day``'s changes and tag the result ``day``; returns the tagged snapshot's id.
 
         ``changes`` holds one row per key the date touched, with the state's columns and ``operation``:
@@ -104,7 +168,8 @@ class MergedStates:
         source = f"cdc_changes_{table}_{asset}_{day.replace('-', '_')}"
         changes, hop = hand_over(changes, spark)
         dated = changes.drop(BUSINESS_DATE).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
-        self._add_columns(spark, identifier, dated)
+        dated = self._add_columns(spark, identifier, dated)
+        self._describe_date(spark, identifier, day, sid, untouched)
         dated.createOrReplaceTempView(source)
         columns = [name for name in dated.columns]
         # Aliases no namespace is likely to be named (``t`` was: the table ``lake.t.current_table``).
@@ -124,7 +189,9 @@ class MergedStates:
             release_hand_over(spark, hop)
         return self._tag_head(spark, table, asset, day)
 
-    def replace_state(self, state: DataFrame, table: str, asset: str, day: str, properties: dict[str, str]) -> int:
+    def replace_state(
+        self, state: DataFrame, table: str, asset: str, day: str, properties: dict[str, str], sid: str = "", untouched: str = ""
+    ) -> int:
         """Replace the whole table with ``state`` (the state as of ``day``, its rows' operations as of
         ``day``) in one commit and tag it ``day``: the table's first date, or a date that changed most of
         its rows. Returns the tagged snapshot's id."""
@@ -136,7 +203,11 @@ class MergedStates:
             if self.tables.load(table, asset) is None:
                 self._create(spark, table, asset, dated)
             else:
-                self._add_columns(spark, identifier, dated)
+                dated = self._add_columns(spark, identifier, dated)
+                # A column the table has and the state lacks (one a later date added) is NULL in its rows.
+                missing = [f for f in spark.table(identifier).schema.fields if f.name not in dated.columns]
+                dated = dated.withColumns({f.name: F.lit(None).cast(f.dataType) for f in missing})
+            self._describe_date(spark, identifier, day, sid, untouched)
             writer = dated.writeTo(identifier)
             for key, value in properties.items():
                 writer = writer.option(f"snapshot-property.{key}", value)
@@ -174,14 +245,37 @@ class MergedStates:
         return snapshot
 
     @staticmethod
-    def _add_columns(spark: SparkSession, identifier: str, frame: DataFrame) -> None:
-        """Add to the table the columns of ``frame`` it lacks (Iceberg schema evolution: no data is
-        rewritten; rows written before read them as NULL). The table takes no ``mergeSchema`` write: with
-        ``accept-any-schema``, Spark 4.0 resolves no column of it in a MERGE."""
-        present = {name.lower() for name in spark.table(identifier).columns}
-        for field in frame.schema.fields:
-            if field.name.lower() not in present:
-                spark.sql(f"ALTER TABLE {identifier} ADD COLUMN `{field.name}` {field.dataType.simpleString()}")
+    def _describe_date(spark: SparkSession, identifier: str, day: str, sid: str, untouched: str) -> None:
+        """Record, before the date's commit, what a reader needs beside its rows: the project's schema
+        record of the date and the operation of untouched rows (table properties: a metadata commit)."""
+        described = {key: value for key, value in ((f"{SCHEMA_PROPERTY}{day}", sid), (UNTOUCHED_PROPERTY, untouched)) if value}
+        if described:
+            listed = ", ".join(f"'{key}'='{value}'" for key, value in described.items())
+            spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({listed})")
+
+    @staticmethod
+    def _add_columns(spark: SparkSession, identifier: str, frame: DataFrame) -> DataFrame:
+        """Add to the table the columns of ``frame`` it lacks, and widen those ``frame`` holds wider
+        (Iceberg schema evolution: no data is rewritten; rows written before read an added column as NULL);
+        returns ``frame``. The table takes no ``mergeSchema`` write: with ``accept-any-schema``, Spark 4.0
+        resolves no column of it in a MERGE.
+
+        ``frame`` reads earlier snapshots of the table (the previous state) lazily, planned with their
+        types: after a widening Iceberg refuses to plan that read again (``Cannot project long to ...
+        IntegerType``), so a frame that needs one is computed first (a local checkpoint; such dates are rare).
+        """
+        present = {field.name.lower(): field.dataType for field in spark.table(identifier).schema.fields}
+        added = [field for field in frame.schema.fields if field.name.lower() not in present]
+        widened = [field for field in frame.schema.fields if present.get(field.name.lower(), field.dataType) != field.dataType]
+        if widened:
+            frame = frame.localCheckpoint()
+        for field in added:
+            spark.sql(f"ALTER TABLE {identifier} ADD COLUMN `{field.name}` {field.dataType.simpleString()}")
+        for field in widened:
+            # int to bigint, float to double, a decimal's precision: Iceberg's type promotion, no data
+            # rewritten; Iceberg refuses any other change of type.
+            spark.sql(f"ALTER TABLE {identifier} ALTER COLUMN `{field.name}` TYPE {field.dataType.simpleString()}")
+        return frame
 
     def _create(self, spark: SparkSession, table: str, asset: str, frame: DataFrame) -> None:
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG_NAME}.`{table}`")
@@ -240,6 +334,9 @@ class MergedStates:
         dropped = [day for day in sorted(days) if day in self._tags(table, asset)]
         for day in dropped:
             spark.sql(f"ALTER TABLE {table_identifier(table, asset)} DROP TAG IF EXISTS `{day}`")
+        if dropped:
+            listed = ", ".join(f"'{SCHEMA_PROPERTY}{day}'" for day in dropped)
+            spark.sql(f"ALTER TABLE {table_identifier(table, asset)} UNSET TBLPROPERTIES IF EXISTS ({listed})")
         return dropped
 
     def compact(self, spark: SparkSession, table: str, asset: str) -> int:
@@ -301,9 +398,44 @@ class MergedStates:
         return label_as_of(frame, day, untouched)
 
 
+    def read(self, spark: SparkSession, table: str, asset: str, days: list[str], schema: StructType) -> DataFrame:
+        """The states as of ``days`` as one DataFrame with a ``business_date`` column: what a table stored
+        as a snapshot per date holds for them. Each date reads its tag, labelled (:meth:`state`), with
+        ``schema``'s columns (a column a date's tag lacks reads as NULL)."""
+        untouched = self.untouched(table, asset)
+        parts = []
+        for day in days:
+            frame = self.state(spark, table, asset, day, untouched)
+            present = set(frame.columns)
+            columns = [
+                (F.col(f"`{f.name}`").cast(f.dataType) if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name, metadata=f.metadata)
+                for f in schema.fields
+                if f.name != BUSINESS_DATE
+            ]
+            parts.append(frame.select(*columns, F.lit(day).cast("date").alias(BUSINESS_DATE)))
+        return reduce(DataFrame.unionByName, parts)
+
+    def touched(self, spark: SparkSession, table: str, asset: str, day: str) -> DataFrame:
+        """The rows date ``day`` wrote (its I, U and stored N rows, as of its tag, with their stored
+        operation), with a ``business_date`` column: what a date's changes are once applied."""
+        spark = self.tables.session_for(spark)
+        snapshot = self.tag_snapshot(table, asset, day)
+        frame = spark.read.option("snapshot-id", str(snapshot)).table(table_identifier(table, asset))
+        return frame.where(F.col(OPERATION_DATE) == F.lit(day).cast("date")).drop(OPERATION_DATE).withColumn(
+            BUSINESS_DATE, F.lit(day).cast("date")
+        )
+
+    def untouched(self, table: str, asset: str) -> str:
+        """The operation a date's untouched rows read with (N after a full load, X otherwise)."""
+        loaded = self.tables.load(table, asset)
+        return "" if loaded is None else loaded.properties.get(UNTOUCHED_PROPERTY, "")
+
+
 def label_as_of(frame: DataFrame, day: str, untouched: str) -> DataFrame:
     """``frame`` (a merged state's rows) with the operations as of ``day``: the stored one on rows whose
     ``operation_date`` is ``day``, ``untouched`` on every other; without ``operation_date``."""
+    if OPERATION not in frame.columns:  # a state without operations of its own (applied_sequences)
+        return frame.drop(OPERATION_DATE)
     on_day = F.col(OPERATION_DATE) == F.lit(day).cast("date")
     labelled = F.when(on_day, F.col(OPERATION)).otherwise(F.lit(untouched))
     return frame.withColumn(OPERATION, labelled).drop(OPERATION_DATE)

@@ -44,24 +44,6 @@ def outside_window(stored: list[str], current_days: int) -> list[str]:
     return [day for day in stored if day < kept_from]
 
 
-def state_outside_window(fulls: list[str], changes: list[str], current_days: int) -> tuple[list[str], list[str], str | None]:
-    """For a state stored as full copies (dates ``fulls``) and changes (dates ``changes``), oldest first:
-    the full copies and the changes that no state of the newest ``current_days`` dates is read from,
-    and the newest date stored (None when nothing is)."""
-    if not fulls and not changes:
-        return [], [], None
-    newest = max(fulls[-1:] + changes[-1:])
-    kept_from = oldest_kept(newest, current_days)
-    needed = [day for day in fulls if day <= kept_from]
-    if not needed:
-        return [], [], newest  # no full copy the kept states could do without
-    keep_from = needed[-1]  # the full copy the oldest kept state is read from
-    return [d for d in fulls if d < keep_from], [d for d in changes if d <= keep_from], newest
-
-
-
-
-
 def dropped_partition(layout: WarehouseLayout, table: str, asset: str, business_date: str) -> dict | None:
     """What retention recorded when it dropped the partition (``setting``, the setting's value under its
     name, ``newest``, ``run_id``, ``dropped_at``), or None if it never dropped it. A record written

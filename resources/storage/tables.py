@@ -212,7 +212,7 @@ class LakeTables:
     def _schema_path(self, table: str, asset: str, sid: str) -> str:
         return f"{self.root}/{table}/{SCHEMAS_FOLDER}/{asset}/{sid}.json"
 
-    def _record_schema(self, table: str, asset: str, schema: StructType) -> str:
+    def record_schema(self, table: str, asset: str, schema: StructType) -> str:
         """Store ``schema`` (content-addressed, so before the commit that names it: never torn)."""
         sid = schema_id(schema)
         path = self._schema_path(table, asset, sid)
@@ -374,7 +374,7 @@ class LakeTables:
         frame, hop = hand_over(frame, spark)
         identifier = table_identifier(table, asset)
         schema = as_stored(frame.drop(BUSINESS_DATE).schema)
-        sid = self._record_schema(table, asset, schema)
+        sid = self.record_schema(table, asset, schema)
         loaded = self.load(table, asset)
         if loaded is None:
             self._create(spark, table, asset, frame)

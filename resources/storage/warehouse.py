@@ -25,14 +25,19 @@ from pyspark.sql.types import StructType
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.storage import erasure, fault_injection, retention
 from resources.storage.files import list_names
-from resources.storage.layout import WarehouseLayout, local_warehouse_path, state_changes_asset
+from resources.storage.layout import WarehouseLayout, local_warehouse_path
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
-from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables
+from resources.storage.merged import STORED_AS, MergedStates, StateOrderError
+from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables, as_stored
 from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout, missing_partition_error
 
 # Routine maintenance deletes a file no table metadata names once it is this old (see
 # WarehouseStorage.remove_unreferenced_files); an erase deletes them at once.
 UNREFERENCED_FILE_AGE = timedelta(days=1)
+
+
+class StorageModeError(RuntimeError):
+    """A write in the other storage mode than the asset's table was created in (snapshot or incremental)."""
 
 
 @dataclass
@@ -60,6 +65,7 @@ class WarehouseStorage:
         self.root = local_warehouse_path(self.root)
         self.layout = WarehouseLayout(self.root)
         self.tables = LakeTables(self.root)
+        self.merged = MergedStates(self.tables)
         self._locks = WriterLocks(self.run_id, self.lock_timeout)
 
     # -- paths -----------------------------------------------------------------------------------------
@@ -133,6 +139,12 @@ class WarehouseStorage:
         """
         dropped = sorted(set(dropped))
         self.hold_writer_lock(table)
+        if self.merged.holds(table, asset):
+            raise StorageModeError(
+                f"{table}/{asset} is stored as one table with a tag per date (storage: {{current: incremental}}), not "
+                "per date: set storage.current back to incremental in the table's config, or move the table to a new "
+                "warehouse (docs/incremental-state.md, Switching modes)"
+            )
         dated = BUSINESS_DATE in frame.columns
         if not dated and len(business_dates) != 1:
             raise ValueError(f"{table}/{asset}: rows for {len(business_dates)} dates need a {BUSINESS_DATE} column")
@@ -170,10 +182,63 @@ class WarehouseStorage:
             return
         self.hold_writer_lock(table)
         self._record_dropped_by_rerun(table, asset, rerun_dates, dropped)
-        properties = {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(dropped)}
-        self._read_snapshots[(table, asset)] = self.tables.drop_dates(
-            self._session(), table, asset, dropped, properties, read_snapshot=self._read_snapshots.get((table, asset))
-        )
+        self._drop_dates(table, asset, dropped, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(dropped)})
+
+    def write_state(
+        self,
+        frame: DataFrame,
+        table: str,
+        asset: str,
+        business_date: str,
+        whole: bool,
+        untouched: str,
+        properties: dict[str, str] | None = None,
+        rerun_of: list[str] = (),
+        dropped: Iterable[str] = (),
+    ) -> int:
+        """Store the state of ``business_date`` in the asset's merged state (``merged.py``): ``frame`` is
+        the whole state with ``whole``, else the date's changes (applied with one MERGE); then the date
+        is tagged. Returns the state's rows.
+
+        ``dropped``: stored dates after the date, computed from the state a re-run of ``rerun_of``
+        replaces; their tags go first, each recorded as :meth:`write` records them. A date of the run
+        itself that is stored already is replaced (its tag is moved). Holds the table's writer lock.
+        """
+        self.hold_writer_lock(table)
+        if self.tables.load(table, asset) is not None and not self.merged.holds(table, asset):
+            raise StorageModeError(
+                f"{table}/{asset} is stored per date (storage: {{current: snapshot}}): set storage.current back to "
+                "snapshot in the table's config, or move the table to a new warehouse to store it incrementally "
+                "(docs/incremental-state.md, Switching modes)"
+            )
+        later = sorted(set(dropped))
+        if later:
+            self._record_dropped_by_rerun(table, asset, list(rerun_of) or [business_date], later)
+        self._spark = frame.sparkSession
+        stored = self._stored(table, asset)
+        after = [day for day in stored if day > business_date]
+        rewritten = [day for day in after if day in later or day in rerun_of]
+        if rewritten:
+            self.merged.drop_dates(self._session(), table, asset, rewritten)
+        if set(after) - set(rewritten):
+            raise StateOrderError(
+                f"{table}/{asset}: dates after {business_date} are stored ({', '.join(sorted(set(after) - set(rewritten)))}); "
+                f"their states were computed from {business_date}'s"
+            )
+        earlier = [day for day in stored if day < business_date]
+        if whole:
+            sid = self.tables.record_schema(table, asset, as_stored(frame.drop(BUSINESS_DATE).schema))
+        else:  # a date whose columns changed is stored whole: its changes have the columns of the date before
+            sid = stored[max(earlier)] if earlier else ""
+        fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
+        summary = {RUN_ID: self.run_id, WRITTEN_DATES: business_date, STORED_AS: "full" if whole else "changes", **(properties or {})}
+        if later:
+            summary["cdc.dropped-dates"] = ",".join(later)
+        write = self.merged.replace_state if whole else self.merged.apply_changes
+        write(frame, table, asset, business_date, summary, sid=sid, untouched=untouched)
+        retention.forget_dropped(self.layout, table, asset, [business_date])
+        self._in_use.add((table, asset, business_date))
+        return self.merged.rows(table, asset, business_date)
 
     def _record_dropped_by_rerun(self, table: str, asset: str, rerun_dates: list[str], dropped: list[str]) -> None:
         first, last = min(rerun_dates), max(rerun_dates)
@@ -249,6 +314,14 @@ class WarehouseStorage:
         for asset in self.stored_assets(table):
             self.tables.expire_all_but_current(self._session(), table, asset)
 
+    def erase_from_state(self, spark: SparkSession, table: str, asset: str, key_hashes: DataFrame, request_id: str) -> dict[str, int]:
+        """Remove the keys (a DataFrame of ``key_hash``, an erase request's: small) from every date of a
+        merged state and from its head, then delete every file that held them (``MergedStates.erase``).
+        Holds the table's writer lock."""
+        self.hold_writer_lock(table)
+        hashes = [row[0] for row in key_hashes.select("key_hash").distinct().collect()]
+        return self.merged.erase(spark, table, asset, hashes, {RUN_ID: self.run_id, "cdc.erase-request": request_id})
+
     def data_files(self, table: str) -> list[tuple[str, str, str, bool]]:
         """Every data file under the table's assets, live or not, as (asset, date, path, live): all a
         verification of an erase must scan. No lock, no write."""
@@ -261,7 +334,9 @@ class WarehouseStorage:
         return found
 
     def bytes_stored(self, table: str, asset: str, business_dates: Iterable[str]) -> dict[str, int]:
-        """Bytes of the dates' live data files."""
+        """Bytes of the dates' live data files (a merged state's: the files its tag reads)."""
+        if self.merged.holds(table, asset):
+            return {day: self.merged.bytes(table, asset, day) for day in business_dates}
         totals: dict[str, int] = {}
         for day, size in self.tables.live_files(table, asset, business_dates).values():
             totals[day] = totals.get(day, 0) + size
@@ -292,25 +367,6 @@ class WarehouseStorage:
             self._drop(table, asset, expired, days, stored[-1], setting)
         return expired
 
-    def drop_state_outside_retention(self, table: str, asset: str, current_days: int) -> list[str]:
-        """``retention.current_days`` for a state stored as full copies and changes (:meth:`state_layout`):
-        keep what the states of the newest ``current_days`` dates need, the full copy the oldest of them
-        is read from included; drop the rest of both. Returns the dates whose full copy or changes were
-        dropped, oldest first."""
-        retention.check_days(table, asset, current_days)
-        self.hold_writer_lock(table)
-        changes_asset = state_changes_asset(asset)
-        fulls, changes, newest = retention.state_outside_window(
-            self.stored_dates(table, asset), self.stored_dates(table, changes_asset), current_days
-        )
-        expired_fulls = self._not_in_use(table, asset, fulls)
-        expired_changes = self._not_in_use(table, changes_asset, changes)
-        if expired_fulls:
-            self._drop(table, asset, expired_fulls, current_days, newest)
-        if expired_changes:
-            self._drop(table, changes_asset, expired_changes, current_days, newest)
-        return sorted(set(expired_fulls) | set(expired_changes))
-
     def _not_in_use(self, table: str, asset: str, days: list[str]) -> list[str]:
         return [day for day in days if (table, asset, day) not in self._in_use]
 
@@ -319,9 +375,15 @@ class WarehouseStorage:
         for day in expired:
             stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
+        self._drop_dates(table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)})
+
+    def _drop_dates(self, table: str, asset: str, days: list[str], properties: dict[str, str]) -> None:
+        """Remove the dates from the asset in one commit: a date-partitioned table's rows, a merged state's tags."""
+        if self.merged.holds(table, asset):
+            self.merged.drop_dates(self._session(), table, asset, days)
+            return
         self._read_snapshots[(table, asset)] = self.tables.drop_dates(
-            self._session(), table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)},
-            read_snapshot=self._read_snapshots.get((table, asset)),
+            self._session(), table, asset, days, properties, read_snapshot=self._read_snapshots.get((table, asset))
         )
 
     def expire_snapshots(self, table: str, asset: str, days: int, now: datetime | None = None) -> int:
@@ -353,11 +415,11 @@ class WarehouseStorage:
     # -- reading: no lock, no write ---------------------------------------------------------------------
     def stored_dates(self, table: str, asset: str) -> list[str]:
         """The business dates the asset has a committed partition for, oldest first (no Spark job)."""
-        return sorted(self.tables.stored(table, asset))
+        return sorted(self._stored(table, asset))
 
     def has_partition(self, table: str, asset: str, business_date: str) -> bool:
         """Whether the partition is stored (no Spark read)."""
-        return business_date in self.tables.stored(table, asset)
+        return business_date in self._stored(table, asset)
 
     def require(self, table: str, asset: str, business_date: str) -> None:
         """Raise :class:`MissingPartitionError` if the date was never written, and
@@ -367,36 +429,17 @@ class WarehouseStorage:
 
     def stored_schema(self, table: str, asset: str, business_date: str) -> StructType:
         """The Spark schema (with its columns' metadata: the hash spec) the date was written with."""
-        stored = self.tables.stored(table, asset)
+        stored = self._stored(table, asset)
         if business_date not in stored:
             raise missing_partition_error(self, table, asset, business_date)
         return self.tables.schema(table, asset, stored[business_date])
 
     def state_layout(self, table: str, asset: str, as_of: str) -> StateLayout:
-        """Where the state of ``as_of`` is stored: the newest full copy on or before it and the dates of
-        changes after it (see ``cdc_assets/core/state.py``). A state stored as a snapshot per date is
-        its own full copy. Raises :class:`MissingPartitionError` (or :class:`DroppedPartitionError`)
-        naming the first date that is needed and not stored. Reads metadata only."""
-        changes_asset = state_changes_asset(asset)
-        fulls = self.stored_dates(table, asset)
-        if as_of in fulls:
-            return StateLayout(as_of, [])
-        changes = set(self.stored_dates(table, changes_asset))
-        if as_of not in changes:
-            dropped_changes = self.dropped_partition(table, changes_asset, as_of)
-            raise missing_partition_error(self, table, changes_asset if dropped_changes else asset, as_of)
-        earlier = [day for day in fulls if day < as_of]
-        if not earlier:
-            raise MissingPartitionError(
-                f"{table}/{asset}: the state as of {as_of} is stored as changes, and no full copy of it on an "
-                f"earlier date is stored. Materialize the dates in order."
-            )
-        full = date.fromisoformat(earlier[-1])
-        days = [(full + timedelta(days=n)).isoformat() for n in range(1, (date.fromisoformat(as_of) - full).days + 1)]
-        for day in days:
-            if day not in changes:
-                raise missing_partition_error(self, table, changes_asset, day)
-        return StateLayout(earlier[-1], days)
+        """Where the state of ``as_of`` is stored: a table stored per date holds it as the date's
+        partition, a merged state as its tag. Raises :class:`MissingPartitionError` (or
+        :class:`DroppedPartitionError`) when it is not stored. Reads metadata only."""
+        self.require(table, asset, as_of)
+        return StateLayout(as_of, [])
 
     def read(
         self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType | str | None = None
@@ -408,7 +451,7 @@ class WarehouseStorage:
         ``schema`` the newest date's columns are read as that date was written; with ``schema`` (the columns
         without ``business_date``), every date is read with it: a column a date lacks reads as NULL there.
         """
-        stored = self.tables.stored(table, asset)
+        stored = self._stored(table, asset)
         for day in business_dates:
             if day not in stored:
                 raise missing_partition_error(self, table, asset, day)
@@ -417,7 +460,10 @@ class WarehouseStorage:
         if schema is None:
             schema = self.tables.schema(table, asset, stored[max(business_dates)])
         self._spark = spark
-        frame = self.tables.read(spark, table, asset, business_dates, schema)
+        if self.merged.holds(table, asset):
+            frame = self.merged.read(spark, table, asset, business_dates, as_stored(schema))
+        else:
+            frame = self.tables.read(spark, table, asset, business_dates, schema)
         self._in_use.update((table, asset, day) for day in business_dates)
         return frame
 
@@ -426,5 +472,24 @@ class WarehouseStorage:
         return self.read(spark, table, asset, [business_date]).drop(BUSINESS_DATE)
 
     def row_counts(self, table: str, asset: str, business_dates: Iterable[str]) -> dict[str, int]:
-        """Rows per stored partition, from the table's manifests (no Spark job, no row read)."""
+        """Rows per stored partition, from the table's manifests (no Spark job, no row read); a merged
+        state's from each date's tag."""
+        if self.merged.holds(table, asset):
+            return {day: self.merged.rows(table, asset, day) for day in business_dates}
         return self.tables.row_counts(table, asset, business_dates)
+
+    def _stored(self, table: str, asset: str) -> dict[str, str]:
+        """Every stored date of the asset and its schema record's id: a date-partitioned table's dates,
+        or a merged state's tags."""
+        if self.merged.holds(table, asset):
+            return self.merged.stored(table, asset)
+        return self.tables.stored(table, asset)
+
+    def stored_as(self, table: str, asset: str, business_date: str) -> str | None:
+        """How the state of the date is stored: ``"full"`` (a whole state: every date of a table stored
+        per date), ``"changes"`` (a merged state's date written by a MERGE), or None if not stored."""
+        if not self.has_partition(table, asset, business_date):
+            return None
+        if not self.merged.holds(table, asset):
+            return "full"
+        return self.merged.summary(table, asset, business_date).get(STORED_AS, "changes")
