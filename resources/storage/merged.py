@@ -29,7 +29,7 @@ from cdc_assets.core.changes import DELETE, OPERATION
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH
 from resources.storage.lake import CATALOG_NAME, table_identifier
-from resources.storage.tables import TABLE_PROPERTIES, LakeTables, hand_over, release_hand_over
+from resources.storage.tables import TABLE_PROPERTIES, LakeTables, create_table, hand_over, release_hand_over
 
 # The business date whose run set a row's ``operation``.
 OPERATION_DATE = "operation_date"
@@ -278,13 +278,7 @@ class MergedStates:
         return frame
 
     def _create(self, spark: SparkSession, table: str, asset: str, frame: DataFrame) -> None:
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG_NAME}.`{table}`")
-        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in frame.schema.fields)
-        properties = ", ".join(f"'{key}'='{value}'" for key, value in STATE_TABLE_PROPERTIES.items())
-        spark.sql(
-            f"CREATE TABLE IF NOT EXISTS {table_identifier(table, asset)} ({columns}) USING iceberg "
-            f"PARTITIONED BY (bucket({self.buckets}, `{KEY_HASH}`)) TBLPROPERTIES ({properties})"
-        )
+        create_table(spark, table, asset, frame, f"bucket({self.buckets}, `{KEY_HASH}`)", STATE_TABLE_PROPERTIES)
 
     def erase(self, spark: SparkSession, table: str, asset: str, key_hashes: list[str], properties: dict[str, str]) -> dict[str, int]:
         """Remove the keys ``key_hashes`` from the table's current state and from the state of every

@@ -435,13 +435,7 @@ class LakeTables:
 
     def _create(self, spark: SparkSession, table: str, asset: str, frame: DataFrame) -> None:
         """Create the asset's table, partitioned by ``business_date``, with no snapshot yet."""
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG_NAME}.`{table}`")
-        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in frame.schema.fields)
-        properties = ", ".join(f"'{key}'='{value}'" for key, value in TABLE_PROPERTIES.items())
-        spark.sql(
-            f"CREATE TABLE IF NOT EXISTS {table_identifier(table, asset)} ({columns}) USING iceberg "
-            f"PARTITIONED BY (`{BUSINESS_DATE}`) TBLPROPERTIES ({properties})"
-        )
+        create_table(spark, table, asset, frame, f"`{BUSINESS_DATE}`", TABLE_PROPERTIES)
 
     # -- reading ---------------------------------------------------------------------------------------
     def read(self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType | None) -> DataFrame:
@@ -478,6 +472,17 @@ def _conflict(table: str, asset: str, days: list[str], read_snapshot: int | None
         f"{'that date' if len(days) == 1 else 'those dates'} after this run read the table at {read}; "
         f"nothing of this write was committed. Re-run the date(s) once the other run is done.",
         f"Iceberg's ValidationException: {found}",
+    )
+
+
+def create_table(spark: SparkSession, table: str, asset: str, frame: DataFrame, partitioning: str, properties: dict[str, str]) -> None:
+    """Create the asset's Iceberg table (and its namespace) with ``frame``'s columns, unless it exists."""
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG_NAME}.`{table}`")
+    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in frame.schema.fields)
+    listed = ", ".join(f"'{key}'='{value}'" for key, value in properties.items())
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {table_identifier(table, asset)} ({columns}) USING iceberg "
+        f"PARTITIONED BY ({partitioning}) TBLPROPERTIES ({listed})"
     )
 
 
