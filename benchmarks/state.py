@@ -173,7 +173,8 @@ def summary(results: dict) -> None:
                          f"{verdict(value, TARGETS['compaction/snapshot'])}")
     notes += ["snapshot: current_table stores the whole state per date; incremental: a date applies its changes to one",
               "table with a MERGE (written: what its commit added); compaction: the date replaces the whole state. X is counted, not written.",
-              "x day 1: day-2 wall / day-1 wall; MiB columns: the date's partition of each asset (current: current_table or its changes)"]
+              "x day 1: day-2 wall / the first day 1 listed; MiB columns: the date's partition of each asset (incremental",
+              "current_table: what the date's commit added)"]
     print_table(f"A BIG TABLE AND A SMALL CHANGE (issues 13, 23)  delta of {results['settings']['changed']:,} rows  at "
                 f"{results['git_commit']}  {results['started_utc']}  total {results.get('total_seconds', 0):.0f} s",
                 ["table rows", "run", "wall s", "other", "JVM RSS GiB", "x day 1", "shuf W MiB", "spill MiB", "current MiB",
