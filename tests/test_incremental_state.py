@@ -389,9 +389,11 @@ def test_retention_keeps_the_newest_states_tags(spark, tmp_path, monkeypatch):
 
 
 def test_an_erase_of_keys_on_every_date_leaves_no_tag_and_no_file_holding_them(spark, tmp_path, monkeypatch):
-    """cdc-erase on an incremental delta chain: the keys leave every date's state (every tag) and every
-    file under the table, and the other keys' states are as before."""
-    from cdc_assets.erase_command import main as erase_main
+    """The table's erase job (cdc-erase's use case) on an incremental delta chain: the keys leave every
+    date's state (every tag) and every file under the table, the other keys' states are as before, and
+    every date's checks, evaluated again, pass."""
+    from dagster import DagsterEventType, EventRecordsFilter
+
     from cdc_assets.erasure import read_keys_file, verify_erased
 
     warehouse = tmp_path / "warehouse"
@@ -399,7 +401,8 @@ def test_an_erase_of_keys_on_every_date_leaves_no_tag_and_no_file_holding_them(s
     monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
     config = _incremental_delta(tmp_path)
     monkeypatch.setenv("CDC_TABLE_CONFIGS", str(tmp_path / "configs"))
-    run_dates(definitions_for(config), DAYS, DagsterInstance.ephemeral())
+    defs, instance = definitions_for(config), DagsterInstance.ephemeral()
+    run_dates(defs, DAYS, instance)
     before = {day: {row.id: row for row in current_state(spark, config, day).collect()} for day in DAYS}
     on_every_date = sorted(set.intersection(*(set(rows) for rows in before.values())))
     erased = on_every_date[:2]
@@ -414,7 +417,10 @@ def test_an_erase_of_keys_on_every_date_leaves_no_tag_and_no_file_holding_them(s
         )
 
     assert all(files_holding(key_hash) for key_hash in hashes), "the hashes must be findable for their absence to mean anything"
-    assert erase_main(["t", "--keys", str(keys), "--reason", "test"]) == 0
+    erase = defs.get_job_def("t_erase").execute_in_process(
+        run_config={"ops": {"t__erase": {"config": {"keys_file": str(keys), "reason": "test"}}}}, instance=instance
+    )
+    assert erase.success
 
     storage = WarehouseStorage(str(warehouse))
     assert storage.stored_dates("t", CURRENT) == DAYS  # every date's tag is still there, without the keys
@@ -423,3 +429,10 @@ def test_an_erase_of_keys_on_every_date_leaves_no_tag_and_no_file_holding_them(s
         assert after == {key: row for key, row in before[day].items() if key not in erased}, day
     assert verify_erased(spark, storage, config, str(keys)).holding == []
     assert [path for key_hash in hashes for path in files_holding(key_hash)] == []
+    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_CHECK_EVALUATION), ascending=True)
+    latest = {}
+    for record in records:
+        check = record.event_log_entry.dagster_event.event_specific_data
+        latest[(check.asset_key.path[-1], check.check_name, check.partition)] = check.passed
+    assert {day for (_, _, day) in latest} == set(DAYS)
+    assert [key for key, passed in latest.items() if not passed] == []
