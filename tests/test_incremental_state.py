@@ -30,7 +30,6 @@ from dagster import DagsterInstance
 from cdc_assets.catalog_ddl import asset_views
 from cdc_assets.cli import current_main
 from cdc_assets.consumers import current_duckdb_sql, current_state
-from cdc_assets.config import LoadType
 from cdc_assets.names import APPLIED_SEQUENCES, CLASSIFICATION, CURRENT, DELETES, HISTORY
 from resources.state import read_state
 from resources.storage import WarehouseStorage

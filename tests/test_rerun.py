@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.config import LoadType
 from cdc_assets.core.rerun import LaterDatesStoredError, RerunDecision, rerun_decision
 from cdc_assets.names import CLASSIFICATION, CURRENT, DELETES, HISTORY, INSERTS, UPDATES
 from resources.state import read_state
