@@ -38,10 +38,14 @@ def write_config(folder: Path, table: str, data_root: Path, load_type: str = "fu
     return folder
 
 
-def operation_counts(stored: tuple[Path, str, str, str]) -> dict[str, int]:
-    """Rows per operation of a stored date ``(warehouse, table, asset, day)``, read with pyiceberg (no Spark)."""
+def operation_counts(stored: tuple[Path, str, str, str] | Path) -> dict[str, int]:
+    """Rows per operation of a stored date ``(warehouse, table, asset, day)``, read with pyiceberg (no Spark),
+    or of a folder of Parquet files (what ``cdc-current`` writes)."""
     from resources.storage import WarehouseStorage
 
+    if isinstance(stored, Path):
+        rows = duckdb.sql(f"select operation, count(*) from read_parquet('{stored}/**/*.parquet') group by all").fetchall()
+        return dict(sorted(rows))
     warehouse, table, asset, day = stored
     storage = WarehouseStorage(str(warehouse))
     if storage.merged.holds(table, asset):  # an incremental state: its tag, labelled as of the date
