@@ -55,6 +55,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dates", type=int, default=30, help="business dates, each a full load (default 30)")
     parser.add_argument("--keys", type=int, default=100, help="keys erased, each present on every date (default 100)")
     parser.add_argument("--seed", type=int, default=7, help="seed of which rows change on each date (default 7)")
+    parser.add_argument("--current", choices=("snapshot", "incremental"), default="snapshot",
+                        help="storage of current_table: a partition per date (default) or one table with a tag per date")
     parser.add_argument("--yardstick", type=Path, default=YARDSTICK, help=f"plain_cdc.py (default {YARDSTICK})")
 
 
@@ -73,7 +75,7 @@ def check_arguments(parser, args) -> None:
 
 
 def label(args) -> str:
-    return f"{args.dates}x{args.rows}rows_{args.keys}keys"
+    return f"{args.dates}x{args.rows}rows_{args.keys}keys_{args.current}"
 
 
 def business_dates(count: int) -> list[str]:
@@ -91,6 +93,7 @@ def measure(bench) -> None:
     else:
         log(f"the yardstick is absent ({args.yardstick} not found): absolute figures only")
     bench.measure("load", measure_load, bench, state)
+    bench.measure("expiry", measure_expiry, bench, state)
     bench.measure("erase", measure_erase, bench, state)
     bench.measure("verify", measure_verify, bench, state)
 
@@ -142,7 +145,8 @@ def measure_yardstick(result: dict, bench, state: dict) -> None:
 
 def measure_load(result: dict, bench, state: dict) -> None:
     dates, data = state["dates"], state["data"]
-    configs = write_config(bench.workdir / "configs", TABLE, Path(data["root"]), "full", start=dates[0])
+    storage = f"storage: {{current: {bench.args.current}}}\n"
+    configs = write_config(bench.workdir / "configs", TABLE, Path(data["root"]), "full", extra=storage, start=dates[0])
     state["env"] = env = run_env(bench.workdir / "run", configs)
     result.update(bench.cli("load", env, TABLE, "--partition-range", f"{dates[0]}...{dates[-1]}"))
     result["steps"] = step_seconds(env["DAGSTER_HOME"])
@@ -153,6 +157,41 @@ def measure_load(result: dict, bench, state: dict) -> None:
         raise OutputsWrong(f"load: current_table rows per date {per_date}, expected {data['rows_per_date']} on every date")
     result["last_date_history"] = check_counts("load", dated(stored, ("history_partition",), dates[-1]), {"history_partition": data["last_date_history"]})
     state["loaded"] = True
+
+
+# A cold process that expires every snapshot of every asset but the current one and the tagged ones
+# (retention.snapshot_days: 0), timed per asset: what the load's dates left for expiry to delete.
+EXPIRE_ALL = """
+import json, sys, time
+from resources.spark import build_spark_session
+from resources.storage import WarehouseStorage
+build_spark_session(app_name="bench-expiry")  # the active session, which the storage's commits use
+storage = WarehouseStorage(sys.argv[1])
+figures = {}
+for asset in storage.stored_assets(sys.argv[2]):
+    started = time.perf_counter()
+    expired = storage.expire_snapshots(sys.argv[2], asset, 0)
+    figures[asset] = [expired, round(time.perf_counter() - started, 2)]
+storage.release()
+print("EXPIRED " + json.dumps(figures))
+"""
+
+
+def measure_expiry(result: dict, bench, state: dict) -> None:
+    """Snapshot expiry after the load (``retention.snapshot_days: 0``), a cold process: snapshots expired and
+    seconds per asset."""
+    if not state.get("loaded"):
+        raise StepFailed("no table to expire: the load failed")
+    env = state["env"]
+    command = [sys.executable, "-c", EXPIRE_ALL, env["CDC_WAREHOUSE"], TABLE]
+    figures, lines = run_timed("expiry", command, {**env, "PYTHONUNBUFFERED": "1"}, bench.logs)
+    result.update(figures)
+    printed = next((text for _, text in lines if text.startswith("EXPIRED ")), None)
+    if figures["returncode"] != 0 or printed is None:
+        raise StepFailed(f"expiry exited with {figures['returncode']}; log {figures['log']}")
+    result["by_asset"] = json.loads(printed[len("EXPIRED "):])
+    log(f"expiry of every snapshot but the current and tagged ones, cold process: {describe(figures)}; "
+        + ", ".join(f"{asset} {n} in {s}s" for asset, (n, s) in result["by_asset"].items()))
 
 
 def measure_erase(result: dict, bench, state: dict) -> None:

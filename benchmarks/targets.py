@@ -193,8 +193,11 @@ class Targets:
             self._range = dates
         return self._range
 
-    def check_day2(self, label: str, table_root: Path, current: Path | None = None) -> dict:
-        folders = dated(table_root, ("current_table", "history_partition"))
+    def check_day2(self, label: str, table_root: Path, current: Path | None = None, parquet: bool = False) -> dict:
+        if parquet:  # the yardstick's outputs: plain Parquet folders, <out>/<asset>/business_date=<date>
+            folders = {name: table_root / name / f"business_date={DAY2}" for name in ("current_table", "history_partition")}
+        else:
+            folders = dated(table_root, ("current_table", "history_partition"))
         if current is not None:  # an incremental table's day-2 state, read back through cdc-current
             folders["current_table"] = current
         return check_counts(label, folders, expected_day2(self.generated))
@@ -215,7 +218,7 @@ class Targets:
             result[key] = self.yardstick(f"{name}_{key}", day, out, env, server)
             log(f"{what} {key[:3]} {key[3]}: {self.describe(result[key])}")
         result["seconds"] = result["day2"]["seconds"]
-        result["day2_counts"] = self.check_day2(what, out)
+        result["day2_counts"] = self.check_day2(what, out, parquet=True)
 
     def measure_a(self, result: dict) -> None:
         self.data()

@@ -55,8 +55,9 @@ from cdc_assets.core.scd2 import Dialect, quote_identifier, scd2_sql
 from cdc_assets.core.state import untouched_operation
 from cdc_assets.names import CURRENT, HISTORY
 from cdc_assets.stored_schema import date_schema, stored_former_names
-from resources.storage import OPERATION_DATE, WarehouseStorage
+from resources.storage import WarehouseStorage
 from resources.storage.lake import CATALOG_NAME
+from resources.storage.merged import operation_as_of_sql
 
 DATABASE_ENV = "CDC_CATALOG_DATABASE"
 DEFAULT_DATABASE = "cdc"
@@ -171,7 +172,7 @@ class AssetView:
             return View(self.name, self.asset, self.comment, f"SELECT {', '.join(items)} FROM {lake_table(self.table, self.asset)}")
         selects = []
         for day, columns in self.tags:
-            operation = f"CASE WHEN {OPERATION_DATE} = DATE '{day}' THEN {quote_identifier(OPERATION, Dialect.spark)} ELSE {_string_literal(self.untouched)} END"
+            operation = operation_as_of_sql(day, self.untouched, Dialect.spark)
             items = [*self._items(columns, {OPERATION: operation}), f"DATE '{day}' AS {quote_identifier(BUSINESS_DATE, Dialect.spark)}"]
             selects.append(f"SELECT {', '.join(items)} FROM {lake_table(self.table, self.asset)} VERSION AS OF '{day}'")
         return View(self.name, self.asset, self.comment, " UNION ALL ".join(selects))

@@ -33,7 +33,7 @@ from cdc_assets.names import CURRENT, HISTORY
 from cdc_assets.stored_schema import stored_configured_names, stored_former_names
 from resources.state import read_state
 from cdc_assets.duckdb_iceberg import load_extensions
-from resources.storage import OPERATION_DATE, WarehouseStorage, warehouse_root
+from resources.storage import WarehouseStorage, warehouse_root
 
 # What the views need of history besides the configured columns and business_date.
 _HISTORY_COLUMNS = ((KEY_HASH, "string"), (NON_KEY_HASH, "string"), (OPERATION, "string"))
@@ -94,8 +94,8 @@ def current_as_of(config: TableConfig, as_of: str | date | None = None, warehous
 def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, as_of: str | date | None = None) -> str:
     """A DuckDB query of :func:`current_state`: the state as of ``as_of`` (default: the newest stored date).
 
-    The query reads current_table (and, for a state stored as a full copy and changes, its changes)
-    with DuckDB's ``iceberg_scan`` of each table's metadata file as committed now: it reads that
+    The query reads current_table (its date's partition, or for ``storage: {current: incremental}`` its
+    date's tag) with DuckDB's ``iceberg_scan`` of the table's metadata file as committed now: it reads that
     snapshot however long it runs and whatever is committed meanwhile; generate it again for a later
     state. Its columns are those of :func:`current_state`. Run it with e.g.
     ``duckdb.sql(current_duckdb_sql("orders"))``: this call loads the iceberg extension into DuckDB's
@@ -109,12 +109,10 @@ def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, 
     configured = configured_select_list(config.columns, stored, Dialect.duckdb)
     if storage.merged.holds(config.name, CURRENT):
         # The table at the date's tag, each row labelled as of the date (merged.py).
-        snapshot = storage.merged.tag_snapshot(config.name, CURRENT, day)
-        untouched = _sql_string(untouched_operation(config.load_type))
-        operation = f"CASE WHEN {OPERATION_DATE} = DATE '{day}' THEN {OPERATION} ELSE {untouched} END AS {OPERATION}"
-        own = [operation if name == OPERATION else quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(stored)]
-        scan = _iceberg_scan(storage, config.name, CURRENT)[:-1] + f", snapshot_from_id => {snapshot})"
-        return f"SELECT {', '.join([*configured, *own])} FROM {scan}"
+        load_extensions(duckdb.default_connection())
+        state = storage.merged.duckdb_sql(config.name, CURRENT, day, untouched_operation(config.load_type))
+        own = [quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(stored)]
+        return f"SELECT {', '.join([*configured, *own])} FROM ({state}) AS state"
     own = [quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(stored)]
     return f"SELECT {', '.join([*configured, *own])} FROM {_iceberg_scan(storage, config.name, CURRENT)} WHERE {BUSINESS_DATE} = DATE '{day}'"
 

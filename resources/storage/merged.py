@@ -28,8 +28,9 @@ from pyspark.sql.types import StructType
 from cdc_assets.core.changes import DELETE, OPERATION
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH
+from cdc_assets.core.scd2 import Dialect, date_literal, quote_identifier
 from resources.storage.lake import CATALOG_NAME, table_identifier
-from resources.storage.tables import TABLE_PROPERTIES, LakeTables, create_table, hand_over, release_hand_over
+from resources.storage.tables import TABLE_PROPERTIES, LakeTables, create_table, hand_over, project_columns, release_hand_over
 
 # The business date whose run set a row's ``operation``.
 OPERATION_DATE = "operation_date"
@@ -373,19 +374,19 @@ class MergedStates:
 
     def duckdb_sql(self, table: str, asset: str, day: str, untouched: str) -> str:
         """A DuckDB query of :meth:`state` (the state as of ``day`` with its labels, without
-        ``operation_date``): ``iceberg_scan`` of the metadata file committed now, at the tag's snapshot."""
+        ``operation_date``): ``iceberg_scan`` of the metadata file committed now, at the tag's snapshot,
+        so it reads that snapshot whatever is committed meanwhile. The caller loads DuckDB's iceberg
+        extension (``cdc_assets.duckdb_iceberg``)."""
         loaded = self.tables.load(table, asset)
         snapshot = self.tag_snapshot(table, asset, day)
         if loaded is None or snapshot is None:
             raise KeyError(f"{table}/{asset}: no state of {day} is stored")
-        columns = [field.name for field in loaded.schema().fields if field.name != OPERATION_DATE]
-        selected = ", ".join(
-            f"CASE WHEN \"{OPERATION_DATE}\" = DATE '{day}' THEN \"{OPERATION}\" ELSE '{untouched}' END AS \"{OPERATION}\""
-            if name == OPERATION
-            else f'"{name}"'
-            for name in columns
-        )
-        return f"SELECT {selected} FROM iceberg_scan('{loaded.metadata_location}', snapshot_from_id => {snapshot})"
+        metadata = "'" + loaded.metadata_location.replace("'", "''") + "'"
+        duck = Dialect.duckdb
+        stars = f"* EXCLUDE ({quote_identifier(OPERATION_DATE, duck)})"
+        if OPERATION in loaded.schema().column_names:
+            stars += f" REPLACE ({operation_as_of_sql(day, untouched, duck)} AS {quote_identifier(OPERATION, duck)})"
+        return f"SELECT {stars} FROM iceberg_scan({metadata}, snapshot_from_id => {snapshot})"
 
     @staticmethod
     def _with_snapshot_properties(spark: SparkSession, properties: dict[str, str], statement):
@@ -421,13 +422,7 @@ class MergedStates:
         parts = []
         for day in days:
             frame = self.state(spark, table, asset, day, untouched)
-            present = set(frame.columns)
-            columns = [
-                (F.col(f"`{f.name}`").cast(f.dataType) if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name, metadata=f.metadata)
-                for f in schema.fields
-                if f.name != BUSINESS_DATE
-            ]
-            parts.append(frame.select(*columns, F.lit(day).cast("date").alias(BUSINESS_DATE)))
+            parts.append(frame.select(*project_columns(frame, schema), F.lit(day).cast("date").alias(BUSINESS_DATE)))
         return reduce(DataFrame.unionByName, parts)
 
     def touched(self, spark: SparkSession, table: str, asset: str, day: str) -> DataFrame:
@@ -454,6 +449,14 @@ def label_as_of(frame: DataFrame, day: str, untouched: str) -> DataFrame:
     on_day = F.col(OPERATION_DATE) == F.lit(day).cast("date")
     labelled = F.when(on_day, F.col(OPERATION)).otherwise(F.lit(untouched))
     return frame.withColumn(OPERATION, labelled).drop(OPERATION_DATE)
+
+
+def operation_as_of_sql(day: str, untouched: str, dialect: Dialect | str) -> str:
+    """:func:`label_as_of`'s operation in SQL (Spark or DuckDB): a merged state row's operation as of ``day``."""
+    return (
+        f"CASE WHEN {quote_identifier(OPERATION_DATE, dialect)} = {date_literal(day)} "
+        f"THEN {quote_identifier(OPERATION, dialect)} ELSE '{untouched.replace(chr(39), chr(39) * 2)}' END"
+    )
 
 
 def _is_date(name: str) -> bool:

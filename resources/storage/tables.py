@@ -448,13 +448,20 @@ class LakeTables:
         snapshot = loaded.current_snapshot()
         frame = spark.read.option("snapshot-id", str(snapshot.snapshot_id)).table(table_identifier(table, asset))
         frame = frame.where(F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in business_dates]))
-        present = set(frame.columns)
-        columns = [
-            (F.col(f"`{f.name}`").cast(f.dataType) if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name, metadata=f.metadata)
-            for f in as_stored(schema).fields
-            if f.name != BUSINESS_DATE
-        ]
-        return frame.select(*columns, F.col(BUSINESS_DATE))
+        return frame.select(*project_columns(frame, schema), F.col(BUSINESS_DATE))
+
+
+def project_columns(frame: DataFrame, schema: StructType) -> list:
+    """``schema``'s columns but ``business_date``, as stored (nullable), from ``frame``: each cast to its
+    type, and NULL where ``frame`` lacks it (a date written before the column was added)."""
+    from pyspark.sql import functions as F
+
+    present = set(frame.columns)
+    return [
+        (F.col(f"`{f.name}`").cast(f.dataType) if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name, metadata=f.metadata)
+        for f in as_stored(schema).fields
+        if f.name != BUSINESS_DATE
+    ]
 
 
 def _partition_date(value) -> str:
