@@ -5,6 +5,7 @@ run killed between its MERGE and its tag, and pyiceberg reading a tag as Spark d
 
 from __future__ import annotations
 
+import time
 from datetime import date
 from pathlib import Path
 
@@ -142,6 +143,20 @@ def test_duckdb_reads_each_tag_with_its_labels_as_spark_does(spark, states):
         for day in (D1, D2, D3):
             found = duck.sql(f"SELECT id, name, operation FROM ({states.duckdb_sql('t', 'current_table', day, 'X')})").fetchall()
             assert sorted(found) == _rows(states.state(spark, "t", "current_table", day, "X")), day
+
+
+def test_snapshot_expiry_keeps_and_does_not_count_the_tagged_snapshots(spark, states):
+    # Every date's snapshot is tagged: nothing to expire, so an ordinary run's expiry reports 0 and does not
+    # go on to sweep the table's files; once a tag is dropped its snapshot is expired and counted.
+    _three_dates(spark, states)
+    tables = states.tables
+    snapshots = len(tables.load("t", "current_table").snapshots())
+    assert tables.expire_snapshots_before(spark, "t", "current_table", int(time.time() * 1000) + 1) == 0
+    assert len(tables.load("t", "current_table").snapshots()) == snapshots
+    states.drop_dates(spark, "t", "current_table", [D1])
+    assert tables.expire_snapshots_before(spark, "t", "current_table", int(time.time() * 1000) + 1) == 1
+    assert len(tables.load("t", "current_table").snapshots()) == snapshots - 1
+    assert _rows(states.state(spark, "t", "current_table", D2, "X")) == [(1, "A", "U"), (3, "c", "N"), (4, "d", "I")]
 
 
 def test_compaction_applies_the_deletes_and_a_dropped_tags_files_go_at_expiry(spark, states):

@@ -328,13 +328,14 @@ class LakeTables:
     # catalog and logs a CatalogNotFoundException with its stack trace on every call, into the run's log.
     def expire_snapshots_before(self, spark: SparkSession, table: str, asset: str, cutoff_ms: int) -> int:
         """Expire the asset's snapshots committed before ``cutoff_ms`` (ms since the epoch), never the
-        current one; Iceberg deletes the files only they read. Returns how many were expired: none to
-        expire costs a metadata read, no Spark job."""
+        current one nor one a tag or branch names (a merged state's dates); Iceberg deletes the files
+        only they read. Returns how many were expired: none to expire costs a metadata read, no Spark job."""
         loaded = self.load(table, asset)
         current = None if loaded is None else loaded.current_snapshot()
         if current is None:
             return 0
-        expired = [s for s in loaded.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id != current.snapshot_id]
+        kept = {current.snapshot_id} | {ref.snapshot_id for ref in loaded.metadata.refs.values()}
+        expired = [s for s in loaded.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id not in kept]
         if not expired:
             return 0
         self.session_for(spark).sql(
