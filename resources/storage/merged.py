@@ -453,9 +453,11 @@ def label_as_of(frame: DataFrame, day: str, untouched: str) -> DataFrame:
 
 def operation_as_of_sql(day: str, untouched: str, dialect: Dialect | str) -> str:
     """:func:`label_as_of`'s operation in SQL (Spark or DuckDB): a merged state row's operation as of ``day``."""
+    if not untouched.isalpha():  # N or X: the one literal put in the SQL text, and the dialects escape quotes differently
+        raise ValueError(f"the operation of an untouched row must be a letter such as N or X, not {untouched!r}")
     return (
         f"CASE WHEN {quote_identifier(OPERATION_DATE, dialect)} = {date_literal(day)} "
-        f"THEN {quote_identifier(OPERATION, dialect)} ELSE '{untouched.replace(chr(39), chr(39) * 2)}' END"
+        f"THEN {quote_identifier(OPERATION, dialect)} ELSE '{untouched}' END"
     )
 
 
