@@ -79,6 +79,7 @@ from cdc_assets.core.state import StateSince, compaction_due, untouched_operatio
 from cdc_assets.erasure import erased_keys
 from cdc_assets.erasure_events import build_erase_job
 from resources.parquet_io_manager import (
+    RENAMED_COLUMNS,
     STATE_LOAD_TYPE,
     DatedRows,
     LazyPartitions,
@@ -138,6 +139,13 @@ def _timed(context: AssetExecutionContext, table: str, stage: str, business_date
     context.log.info(f"{table} {business_date}: {stage} finished in {time.perf_counter() - started:.2f}s")
 
 
+def renamed_columns_metadata(config: TableConfig) -> dict[str, str]:
+    """An asset's definition metadata naming the config's renamed columns, which the IO manager renames in
+    the asset's Iceberg table before it writes (empty when nothing is renamed)."""
+    renamed = {column.name: list(column.renamed_from) for column in config.columns if column.renamed_from}
+    return {RENAMED_COLUMNS: json.dumps(renamed)} if renamed else {}
+
+
 def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:
     common = dict(group_name=config.name, kinds=KINDS, owners=config.owners, partitions_def=partitions_def)
     hashed_key, rejects_key = asset_key(config, HASHED_INCOMING), asset_key(config, REJECTS)
@@ -145,8 +153,10 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
     @multi_asset(
         name=f"{config.name}__{HASHED_INCOMING}",
         specs=[
-            AssetSpec(hashed_key, description=ASSET_DESCRIPTIONS[HASHED_INCOMING], **common).with_io_manager_key(IO_MANAGER_KEY),
-            AssetSpec(rejects_key, description=ASSET_DESCRIPTIONS[REJECTS], **common).with_io_manager_key(IO_MANAGER_KEY),
+            AssetSpec(hashed_key, description=ASSET_DESCRIPTIONS[HASHED_INCOMING], metadata=renamed_columns_metadata(config),
+                      **common).with_io_manager_key(IO_MANAGER_KEY),
+            AssetSpec(rejects_key, description=ASSET_DESCRIPTIONS[REJECTS], metadata=renamed_columns_metadata(config),
+                      **common).with_io_manager_key(IO_MANAGER_KEY),
         ],
         backfill_policy=BackfillPolicy.single_run(),
         can_subset=False,
@@ -262,13 +272,15 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
     # Each output has a single parent inside the graph; current_table (and a changeset's
     # applied_sequences) also depends on its own previous partition. docs/design.md, "Graph shape", says
     # why this shape and no other backfills.
-    specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=ASSET_DESCRIPTIONS[CLASSIFICATION], **common)]
+    renamed = renamed_columns_metadata(config)
+    specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=ASSET_DESCRIPTIONS[CLASSIFICATION], metadata=renamed, **common)]
     for name in outputs[1:]:
         deps = [keys[CLASSIFICATION]]
         if name in (CURRENT, APPLIED_SEQUENCES):
             deps.append(AssetDep(keys[name], partition_mapping=previous_day))
         is_state = name in (CURRENT, APPLIED_SEQUENCES)
         metadata = {STATE_LOAD_TYPE: config.load_type.value, "cdc/state_storage": config.storage.current.value} if is_state else {}
+        metadata.update(renamed)
         specs.append(AssetSpec(keys[name], deps=deps, description=ASSET_DESCRIPTIONS[name], metadata=metadata, **common))
     specs = [spec.with_io_manager_key(IO_MANAGER_KEY) for spec in specs]
     ins = {"incoming": AssetIn(hashed_key), "previous_current": AssetIn(keys[CURRENT])}

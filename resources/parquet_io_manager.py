@@ -6,6 +6,7 @@ a preview, the path).
 """
 
 
+import json
 import uuid
 from contextlib import nullcontext
 from collections.abc import Iterator, Mapping
@@ -89,6 +90,9 @@ class StateRows:
 # The asset definition metadata that makes an asset a state, read through resources/state.py: the
 # table's load type, which says what a date did to a key it did not touch.
 STATE_LOAD_TYPE = "cdc/state_load_type"
+# An asset's definition metadata: the table config's renamed columns as JSON ({new name: [former names]}),
+# which a write renames in the asset's Iceberg table first (WarehouseStorage.write).
+RENAMED_COLUMNS = "cdc/renamed_columns"
 
 
 class LazyPartitions(Mapping[str, DataFrame]):
@@ -226,7 +230,8 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         later = self._later_dates(table, asset, obj.drop_stored_after if isinstance(obj, DatedRows) else None)
         if later:
             context.log.info(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
-        rows_written = self.storage.write(frame, table, asset, dates, dropped=later)
+        renamed = context.definition_metadata.get(RENAMED_COLUMNS) if context.definition_metadata else None
+        rows_written = self.storage.write(frame, table, asset, dates, dropped=later, renamed_from=json.loads(_plain(renamed)) if renamed else None)
         stored_schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         previews = self._previews(table, asset, rows_written)
         retention = self._apply_retention(context, table, asset, obj)

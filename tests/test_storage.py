@@ -322,3 +322,31 @@ def test_sessions_opening_a_new_warehouse_at_once_all_open_it(spark, tmp_path):
     storage = WarehouseStorage(root)
     storage.tables.write(spark.range(3).withColumn("business_date", F.lit(date(2024, 1, 1))), "orders", "hashed_incoming", [D1], {})
     assert WarehouseStorage(root).tables.assets("orders") == ["hashed_incoming"]
+
+
+def test_a_renamed_column_is_renamed_by_field_id_and_every_date_reads_under_its_new_name(spark, storage):
+    # The write that first has the new name renames the former one (issue 34, point 6): no data file is
+    # rewritten, the field keeps its id, and a date recorded before the rename, hash spec included, reads
+    # under the new name. A re-run of that write renames nothing more.
+    spec = '{"version":1,"keys":[["k","string"]],"non_keys":[["amount","int"]],"untracked":[]}'
+    old = _plain(spark, [("a", 1), ("b", 2)]).withColumn("non_key_hash", F.lit("h").alias("non_key_hash", metadata={"cdc.hash_spec": spec}))
+    storage.write(old, "t", "asset", [D1])
+    files_before = {path for _, day, path, _ in storage.data_files("t") if day == D1}
+    field_id = storage.tables.load("t", "asset").schema().find_field("amount").field_id
+    new = spark.createDataFrame([("a", 5)], "key_hash string, amount_eur int")
+    for _ in range(2):  # the date, then its re-run
+        storage.write(new, "t", "asset", [D2], renamed_from={"amount_eur": ["amount"]})
+        loaded = storage.tables.load("t", "asset")
+        assert [f.name for f in loaded.schema().fields if f.name.startswith("amount")] == ["amount_eur"]
+        assert loaded.schema().find_field("amount_eur").field_id == field_id
+    assert storage.tables.renamed("t", "asset") == {"amount": "amount_eur"}
+    recorded = storage.stored_schema("t", "asset", D1)
+    assert recorded.names == ["key_hash", "amount_eur", "non_key_hash"]
+    assert '"non_keys":[["amount_eur","int"]]' in recorded["non_key_hash"].metadata["cdc.hash_spec"]
+    assert sorted(tuple(row) for row in storage.read(spark, "t", "asset", [D1]).select("key_hash", "amount_eur").collect()) == [("a", 1), ("b", 2)]
+    # A reader without the project (pyiceberg) reads date 1 under the new name too.
+    from pyiceberg.expressions import EqualTo
+
+    scanned = storage.tables.load("t", "asset").scan(row_filter=EqualTo("business_date", D1)).to_arrow().to_pylist()
+    assert sorted((row["key_hash"], row["amount_eur"]) for row in scanned) == [("a", 1), ("b", 2)]
+    assert {path for _, day, path, _ in storage.data_files("t") if day == D1} == files_before

@@ -38,6 +38,8 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructT
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.dates import date_runs
 from cdc_assets.core.errors import SummarizedError
+from cdc_assets.core.hashing import NON_KEY_HASH
+from cdc_assets.core.schema import HASH_SPEC_METADATA
 from resources.storage.lake import (
     CATALOG_NAME,
     catalog_file,
@@ -438,6 +440,35 @@ class LakeTables:
         """Create the asset's table, partitioned by ``business_date``, with no snapshot yet."""
         create_table(spark, table, asset, frame, f"`{BUSINESS_DATE}`", TABLE_PROPERTIES)
 
+    def rename_columns(self, spark: SparkSession, table: str, asset: str, renamed_from: dict[str, list[str]]) -> list[tuple[str, str]]:
+        """Rename the asset's columns a config renamed (``renamed_from``: each new name's former names,
+        newest first) that the table still has under a former name: Iceberg's ``RENAME COLUMN``, by field
+        id, so every stored date reads under the new name and no data file is rewritten. A column whose
+        new name the table has already is left alone (a re-run; or a table from before this rename,
+        whose older dates keep the former name as a column of its own). Returns the (former, new) pairs
+        renamed. The caller holds the table's writer lock."""
+        loaded = self.load(table, asset)
+        if loaded is None or not renamed_from:
+            return []
+        present = {field.name.lower(): field.name for field in loaded.schema().fields}
+        renamed = []
+        for new, formers in renamed_from.items():
+            former = next((present[name.lower()] for name in formers if name.lower() in present), None)
+            if new.lower() in present or former is None:
+                continue
+            self.session_for(spark).sql(f"ALTER TABLE {table_identifier(table, asset)} RENAME COLUMN `{former}` TO `{new}`")
+            present[new.lower()] = new
+            del present[former.lower()]
+            renamed.append((former, new))
+        return renamed
+
+    def renamed(self, table: str, asset: str) -> dict[str, str]:
+        """Each name a column of the asset's table had in an earlier Iceberg schema and has no longer ->
+        its name now (the renames :meth:`rename_columns` made): a date recorded before a rename has the
+        former name, and reads under the new one."""
+        loaded = self.load(table, asset)
+        return {} if loaded is None else renamed_columns(loaded)
+
     # -- reading ---------------------------------------------------------------------------------------
     def read(self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType | None) -> DataFrame:
         """The dates' rows as one DataFrame with a ``business_date`` column, at the snapshot committed now
@@ -450,6 +481,37 @@ class LakeTables:
         frame = spark.read.option("snapshot-id", str(snapshot.snapshot_id)).table(table_identifier(table, asset))
         frame = frame.where(F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in business_dates]))
         return frame.select(*project_columns(frame, schema), F.col(BUSINESS_DATE))
+
+
+def renamed_columns(loaded) -> dict[str, str]:
+    """A pyiceberg table's renamed top-level columns: each former name -> the name its field id has now.
+    A former name that a column of the current schema has again (dropped, then added anew) is not one."""
+    now = {field.field_id: field.name for field in loaded.schema().fields}
+    taken = {name.lower() for name in now.values()}
+    renamed = {}
+    for schema in sorted(loaded.schemas().values(), key=lambda each: each.schema_id):
+        for field in schema.fields:
+            name = now.get(field.field_id)
+            if name is not None and name != field.name and field.name.lower() not in taken:
+                renamed[field.name] = name
+    return renamed
+
+
+def with_renames(schema: StructType, renamed: dict[str, str]) -> StructType:
+    """A date's recorded schema under the table's names now: each renamed column under its new name,
+    in the hash spec too (the spec names the columns; the hashes are of their values, so unchanged)."""
+    if not renamed:
+        return schema
+    fields = []
+    for f in schema.fields:
+        metadata = f.metadata
+        if f.name == NON_KEY_HASH and HASH_SPEC_METADATA in (metadata or {}):
+            spec = json.loads(metadata[HASH_SPEC_METADATA])
+            for group in ("keys", "non_keys", "untracked"):
+                spec[group] = [[renamed.get(name, name), kind] for name, kind in spec.get(group, [])]
+            metadata = {**metadata, HASH_SPEC_METADATA: json.dumps(spec, separators=(",", ":"))}
+        fields.append(StructField(renamed.get(f.name, f.name), f.dataType, f.nullable, metadata))
+    return StructType(fields)
 
 
 def project_columns(frame: DataFrame, schema: StructType) -> list:

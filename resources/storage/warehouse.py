@@ -28,7 +28,7 @@ from resources.storage.files import list_names
 from resources.storage.layout import WarehouseLayout, local_warehouse_path
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
 from resources.storage.merged import STORED_AS, MergedStates, StateOrderError
-from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables, as_stored
+from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables, as_stored, with_renames
 from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout, missing_partition_error
 
 # Routine maintenance deletes a file no table metadata names once it is this old (see
@@ -124,7 +124,8 @@ class WarehouseStorage:
 
     # -- writing ---------------------------------------------------------------------------------------
     def write(
-        self, frame: DataFrame, table: str, asset: str, business_dates: list[str], dropped: Iterable[str] = ()
+        self, frame: DataFrame, table: str, asset: str, business_dates: list[str], dropped: Iterable[str] = (),
+        renamed_from: dict[str, list[str]] | None = None,
     ) -> dict[str, int]:
         """Store ``frame`` as the partitions ``business_dates`` of ``[table, asset]`` in one Iceberg commit;
         rows per date.
@@ -136,6 +137,9 @@ class WarehouseStorage:
         ``dropped``: later stored dates computed from the state these dates replace (a re-run inside a
         backfill, cdc_assets/core/rerun.py). They leave the table in the same commit, each recorded
         first as dropped by this re-run, so a reader says so (:func:`missing_partition_error`).
+
+        ``renamed_from``: the config's renamed columns (new name -> former names, newest first); a
+        column the table still has under a former name is renamed first (:meth:`LakeTables.rename_columns`).
         """
         dropped = sorted(set(dropped))
         self.hold_writer_lock(table)
@@ -161,6 +165,8 @@ class WarehouseStorage:
         else:
             frame = frame.withColumn(BUSINESS_DATE, F.lit(business_dates[0]).cast("date"))
         self._spark = frame.sparkSession
+        if renamed_from:
+            self.tables.rename_columns(frame.sparkSession, table, asset, renamed_from)
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
         properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
         if dropped:
@@ -432,7 +438,14 @@ class WarehouseStorage:
         stored = self._stored(table, asset)
         if business_date not in stored:
             raise missing_partition_error(self, table, asset, business_date)
-        return self.tables.schema(table, asset, stored[business_date])
+        return self._recorded_schema(table, asset, stored[business_date])
+
+    def _recorded_schema(self, table: str, asset: str, sid: str) -> StructType:
+        """A schema record under the table's column names now. A date-partitioned table's dates all read
+        through its current schema, so a column renamed since the date was written reads under its new
+        name; a merged state's tag keeps its date's names (its columns are added, never renamed)."""
+        schema = self.tables.schema(table, asset, sid)
+        return schema if self.merged.holds(table, asset) else with_renames(schema, self.tables.renamed(table, asset))
 
     def state_layout(self, table: str, asset: str, as_of: str) -> StateLayout:
         """Where the state of ``as_of`` is stored: a table stored per date holds it as the date's
@@ -458,7 +471,7 @@ class WarehouseStorage:
         if isinstance(schema, str):
             schema = StructType.fromDDL(schema) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], schema).schema
         if schema is None:
-            schema = self.tables.schema(table, asset, stored[max(business_dates)])
+            schema = self._recorded_schema(table, asset, stored[max(business_dates)])
         self._spark = spark
         if self.merged.holds(table, asset):
             frame = self.merged.read(spark, table, asset, business_dates, as_stored(schema))
