@@ -79,6 +79,7 @@ from cdc_assets.core.state import StateSince, compaction_due, untouched_operatio
 from cdc_assets.erasure import erased_keys
 from cdc_assets.erasure_events import build_erase_job
 from resources.parquet_io_manager import (
+    CONFIGURED_COLUMNS,
     RENAMED_COLUMNS,
     STATE_LOAD_TYPE,
     DatedRows,
@@ -139,11 +140,15 @@ def _timed(context: AssetExecutionContext, table: str, stage: str, business_date
     context.log.info(f"{table} {business_date}: {stage} finished in {time.perf_counter() - started:.2f}s")
 
 
-def renamed_columns_metadata(config: TableConfig) -> dict[str, str]:
-    """An asset's definition metadata naming the config's renamed columns, which the IO manager renames in
-    the asset's Iceberg table before it writes (empty when nothing is renamed)."""
+def columns_metadata(config: TableConfig) -> dict[str, str]:
+    """An asset's definition metadata naming the config's columns (with their former names) and its renamed
+    ones: before it writes, the IO manager renames the renamed columns in the asset's Iceberg table and
+    drops the columns the config no longer has."""
     renamed = {column.name: list(column.renamed_from) for column in config.columns if column.renamed_from}
-    return {RENAMED_COLUMNS: json.dumps(renamed)} if renamed else {}
+    names = [name for column in config.columns for name in (column.name, *column.renamed_from)]
+    if config.changes is not None:  # a change set's own source columns, which some outputs keep beside the table's
+        names += [*([config.changes.operation_column] if config.changes.operation_column else []), *config.changes.sequence_columns]
+    return {CONFIGURED_COLUMNS: json.dumps(names), **({RENAMED_COLUMNS: json.dumps(renamed)} if renamed else {})}
 
 
 def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:
@@ -153,9 +158,9 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
     @multi_asset(
         name=f"{config.name}__{HASHED_INCOMING}",
         specs=[
-            AssetSpec(hashed_key, description=ASSET_DESCRIPTIONS[HASHED_INCOMING], metadata=renamed_columns_metadata(config),
+            AssetSpec(hashed_key, description=ASSET_DESCRIPTIONS[HASHED_INCOMING], metadata=columns_metadata(config),
                       **common).with_io_manager_key(IO_MANAGER_KEY),
-            AssetSpec(rejects_key, description=ASSET_DESCRIPTIONS[REJECTS], metadata=renamed_columns_metadata(config),
+            AssetSpec(rejects_key, description=ASSET_DESCRIPTIONS[REJECTS], metadata=columns_metadata(config),
                       **common).with_io_manager_key(IO_MANAGER_KEY),
         ],
         backfill_policy=BackfillPolicy.single_run(),
@@ -272,7 +277,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
     # Each output has a single parent inside the graph; current_table (and a changeset's
     # applied_sequences) also depends on its own previous partition. docs/design.md, "Graph shape", says
     # why this shape and no other backfills.
-    renamed = renamed_columns_metadata(config)
+    renamed = columns_metadata(config)
     specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=ASSET_DESCRIPTIONS[CLASSIFICATION], metadata=renamed, **common)]
     for name in outputs[1:]:
         deps = [keys[CLASSIFICATION]]

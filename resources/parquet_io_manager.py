@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdc_assets.config import LoadType
+from cdc_assets.config import CHANGESET_COLUMNS, LoadType, reserved_name_problem
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.fields import resolved_field, seconds_field
 from resources.spark import for_each_date
@@ -93,6 +93,10 @@ STATE_LOAD_TYPE = "cdc/state_load_type"
 # An asset's definition metadata: the table config's renamed columns as JSON ({new name: [former names]}),
 # which a write renames in the asset's Iceberg table first (WarehouseStorage.write).
 RENAMED_COLUMNS = "cdc/renamed_columns"
+# An asset's definition metadata: every name the table config may store a column under (its columns and
+# their former names) as JSON; a stored column of none of them, that the pipeline does not name either,
+# was dropped from the config and is dropped from the asset's Iceberg table before a write.
+CONFIGURED_COLUMNS = "cdc/configured_columns"
 
 
 class LazyPartitions(Mapping[str, DataFrame]):
@@ -230,8 +234,11 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         later = self._later_dates(table, asset, obj.drop_stored_after if isinstance(obj, DatedRows) else None)
         if later:
             context.log.info(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
-        renamed = context.definition_metadata.get(RENAMED_COLUMNS) if context.definition_metadata else None
-        rows_written = self.storage.write(frame, table, asset, dates, dropped=later, renamed_from=json.loads(_plain(renamed)) if renamed else None)
+        definition = context.definition_metadata or {}
+        renamed = json.loads(_plain(definition[RENAMED_COLUMNS])) if RENAMED_COLUMNS in definition else None
+        configured = json.loads(_plain(definition[CONFIGURED_COLUMNS])) if CONFIGURED_COLUMNS in definition else None
+        drop = self._dropped_from_config(table, asset, frame.columns, configured) if configured is not None else ()
+        rows_written = self.storage.write(frame, table, asset, dates, dropped=later, renamed_from=renamed, drop_columns=drop)
         stored_schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         previews = self._previews(table, asset, rows_written)
         retention = self._apply_retention(context, table, asset, obj)
@@ -244,6 +251,15 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             else:
                 # One materialization per date, each with its own figures.
                 context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=business_date)
+
+    def _dropped_from_config(self, table: str, asset: str, written: list[str], configured: list[str]) -> list[str]:
+        """The asset's stored columns the config no longer names (nor as a former name), that the write
+        lacks and that are none of the pipeline's own: columns the config dropped."""
+        loaded = self.storage.tables.load(table, asset)
+        if loaded is None:
+            return []
+        kept = {name.lower() for name in (*written, *configured)} | CHANGESET_COLUMNS
+        return [f.name for f in loaded.schema().fields if f.name.lower() not in kept and reserved_name_problem(f.name) is None]
 
     def _store_state(self, context: OutputContext, table: str, asset: str, dates: list[str], obj: StateRows) -> None:
         """Write each date of a merged state, oldest first: its whole state or its changes, each date a

@@ -462,6 +462,17 @@ class LakeTables:
             renamed.append((former, new))
         return renamed
 
+    def drop_columns(self, spark: SparkSession, table: str, asset: str, names: Iterable[str]) -> list[str]:
+        """Drop the asset's columns ``names`` (those the table has): Iceberg's ``DROP COLUMN``, by field id,
+        so no data file is rewritten and no engine shows the column any more (time travel to an earlier
+        snapshot still does). Returns the columns dropped. The caller holds the table's writer lock."""
+        loaded = self.load(table, asset)
+        present = set() if loaded is None else {f.name.lower(): f.name for f in loaded.schema().fields}
+        dropped = [present[name.lower()] for name in names if name.lower() in present]
+        for name in dropped:
+            self.session_for(spark).sql(f"ALTER TABLE {table_identifier(table, asset)} DROP COLUMN `{name}`")
+        return dropped
+
     def renamed(self, table: str, asset: str) -> dict[str, str]:
         """Each name a column of the asset's table had in an earlier Iceberg schema and has no longer ->
         its name now (the renames :meth:`rename_columns` made): a date recorded before a rename has the
@@ -497,13 +508,18 @@ def renamed_columns(loaded) -> dict[str, str]:
     return renamed
 
 
-def with_renames(schema: StructType, renamed: dict[str, str]) -> StructType:
-    """A date's recorded schema under the table's names now: each renamed column under its new name,
-    in the hash spec too (the spec names the columns; the hashes are of their values, so unchanged)."""
-    if not renamed:
+def as_read_now(schema: StructType, renamed: dict[str, str], present: Iterable[str] | None = None) -> StructType:
+    """A date's recorded schema as the table reads it now: each renamed column under its new name, in
+    the hash spec too (the spec names the columns; the hashes are of their values, so unchanged), and
+    without a column the table dropped since (``present``: the table's columns now). The hash spec keeps
+    naming a dropped column: the date's hashes were computed over it."""
+    kept = None if present is None else {name.lower() for name in present}
+    if not renamed and (kept is None or all(f.name.lower() in kept for f in schema.fields)):
         return schema
     fields = []
     for f in schema.fields:
+        if kept is not None and renamed.get(f.name, f.name).lower() not in kept:
+            continue
         metadata = f.metadata
         if f.name == NON_KEY_HASH and HASH_SPEC_METADATA in (metadata or {}):
             spec = json.loads(metadata[HASH_SPEC_METADATA])

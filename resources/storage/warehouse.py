@@ -28,7 +28,7 @@ from resources.storage.files import list_names
 from resources.storage.layout import WarehouseLayout, local_warehouse_path
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
 from resources.storage.merged import STORED_AS, MergedStates, StateOrderError
-from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables, as_stored, with_renames
+from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables, as_read_now, as_stored, renamed_columns
 from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout, missing_partition_error
 
 # Routine maintenance deletes a file no table metadata names once it is this old (see
@@ -125,7 +125,7 @@ class WarehouseStorage:
     # -- writing ---------------------------------------------------------------------------------------
     def write(
         self, frame: DataFrame, table: str, asset: str, business_dates: list[str], dropped: Iterable[str] = (),
-        renamed_from: dict[str, list[str]] | None = None,
+        renamed_from: dict[str, list[str]] | None = None, drop_columns: Iterable[str] = (),
     ) -> dict[str, int]:
         """Store ``frame`` as the partitions ``business_dates`` of ``[table, asset]`` in one Iceberg commit;
         rows per date.
@@ -140,6 +140,7 @@ class WarehouseStorage:
 
         ``renamed_from``: the config's renamed columns (new name -> former names, newest first); a
         column the table still has under a former name is renamed first (:meth:`LakeTables.rename_columns`).
+        ``drop_columns``: columns the config dropped, dropped from the table first (:meth:`LakeTables.drop_columns`).
         """
         dropped = sorted(set(dropped))
         self.hold_writer_lock(table)
@@ -167,6 +168,8 @@ class WarehouseStorage:
         self._spark = frame.sparkSession
         if renamed_from:
             self.tables.rename_columns(frame.sparkSession, table, asset, renamed_from)
+        if drop_columns:
+            self.tables.drop_columns(frame.sparkSession, table, asset, drop_columns)
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
         properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
         if dropped:
@@ -441,11 +444,15 @@ class WarehouseStorage:
         return self._recorded_schema(table, asset, stored[business_date])
 
     def _recorded_schema(self, table: str, asset: str, sid: str) -> StructType:
-        """A schema record under the table's column names now. A date-partitioned table's dates all read
-        through its current schema, so a column renamed since the date was written reads under its new
-        name; a merged state's tag keeps its date's names (its columns are added, never renamed)."""
+        """A schema record as the table reads it now. A date-partitioned table's dates all read through its
+        current schema, so a column renamed since the date was written reads under its new name, and one
+        dropped since is not there; a merged state's tag keeps its date's columns (they are added, never
+        renamed nor dropped)."""
         schema = self.tables.schema(table, asset, sid)
-        return schema if self.merged.holds(table, asset) else with_renames(schema, self.tables.renamed(table, asset))
+        if self.merged.holds(table, asset):
+            return schema
+        loaded = self.tables.load(table, asset)
+        return schema if loaded is None else as_read_now(schema, renamed_columns(loaded), [f.name for f in loaded.schema().fields])
 
     def state_layout(self, table: str, asset: str, as_of: str) -> StateLayout:
         """Where the state of ``as_of`` is stored: a table stored per date holds it as the date's
