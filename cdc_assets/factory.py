@@ -277,15 +277,15 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
     # Each output has a single parent inside the graph; current_table (and a changeset's
     # applied_sequences) also depends on its own previous partition. docs/design.md, "Graph shape", says
     # why this shape and no other backfills.
-    renamed = columns_metadata(config)
-    specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=ASSET_DESCRIPTIONS[CLASSIFICATION], metadata=renamed, **common)]
+    columns = columns_metadata(config)
+    specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=ASSET_DESCRIPTIONS[CLASSIFICATION], metadata=columns, **common)]
     for name in outputs[1:]:
         deps = [keys[CLASSIFICATION]]
         if name in (CURRENT, APPLIED_SEQUENCES):
             deps.append(AssetDep(keys[name], partition_mapping=previous_day))
         is_state = name in (CURRENT, APPLIED_SEQUENCES)
         metadata = {STATE_LOAD_TYPE: config.load_type.value, "cdc/state_storage": config.storage.current.value} if is_state else {}
-        metadata.update(renamed)
+        metadata.update(columns)
         specs.append(AssetSpec(keys[name], deps=deps, description=ASSET_DESCRIPTIONS[name], metadata=metadata, **common))
     specs = [spec.with_io_manager_key(IO_MANAGER_KEY) for spec in specs]
     ins = {"incoming": AssetIn(hashed_key), "previous_current": AssetIn(keys[CURRENT])}
