@@ -31,7 +31,7 @@ else
 export SPARK_REMOTE
 endif
 
-.PHONY: install jars demo test test-fast browser ui validate benchmark benchmark-many benchmark-state spark-server spark-server-stop cluster-up cluster-down sql sql-server sql-server-stop clean
+.PHONY: install jars demo test test-fast browser ui validate benchmark benchmark-many benchmark-state spark-server spark-server-stop cluster-up cluster-down lake-up lake-down lake-env sql sql-server sql-server-stop clean
 
 $(BIN)/dagster: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,19 @@ ICEBERG_RUNTIME_SHA256 := 63c3b812549dc232c1920865ff42436df8604a9bbacd693930985c
 # (resources/storage/lake.py), which pyiceberg opens with Python's own sqlite3. One self-contained jar.
 SQLITE_JDBC := org.xerial:sqlite-jdbc:3.51.1.0
 SQLITE_JDBC_SHA256 := 29eda0d1e5ab235b0f1baad05c531106c59c4a72c92a51a4b9c1a4e4c84abffe
-JAR_PINS := $(ICEBERG_RUNTIME)=$(ICEBERG_RUNTIME_SHA256) $(SQLITE_JDBC)=$(SQLITE_JDBC_SHA256)
+# S3 (docs/object-storage.md), three jars and no more. Iceberg's AWS bundle: the AWS SDK v2 (2.44.4) for
+# Iceberg's S3FileIO and the REST catalog's SigV4 signing, unshaded, so S3A uses it too. Hadoop's S3A file
+# system for pyspark 4.0's Hadoop client, 3.4.1 (extracts, the erase ledger's key hashes), with the one SDK
+# module it needs that the bundle lacks, the transfer manager, at the bundle's SDK version.
+ICEBERG_AWS_BUNDLE := org.apache.iceberg:iceberg-aws-bundle:1.11.0
+ICEBERG_AWS_BUNDLE_SHA256 := 38f01da7e96850cdd05e6616d758b77b43314b712a8808e3f9a824d56976162f
+HADOOP_AWS := org.apache.hadoop:hadoop-aws:3.4.1
+HADOOP_AWS_SHA256 := 01334a07e179cae2b7e251f24857f11e3759108c9d6a79dcbe362a4295227da2
+S3_TRANSFER_MANAGER := software.amazon.awssdk:s3-transfer-manager:2.44.4
+S3_TRANSFER_MANAGER_SHA256 := dbcad736b19f6eb8471f9edf027d9fffe994228f25f415894efd01fd80cb6c02
+JAR_PINS := $(ICEBERG_RUNTIME)=$(ICEBERG_RUNTIME_SHA256) $(SQLITE_JDBC)=$(SQLITE_JDBC_SHA256) \
+	$(ICEBERG_AWS_BUNDLE)=$(ICEBERG_AWS_BUNDLE_SHA256) $(HADOOP_AWS)=$(HADOOP_AWS_SHA256) \
+	$(S3_TRANSFER_MANAGER)=$(S3_TRANSFER_MANAGER_SHA256)
 
 # Runs every time: a jar already there is only checked (a quarter of a second), a missing one is copied,
 # and a pin changed here replaces its old jar.
@@ -171,6 +183,23 @@ cluster-up: install
 # Stops the master and the workers, and with them their executors.
 cluster-down: install
 	$(BIN)/python -m cdc_assets.services.cluster stop --state-dir $(SPARK_CLUSTER_DIR)
+
+# A local S3 lake on 127.0.0.1 (docs/object-storage.md): SeaweedFS serving S3 on $(LAKE_S3_PORT) and an Iceberg REST
+# catalog on $(LAKE_CATALOG_PORT), its data and its key pair in .lake/. `eval "$$(make -s lake-env)"` points the
+# project at it: make demo, make ui, the dagster CLI and every cdc-* command then use the lake.
+LAKE_DIR := $(CURDIR)/.lake
+LAKE_S3_PORT ?= 8333
+LAKE_CATALOG_PORT ?= 8181
+lake-up: install
+	$(BIN)/python -m cdc_assets.services.lake_server start --state-dir $(LAKE_DIR) --s3-port $(LAKE_S3_PORT) --catalog-port $(LAKE_CATALOG_PORT)
+
+# Stops the lake; its data stays in .lake/ for the next lake-up.
+lake-down: install
+	$(BIN)/python -m cdc_assets.services.lake_server stop --state-dir $(LAKE_DIR)
+
+# The export lines for the running lake (keys of this local lake only): eval "$$(make -s lake-env)".
+lake-env:
+	@$(BIN)/python -m cdc_assets.services.lake_server env --state-dir $(LAKE_DIR)
 
 # spark-sql on the SQL catalog (database cdc: <table>_current, _history, _latest, _scd2, runs_log), e.g.
 # make sql SQL_ARGS='-e "SELECT * FROM cdc.orders_latest"'. Goes through the SQL server when it runs.

@@ -7,10 +7,8 @@ newest materialized date and requests them as one run, keyed by the dates and th
 so a failed date is requested again once its extract is replaced (see :func:`build_landing_sensor`).
 """
 
-import glob
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +32,8 @@ from dagster import (
 )
 
 from cdc_assets.config import TableConfig
+from cdc_assets.landing import LandedFile, landed
+from cdc_assets.landing import exists as marker_exists
 from cdc_assets.names import CURRENT, HASHED_INCOMING, asset_key
 from cdc_assets.runs_log import config_hash
 
@@ -44,8 +44,6 @@ SENSOR_INTERVAL_SECONDS = 60
 SENSOR_MAX_DATES_PER_RUN = 7
 # The sensor watches this many of the newest dates it requested for files that change after their run.
 SENSOR_WATCHED_DATES = 14
-# Spark skips files whose names start with these (Hadoop's hidden files: _SUCCESS, .crc, a ready marker).
-NOT_DATA_PREFIXES = ("_", ".")
 # Dagster's tags for a run over a range of partitions (what a single-run backfill sets).
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 # A run in these states may still materialize dates: the sensor waits for it. NOT_STARTED is left out:
@@ -82,24 +80,9 @@ def build_daily_schedule(config: TableConfig, job):
 
 
 def landed_files(config: TableConfig, business_date: str) -> list[str]:
-    """The date's extract as a sorted list of data files; empty until any has landed.
-
-    Local paths only: a sensor must not start a JVM to ask. A folder counts with the data files in it.
-    Files whose names start with ``_`` or ``.`` (``_SUCCESS``, ``.crc``, a ready marker) are not data:
-    Spark skips them, in a folder and where a glob names them alike, so the intake never reads them.
-    """
-    files = []
-    for match in glob.glob(config.source.path_for(business_date)):
-        if os.path.isfile(match):
-            if not os.path.basename(match).startswith(NOT_DATA_PREFIXES):
-                files.append(match)
-        elif os.path.isdir(match):
-            files += [
-                os.path.join(match, name)
-                for name in os.listdir(match)
-                if not name.startswith(NOT_DATA_PREFIXES) and os.path.isfile(os.path.join(match, name))
-            ]
-    return sorted(files)
+    """The date's extract as a sorted list of data files; empty until any has landed (cdc_assets/landing.py:
+    a local folder or a bucket, listed without Spark)."""
+    return [found.path for found in landed(config.source.path_for(business_date))]
 
 
 @dataclass(frozen=True)
@@ -114,16 +97,11 @@ class Fingerprint:
         return f"{self.files} file(s), {self.size} bytes"
 
 
-def fingerprint(files: list[str]) -> Fingerprint:
-    digest, count, total = hashlib.sha256(), 0, 0
-    for path in files:
-        try:
-            stat = os.stat(path)
-        except FileNotFoundError:  # removed since it was listed: left out, so the digest differs next time
-            continue
-        digest.update(f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode("utf-8"))
-        count, total = count + 1, total + stat.st_size
-    return Fingerprint(digest.hexdigest()[:16], count, total)
+def fingerprint(files: list[LandedFile]) -> Fingerprint:
+    digest = hashlib.sha256()
+    for found in files:
+        digest.update(f"{found.path}\t{found.size}\t{found.modified_ns}\n".encode("utf-8"))
+    return Fingerprint(digest.hexdigest()[:16], len(files), sum(found.size for found in files))
 
 
 @dataclass
@@ -173,10 +151,10 @@ def input_has_landed(config: TableConfig, business_date: str, cursor: LandingCur
     extract's missing keys as deletes and a half-written last line as a wrong row. Records what it saw
     in ``cursor.settling``.
     """
-    files = landed_files(config, business_date)
+    files = landed(config.source.path_for(business_date))
     marker = config.source.ready_marker_for(business_date)
     if marker is not None:
-        if os.path.isfile(marker):
+        if marker_exists(marker):
             return Landing(fingerprint(files))
         return Landing(None, f"{business_date} waits for its ready marker {marker}" if files else None)
     if not files:
@@ -253,7 +231,7 @@ def changed_after_request(
     for day, before in sorted(cursor.requested.items()):
         if day not in materialized:
             continue  # not run yet, or its run failed: its files are requested again once complete
-        files = landed_files(config, day)
+        files = landed(config.source.path_for(day))
         if not files:
             del cursor.requested[day]
             continue

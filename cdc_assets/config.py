@@ -491,7 +491,10 @@ class Source(BaseModel):
     def _resolve(resolved: str) -> str:
         if "://" in resolved or os.path.isabs(resolved):
             return resolved
-        return str(Path(os.environ.get("CDC_DATA_ROOT", ".")).resolve() / resolved)
+        root = os.environ.get("CDC_DATA_ROOT", ".").strip() or "."
+        if "://" in root:  # a bucket (s3://landing/extracts): joined as a key prefix
+            return f"{root.rstrip('/')}/{resolved}"
+        return str(Path(root).resolve() / resolved)
 
 
 class TableConfig(BaseModel):

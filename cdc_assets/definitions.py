@@ -25,12 +25,14 @@ from resources.storage import (
     LOCK_TIMEOUT_ENV,
     WAREHOUSE_ENV,
 )
+from resources.storage.lake import CATALOG_SIGNING_NAME_ENV, CATALOG_URI_ENV, CATALOG_WAREHOUSE_ENV, LakeCatalog
+from resources.storage.object_store import ACCESS_KEY_ENV, DEFAULT_REGION, REGION_ENV, S3_ENDPOINT_ENV, SECRET_KEY_ENV
 
 
 def build_definitions(tables: list[TableDefinitions]) -> Definitions:
     # What runs would fail on fails the code location at load instead, naming why: an unsupported
-    # CDC_WAREHOUSE (an object store URI), a CDC_SPARK_CONF that is not a JSON object.
-    warehouse_root()
+    # CDC_WAREHOUSE (gs://, ...), a bucket without a REST catalog, a CDC_SPARK_CONF that is not a JSON object.
+    LakeCatalog.from_environment(warehouse_root())
     spark_conf_from_env()
     spark = PipelineSparkResource(
         spark_master=env_or_default(SPARK_MASTER_ENV, ""),
@@ -39,6 +41,14 @@ def build_definitions(tables: list[TableDefinitions]) -> Definitions:
     warehouse = PartitionedParquetIOManager(
         pyspark=spark,
         warehouse_root=env_or_default(WAREHOUSE_ENV, DEFAULT_WAREHOUSE),
+        catalog_uri=env_or_default(CATALOG_URI_ENV, ""),
+        catalog_warehouse=env_or_default(CATALOG_WAREHOUSE_ENV, ""),
+        catalog_signing_name=env_or_default(CATALOG_SIGNING_NAME_ENV, ""),
+        s3_endpoint=env_or_default(S3_ENDPOINT_ENV, ""),
+        s3_region=env_or_default(REGION_ENV, DEFAULT_REGION),
+        # Shown in the UI by the variable's name only; never a value in run config.
+        s3_access_key_id=env_or_default(ACCESS_KEY_ENV, ""),
+        s3_secret_access_key=env_or_default(SECRET_KEY_ENV, ""),
         lock_timeout_seconds=env_or_default(LOCK_TIMEOUT_ENV, f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}"),
     )
     alert_webhook = AlertWebhook(

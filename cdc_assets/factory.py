@@ -188,7 +188,8 @@ def _read_incoming(
     context: AssetExecutionContext, config: TableConfig, pyspark, parquet_io_manager, days: list[str], hashed_key, rejects_key
 ):
     """The intake step: read, validate and hash every date of the range, then write both outputs."""
-    spark = pyspark.spark_session
+    # The warehouse's session: it reaches the object store an extract may be in (s3://) as the tables do.
+    spark = parquet_io_manager.storage.tables.session_for(pyspark.spark_session)
     spark.conf.set(SCHEDULER_POOL, pool_name(config))  # this table's fair share of a shared server
     # Each date's extract is located and its header checked on its own, side by side (the header
     # is read by Spark, a small job each); then every date is validated and hashed in

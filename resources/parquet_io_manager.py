@@ -7,6 +7,7 @@ a preview, the path).
 
 
 import json
+import os
 import uuid
 from contextlib import nullcontext
 from collections.abc import Iterator, Mapping
@@ -40,7 +41,16 @@ from resources.storage import (
     WAREHOUSE_ENV,
     WarehouseStorage,
     as_stored,
-    local_warehouse_path,
+    warehouse_location,
+)
+from resources.storage.lake import CATALOG_SIGNING_NAME_ENV, CATALOG_URI_ENV, CATALOG_WAREHOUSE_ENV, LakeCatalog
+from resources.storage.object_store import (
+    ACCESS_KEY_ENV,
+    DEFAULT_REGION,
+    REGION_ENV,
+    S3_ENDPOINT_ENV,
+    SECRET_KEY_ENV,
+    ObjectStore,
 )
 
 PREVIEW_ROWS = 5
@@ -145,9 +155,38 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     warehouse_root: str = Field(
         default=DEFAULT_WAREHOUSE,
         description=(
-            f"The warehouse folder ({WAREHOUSE_ENV}): a local or mounted POSIX path, or a file:// URI; a relative "
-            "path is taken from the run's working directory."
+            f"The warehouse ({WAREHOUSE_ENV}): a local or mounted POSIX path, a file:// URI, or s3://bucket/prefix "
+            "beside a REST catalog; a relative path is taken from the run's working directory."
         ),
+    )
+    catalog_uri: str = Field(
+        default="",
+        description=f"The Iceberg REST catalog's URL ({CATALOG_URI_ENV}); empty: the embedded catalog in the warehouse folder.",
+    )
+    catalog_warehouse: str = Field(
+        default="", description=f"The REST catalog's warehouse ({CATALOG_WAREHOUSE_ENV}), e.g. s3://lake."
+    )
+    catalog_signing_name: str = Field(
+        default="",
+        description=(
+            f"The AWS SigV4 signing name of the REST catalog's requests ({CATALOG_SIGNING_NAME_ENV}): s3tables for "
+            "S3 Tables and SeaweedFS, glue for AWS Glue; empty: unsigned."
+        ),
+    )
+    s3_endpoint: str = Field(
+        default="", description=f"The S3 API's URL ({S3_ENDPOINT_ENV}) for a store other than AWS's, e.g. http://127.0.0.1:8333."
+    )
+    s3_region: str = Field(default=DEFAULT_REGION, description=f"The S3 region ({REGION_ENV}).")
+    s3_access_key_id: str = Field(
+        default="",
+        description=(
+            f"The S3 and catalog access key ({ACCESS_KEY_ENV}). Set it from the environment only: empty, every "
+            "client takes its keys from its own environment, a profile or an instance role."
+        ),
+    )
+    s3_secret_access_key: str = Field(
+        default="",
+        description=f"The secret key ({SECRET_KEY_ENV}): from the environment only, never in run config.",
     )
     lock_timeout_seconds: str = Field(
         default=f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}",
@@ -157,7 +196,16 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     _storage: WarehouseStorage | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._share_credentials()
         self._storage = self._new_storage(context.run_id or uuid.uuid4().hex)
+
+    def _share_credentials(self) -> None:
+        """Hand the key fields to every client of this process the way they all read keys: the process's
+        environment (a field fed by the same variable changes nothing). The JVM a run starts inherits them."""
+        for name, value in ((ACCESS_KEY_ENV, self.s3_access_key_id), (SECRET_KEY_ENV, self.s3_secret_access_key)):
+            resolved = resolved_field(value).strip()
+            if resolved and os.environ.get(name) != resolved:
+                os.environ[name] = resolved
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self._storage is not None:
@@ -166,7 +214,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     @property
     def root(self) -> str:
         """The warehouse folder, as an absolute path."""
-        return local_warehouse_path(resolved_field(self.warehouse_root))
+        return warehouse_location(resolved_field(self.warehouse_root))
 
     @property
     def storage(self) -> WarehouseStorage:
@@ -174,9 +222,21 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             self._storage = self._new_storage(uuid.uuid4().hex)
         return self._storage
 
+    def lake(self) -> LakeCatalog:
+        """The catalog the fields describe."""
+        store = ObjectStore(endpoint=resolved_field(self.s3_endpoint).strip(), region=resolved_field(self.s3_region).strip() or DEFAULT_REGION)
+        return LakeCatalog(
+            root=self.root,
+            uri=resolved_field(self.catalog_uri).strip(),
+            warehouse=resolved_field(self.catalog_warehouse).strip(),
+            signing_name=resolved_field(self.catalog_signing_name).strip(),
+            store=store,
+        )
+
     def _new_storage(self, run_id: str) -> WarehouseStorage:
         return WarehouseStorage(
             self.root,
+            lake=self.lake(),
             run_id=run_id,
             lock_timeout=seconds_field(self.lock_timeout_seconds, "lock_timeout_seconds", LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_SECONDS),
         )

@@ -20,6 +20,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from resources import PartitionedParquetIOManager, PipelineSparkResource
+from resources.storage.lake import CatalogSettingError
 from cdc_assets.definitions import build_definitions
 from resources.storage import (
     LOCK_FILE,
@@ -215,15 +216,31 @@ def test_data_files_no_commit_names_are_never_read_and_purging_deletes_them_and_
     assert [r["key_hash"] for r in writer.read_one(spark, "t", "asset", D1).collect()] == ["b"]
 
 
-@pytest.mark.parametrize("uri", ["s3a://bucket/cdc", "s3://bucket/cdc", "gs://bucket/cdc", "hdfs://namenode/cdc"])
-def test_a_warehouse_that_is_not_a_local_folder_is_refused_at_start_up(uri, monkeypatch):
-    with pytest.raises(UnsupportedWarehouseError, match="local folder") as raised:
+@pytest.mark.parametrize("uri", ["gs://bucket/cdc", "hdfs://namenode/cdc", "abfs://container@account/cdc"])
+def test_a_warehouse_that_is_neither_a_folder_nor_a_bucket_is_refused_at_start_up(uri, monkeypatch):
+    with pytest.raises(UnsupportedWarehouseError, match="S3 bucket") as raised:
         WarehouseStorage(uri)
     assert uri in str(raised.value)
     monkeypatch.setenv("CDC_WAREHOUSE", uri)
     with pytest.raises(UnsupportedWarehouseError, match=uri.split("://")[0]):
         build_definitions([])  # what loading the code location (the UI, the daemon, the CLI) does first
     assert warehouse_root("file:///tmp/cdc-warehouse") == "/tmp/cdc-warehouse"
+
+
+@pytest.mark.parametrize("uri", ["s3a://bucket/cdc/", "s3://bucket/cdc"])
+def test_a_warehouse_in_a_bucket_needs_a_rest_catalog_and_says_which_variables(uri, monkeypatch):
+    for name in ("CDC_CATALOG_URI", "CDC_CATALOG_WAREHOUSE"):
+        monkeypatch.delenv(name, raising=False)
+    assert warehouse_root(uri) == "s3://bucket/cdc"
+    with pytest.raises(CatalogSettingError, match="CDC_CATALOG_URI") as raised:
+        WarehouseStorage(uri)
+    assert "s3://bucket/cdc" in str(raised.value)
+    monkeypatch.setenv("CDC_WAREHOUSE", uri)
+    with pytest.raises(CatalogSettingError, match="REST catalog"):
+        build_definitions([])
+    monkeypatch.setenv("CDC_CATALOG_URI", "http://127.0.0.1:1")
+    with pytest.raises(CatalogSettingError, match="CDC_CATALOG_WAREHOUSE"):
+        build_definitions([])
 
 
 def test_one_writer_per_table_a_second_one_waits_then_fails_naming_the_holder(spark, storage, tmp_path):

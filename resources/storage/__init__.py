@@ -19,7 +19,7 @@ from resources.storage.layout import (
     WAREHOUSE_ENV,
     UnsupportedWarehouseError,
     WarehouseLayout,
-    local_warehouse_path,
+    warehouse_location,
     warehouse_root,
 )
 from resources.storage.merged import OPERATION_DATE, StateOrderError
@@ -44,7 +44,7 @@ __all__ = [
     "WarehouseStorage",
     "WriterLockTimeout",
     "as_stored",
-    "local_warehouse_path",
+    "warehouse_location",
     "OPERATION_DATE",
     "StateOrderError",
     "warehouse_root",

@@ -20,14 +20,13 @@ and the files deleted (resources/storage/warehouse.py).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame
 
-from resources.storage.files import delete, fsync_folder, fsync_tree, list_names
+from resources.storage.files import Files, delete, fsync_folder, fsync_tree
 from resources.storage.layout import WarehouseLayout
 
 REQUEST_FILE = "request.json"
@@ -52,51 +51,47 @@ def requests(layout: WarehouseLayout, table: str) -> list[dict]:
     """Every recorded erase request of ``table``, oldest first, each with its ``request_id`` and ``key_hashes``
     folder, and :data:`TORN` (what is wrong) when its record or key hashes are damaged. Reads no Parquet
     with Spark: a few bytes of each key hash file, or all of them where the record has their SHA-256."""
-    found = []
-    for request_id in sorted(list_names(layout.erasures_path(table))):
+    found, files = [], layout.files
+    for request_id in sorted(files.list_names(layout.erasures_path(table))):
         folder = layout.erasures_path(table, request_id)
         try:
-            with open(f"{folder}/{REQUEST_FILE}", encoding="utf-8") as stream:
-                record = json.load(stream)
+            record = json.loads(files.read_bytes(f"{folder}/{REQUEST_FILE}"))
         except FileNotFoundError:
             continue  # killed before its record was written: it erased nothing
         except (ValueError, OSError) as error:  # written atomically, so damaged after the fact
             record = {TORN: f"its {REQUEST_FILE} cannot be read ({error})"}
         paths = {"request_id": request_id, "key_hashes": f"{folder}/{KEY_HASHES_FOLDER}"}
-        problem = record.get(TORN) or _key_hashes_problem(f"{folder}/{KEY_HASHES_FOLDER}", record.get(KEY_HASH_FILES))
+        problem = record.get(TORN) or _key_hashes_problem(files, f"{folder}/{KEY_HASHES_FOLDER}", record.get(KEY_HASH_FILES))
         found.append({**record, **paths, **({TORN: problem} if problem else {})})
     return found
 
 
-def _key_hashes_problem(folder: str, recorded: dict | None) -> str | None:
+def _key_hashes_problem(files: Files, folder: str, recorded: dict | None) -> str | None:
     """What is wrong with a request's ``key_hashes`` folder, or None when it is whole.
 
     Checked against the record's sizes and SHA-256 where it has them; a request recorded before they
     were (an earlier release) needs at least one Parquet file, each beginning and ending as one does.
     """
-    if not os.path.isdir(folder):
+    if not files.is_dir(folder):
         return f"its {KEY_HASHES_FOLDER} folder is missing"
     if recorded is not None:
         for name, written in sorted(recorded.items()):
             path = f"{folder}/{name}"
-            if not os.path.isfile(path):
+            if not files.is_file(path):
                 return f"{KEY_HASHES_FOLDER}/{name} is missing"
-            size = os.path.getsize(path)
+            size = files.size(path)
             if size != written["bytes"]:
                 return f"{KEY_HASHES_FOLDER}/{name} holds {size} bytes where {written['bytes']} were written"
-            if _sha256(path) != written["sha256"]:
+            if files.sha256(path) != written["sha256"]:
                 return f"{KEY_HASHES_FOLDER}/{name} is not the file that was written (its SHA-256 differs)"
         return None
-    names = sorted(name for name in list_names(folder) if name.endswith(".parquet"))
+    names = sorted(name for name in files.list_names(folder) if name.endswith(".parquet"))
     if not names:
         return f"its {KEY_HASHES_FOLDER} folder holds no Parquet file"
     for name in names:
-        path = f"{folder}/{name}"
-        with open(path, "rb") as stream:
-            head = stream.read(len(_PARQUET_MAGIC))
-            stream.seek(max(0, os.path.getsize(path) - len(_PARQUET_MAGIC)))
-            tail = stream.read()
-        if os.path.getsize(path) < 3 * len(_PARQUET_MAGIC) or head != _PARQUET_MAGIC or tail != _PARQUET_MAGIC:
+        content = files.read_bytes(f"{folder}/{name}")  # an earlier release's ledger: small files
+        head, tail = content[: len(_PARQUET_MAGIC)], content[-len(_PARQUET_MAGIC):]
+        if len(content) < 3 * len(_PARQUET_MAGIC) or head != _PARQUET_MAGIC or tail != _PARQUET_MAGIC:
             return f"{KEY_HASHES_FOLDER}/{name} is not a whole Parquet file (cut short?)"
     return None
 
@@ -113,58 +108,51 @@ def torn_ledger_error(layout: WarehouseLayout, table: str, request: dict) -> Tor
     )
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def store_key_hashes(hashes: DataFrame, layout: WarehouseLayout, table: str, request_id: str) -> dict[str, dict]:
-    """Write the request's key hashes (one ``key_hash`` column) into its folder, synced to disk; returns
-    each file's size and SHA-256, for the record (:data:`KEY_HASH_FILES`).
+    """Write the request's key hashes (one ``key_hash`` column) into its folder, durably; returns each
+    file's size and SHA-256, for the record (:data:`KEY_HASH_FILES`).
 
-    Written beside, synced, and renamed in, so a ``key_hashes`` folder is always whole; the rename is
-    synced too, and the request's folder in the ledger's, before this returns: only then may a
-    ``request.json`` name them (a power loss must not leave a record of hashes that never reached
-    the disk). A folder left by a killed attempt is replaced.
+    On a local folder: written beside, synced, and renamed in, so a ``key_hashes`` folder is always
+    whole; the rename is synced too, and the request's folder in the ledger's, before this returns: only
+    then may a ``request.json`` name them (a power loss must not leave a record of hashes that never
+    reached the disk). In a bucket, where there is no rename, Spark writes the folder in place (each object
+    is whole once it is there, and durable once acknowledged), and the record's sizes and SHA-256 are what
+    tell a whole folder from a torn one. A folder left by a killed attempt is replaced.
     """
+    files = layout.files
     folder = layout.erasures_path(table, request_id)
-    final, staged = f"{folder}/{KEY_HASHES_FOLDER}", f"{folder}/.{KEY_HASHES_FOLDER}.staged"
-    delete(staged)
-    hashes.coalesce(1).write.parquet(staged)
-    fsync_tree(staged)  # Spark's local writes are not synced
-    delete(final)
-    os.rename(staged, final)
-    fsync_folder(folder)
-    # The request's folder (and the ledger's, on a table's first erase) are new entries too.
-    fsync_folder(layout.erasures_path(table))
-    fsync_folder(os.path.dirname(layout.erasures_path(table)))
+    final = f"{folder}/{KEY_HASHES_FOLDER}"
+    if files.remote:
+        files.delete(final)
+        hashes.coalesce(1).write.parquet(final)
+    else:
+        staged = f"{folder}/.{KEY_HASHES_FOLDER}.staged"
+        delete(staged)
+        hashes.coalesce(1).write.parquet(staged)
+        fsync_tree(staged)  # Spark's local writes are not synced
+        delete(final)
+        os.rename(staged, final)
+        fsync_folder(folder)
+        # The request's folder (and the ledger's, on a table's first erase) are new entries too.
+        fsync_folder(layout.erasures_path(table))
+        fsync_folder(os.path.dirname(layout.erasures_path(table)))
     return {
-        name: {"bytes": os.path.getsize(f"{final}/{name}"), "sha256": _sha256(f"{final}/{name}")}
-        for name in sorted(list_names(final))
+        name: {"bytes": files.size(f"{final}/{name}"), "sha256": files.sha256(f"{final}/{name}")}
+        for name in sorted(files.list_names(final))
         if name.endswith(".parquet")
     }
 
 
 def write_request(layout: WarehouseLayout, table: str, request_id: str, record: dict) -> None:
     """Write (or replace) the request's record atomically: a reader sees the old one or the new one."""
-    folder = layout.erasures_path(table, request_id)
-    os.makedirs(folder, exist_ok=True)
-    hidden = f"{folder}/.{REQUEST_FILE}.tmp"
-    with open(hidden, "w", encoding="utf-8") as stream:
-        json.dump(record, stream, indent=2, sort_keys=True)
-        stream.write("\n")
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.rename(hidden, f"{folder}/{REQUEST_FILE}")
-    fsync_folder(folder)
+    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    layout.files.write_atomically(f"{layout.erasures_path(table, request_id)}/{REQUEST_FILE}", text.encode("utf-8"))
 
 
 def discard_unrecorded(layout: WarehouseLayout, table: str) -> None:
     """Delete request folders a killed erase left without a record (they hold hashes only, and applied nothing)."""
-    for request_id in list_names(layout.erasures_path(table)):
+    files = layout.files
+    for request_id in files.list_names(layout.erasures_path(table)):
         folder = layout.erasures_path(table, request_id)
-        if not os.path.exists(f"{folder}/{REQUEST_FILE}"):
-            delete(folder)
+        if not files.exists(f"{folder}/{REQUEST_FILE}"):
+            files.delete(folder)

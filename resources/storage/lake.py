@@ -1,7 +1,11 @@
 """The Iceberg catalog every output lives in: its name, where it keeps its state, and how Spark and
-pyiceberg open it.
+pyiceberg open it (:class:`LakeCatalog`).
 
-The embedded default needs no server: Iceberg's JDBC catalog on a SQLite file in the warehouse folder
+Two kinds. A REST catalog (``CDC_CATALOG_URI``: Polaris, Lakekeeper, Nessie, AWS Glue's or S3 Tables'
+REST endpoint, SeaweedFS's) keeps its tables in an object store, where it decides (its warehouse,
+``CDC_CATALOG_WAREHOUSE``), and Spark and pyiceberg reach it over HTTP, signing requests with AWS
+SigV4 when ``CDC_CATALOG_SIGNING_NAME`` is set (``s3tables`` for S3 Tables and SeaweedFS, ``glue`` for
+Glue). The embedded default needs no server: Iceberg's JDBC catalog on a SQLite file in the warehouse folder
 (``{warehouse}/lake_catalog.db``), which Spark opens through the Iceberg runtime and pyiceberg through
 its ``SqlCatalog``. Each table config is a namespace and each asset a table in it, so the current state
 of ``orders`` is ``lake.orders.current_table``. Tables live under ``{warehouse}/{namespace}/{table}``.
@@ -18,12 +22,19 @@ import sqlite3
 from collections.abc import Callable
 from contextlib import closing
 
+from dataclasses import dataclass, field
+
 from pyspark.sql import SparkSession
+
+from resources.storage.object_store import DEFAULT_REGION, ObjectStore, is_object_store
 
 # The name Spark and pyiceberg open the catalog under (also the key of its rows in the SQLite file).
 CATALOG_NAME = "lake"
 CATALOG_FILE = "lake_catalog.db"
 _SPARK_PREFIX = f"spark.sql.catalog.{CATALOG_NAME}"
+CATALOG_URI_ENV = "CDC_CATALOG_URI"
+CATALOG_WAREHOUSE_ENV = "CDC_CATALOG_WAREHOUSE"
+CATALOG_SIGNING_NAME_ENV = "CDC_CATALOG_SIGNING_NAME"
 
 
 class CatalogInUseError(RuntimeError):
@@ -68,19 +79,22 @@ def spark_catalog_conf(root: str) -> dict[str, str]:
 
 
 def use_catalog(spark: SparkSession, root: str) -> None:
-    """Open the warehouse's catalog as ``lake`` in ``spark`` (session conf: a classic session and a
-    Spark Connect one alike). A session keeps the first catalog it opens, so a session that already opened
-    the catalog of another warehouse raises :class:`CatalogInUseError`: use a session per warehouse
+    """Open the warehouse's embedded catalog as ``lake`` in ``spark`` (session conf: a classic session and
+    a Spark Connect one alike). A session keeps the first catalog it opens, so a session that already opened
+    another catalog raises :class:`CatalogInUseError`: use a session per warehouse
     (``spark.newSession()`` on a classic session)."""
-    wanted = spark_catalog_conf(root)
+    _use_conf(spark, spark_catalog_conf(root), catalog_file(root))
+
+
+def _use_conf(spark: SparkSession, wanted: dict[str, str], described: str) -> None:
     uri_key = f"{_SPARK_PREFIX}.uri"
     current = spark.conf.get(uri_key, None)
-    if current == wanted[uri_key]:
+    if current == wanted[uri_key] and spark.conf.get(f"{_SPARK_PREFIX}.warehouse", None) == wanted[f"{_SPARK_PREFIX}.warehouse"]:
         return
     if current:
         raise CatalogInUseError(
             f"this Spark session opened the catalog {CATALOG_NAME!r} on {current.removeprefix('jdbc:sqlite:')}, "
-            f"not on {catalog_file(root)}: a session reads and writes one warehouse; start a new session for another"
+            f"not on {described}: a session reads and writes one warehouse; start a new session for another"
         )
     for key, value in wanted.items():
         spark.conf.set(key, value)
@@ -133,3 +147,122 @@ def opened_warehouse(spark: SparkSession) -> str | None:
 def table_identifier(table: str, asset: str) -> str:
     """The asset's table in the catalog, as Spark names it: ``lake.<table>.<asset>``."""
     return f"{CATALOG_NAME}.{table}.{asset}"
+
+
+class CatalogSettingError(ValueError):
+    """The catalog settings do not fit together (an S3 warehouse without a REST catalog, ...)."""
+
+
+@dataclass(frozen=True)
+class LakeCatalog:
+    """The catalog of the warehouse at ``root``: the embedded one in it (``uri`` empty), or a REST catalog.
+
+    ``root`` is where the project keeps its own records: a local folder for the embedded catalog, a local
+    folder or an ``s3://`` prefix beside a REST catalog. ``warehouse`` is the REST catalog's warehouse
+    (for S3 Tables and SeaweedFS, a table bucket: ``s3://lake``); ``signing_name`` signs its requests with
+    SigV4 (empty: unsigned). Credentials are no field: every client takes them from its environment
+    (resources/storage/object_store.py).
+    """
+
+    root: str
+    uri: str = ""
+    warehouse: str = ""
+    signing_name: str = ""
+    store: ObjectStore = field(default_factory=ObjectStore)
+
+    @classmethod
+    def from_environment(cls, root: str) -> "LakeCatalog":
+        """The one reading of the catalog's variables, for code outside a Dagster run."""
+        return cls(
+            root=root,
+            uri=os.environ.get(CATALOG_URI_ENV, "").strip(),
+            warehouse=os.environ.get(CATALOG_WAREHOUSE_ENV, "").strip(),
+            signing_name=os.environ.get(CATALOG_SIGNING_NAME_ENV, "").strip(),
+            store=ObjectStore.from_environment(),
+        )
+
+    def __post_init__(self) -> None:
+        if not self.uri:
+            if is_object_store(self.root):
+                raise CatalogSettingError(
+                    f"warehouse {self.root}: a warehouse in a bucket needs a REST catalog: set {CATALOG_URI_ENV} "
+                    f"(and {CATALOG_WAREHOUSE_ENV}); the embedded catalog is a SQLite file in a local warehouse "
+                    "(docs/object-storage.md)"
+                )
+            return
+        if not self.uri.startswith(("http://", "https://")):
+            raise CatalogSettingError(f"catalog URI {self.uri!r} ({CATALOG_URI_ENV}): expected the REST catalog's http(s):// URL")
+        if not self.warehouse:
+            raise CatalogSettingError(
+                f"REST catalog {self.uri} ({CATALOG_URI_ENV}) needs its warehouse ({CATALOG_WAREHOUSE_ENV}), e.g. s3://lake"
+            )
+
+    @property
+    def embedded(self) -> bool:
+        return not self.uri
+
+    def describe(self) -> str:
+        """Where the catalog is, for messages (no credential is part of it)."""
+        return catalog_file(self.root) if self.embedded else f"REST catalog {self.uri} (warehouse {self.warehouse})"
+
+    def spark_conf(self) -> dict[str, str]:
+        """The session conf that opens the catalog as ``lake`` in Spark."""
+        if self.embedded:
+            return spark_catalog_conf(self.root)
+        conf = {
+            _SPARK_PREFIX: "org.apache.iceberg.spark.SparkCatalog",
+            f"{_SPARK_PREFIX}.type": "rest",
+            f"{_SPARK_PREFIX}.uri": self.uri,
+            f"{_SPARK_PREFIX}.warehouse": self.warehouse,
+            f"{_SPARK_PREFIX}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            f"{_SPARK_PREFIX}.cache-enabled": "false",  # as the embedded catalog's, for the same reason
+            **{f"{_SPARK_PREFIX}.{key}": value for key, value in self.store.iceberg_properties().items()},
+        }
+        if self.signing_name:
+            conf.update({
+                f"{_SPARK_PREFIX}.rest.sigv4-enabled": "true",
+                f"{_SPARK_PREFIX}.rest.signing-name": self.signing_name,
+                f"{_SPARK_PREFIX}.rest.signing-region": self.store.region or DEFAULT_REGION,
+            })  # fmt: skip
+        return conf
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """What ``pyiceberg.catalog.load_catalog(CATALOG_NAME, **properties)`` takes to open the catalog
+        (no credential: pyiceberg's clients read them from the environment)."""
+        if self.embedded:
+            return pyiceberg_properties(self.root)
+        properties = {"type": "rest", "uri": self.uri, "warehouse": self.warehouse, **self.store.iceberg_properties()}
+        if self.signing_name:
+            properties.update({
+                "rest.sigv4-enabled": "true",
+                "rest.signing-name": self.signing_name,
+                "rest.signing-region": self.store.region or DEFAULT_REGION,
+            })  # fmt: skip
+        return properties
+
+    def use(self, spark: SparkSession) -> None:
+        """Open the catalog as ``lake`` in ``spark`` (see :func:`use_catalog`)."""
+        # With the session's S3A settings: extracts in a bucket are read through it (a Connect session's too).
+        wanted = {**self.spark_conf(), **self.store.hadoop_conf()}
+        _use_conf(spark, wanted, self.describe())
+
+    def opened_in(self, spark: SparkSession) -> bool | None:
+        """Whether ``spark`` opened this catalog as ``lake`` (None: it opened none yet)."""
+        uri = spark.conf.get(f"{_SPARK_PREFIX}.uri", None)
+        if not uri:
+            return None
+        return uri == self.spark_conf()[f"{_SPARK_PREFIX}.uri"] and (
+            self.embedded or spark.conf.get(f"{_SPARK_PREFIX}.warehouse", None) == self.warehouse
+        )
+
+    def open_once(self, open_catalog: Callable[[], None]) -> None:
+        """Run ``open_catalog`` (the catalog's first use) so that two processes never create the embedded
+        catalog's tables at once (:func:`open_catalog_once`); a REST catalog needs no such care."""
+        if self.embedded:
+            open_catalog_once(self.root, open_catalog)
+        else:
+            open_catalog()
+
+    def may_hold_tables(self) -> bool:
+        """False when the catalog certainly holds no table yet (an embedded one whose file is not there)."""
+        return not self.embedded or os.path.exists(catalog_file(self.root))

@@ -16,18 +16,22 @@ Per table::
 An incremental state (``storage: {current: incremental}``) is one table, ``lake.{table}.current_table``, with a
 tag per business date (``merged.py``).
 
-The warehouse is a local (or mounted POSIX) folder for now: a URI other than ``file://`` is refused.
-Nothing here writes.
+The warehouse is a local (or mounted POSIX) folder, or a prefix in an S3 bucket (``s3://bucket/prefix``):
+then the tables are in a REST catalog wherever it keeps them, the catalog is no file here, and the lock
+is a local one (``lock.py``). Nothing here writes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from cdc_assets.core.columns import BUSINESS_DATE
+from resources.storage.files import Files, files_for
 
 
 WAREHOUSE_ENV = "CDC_WAREHOUSE"
@@ -45,38 +49,42 @@ CATALOG_FOLDER = "_catalog"
 
 
 class UnsupportedWarehouseError(ValueError):
-    """The warehouse names something other than a local or mounted POSIX folder."""
+    """The warehouse names something other than a local folder or an S3 bucket."""
 
 
 def warehouse_root(configured: str | None = None) -> str:
-    """``configured``, else ``CDC_WAREHOUSE``, else ``./warehouse``, as an absolute local path.
+    """``configured``, else ``CDC_WAREHOUSE``, else ``./warehouse``, as :func:`warehouse_location` gives it.
 
     The one place the environment variable is read, for code outside a Dagster run (the command-line
     tools, consumers, scripts); a run gets its warehouse from the IO manager's ``warehouse_root`` field.
     """
-    return local_warehouse_path(configured or os.environ.get(WAREHOUSE_ENV, ""))
+    return warehouse_location(configured or os.environ.get(WAREHOUSE_ENV, ""))
 
 
-def local_warehouse_path(configured: str) -> str:
-    """``configured`` (empty: ``./warehouse``) as an absolute local path.
+def warehouse_location(configured: str) -> str:
+    """``configured`` (empty: ``./warehouse``) as an absolute local path, or as ``s3://bucket/prefix``.
 
-    Made absolute, because a Spark Connect server resolves a relative path in its own working directory.
-    A ``file://`` URI is taken as its path; any other URI (``s3a://``, ``gs://``, ``abfs://``, ``hdfs://``)
-    raises :class:`UnsupportedWarehouseError`: the embedded catalog (a SQLite file) and the project's own
-    records (ledger, locks, runs log) are local files.
+    A local path is made absolute, because a Spark Connect server resolves a relative path in its own
+    working directory; a ``file://`` URI is taken as its path. ``s3://`` and ``s3a://`` name a bucket
+    (docs/object-storage.md): the tables then live in a REST catalog, and the project's own records under
+    this prefix. Any other URI (``gs://``, ``abfs://``, ``hdfs://``) raises :class:`UnsupportedWarehouseError`.
     """
     configured = configured.strip()
     if not configured:
         return os.path.abspath(DEFAULT_WAREHOUSE)
     if "://" in configured:
         scheme, rest = configured.split("://", 1)
+        if scheme.lower() in ("s3", "s3a"):
+            bucket = rest.split("/", 1)[0]
+            if not bucket:
+                raise UnsupportedWarehouseError(f"warehouse {configured!r} ({WAREHOUSE_ENV}): name a bucket, e.g. s3://lake/warehouse")
+            return f"s3://{rest.rstrip('/')}"
         if scheme.lower() != "file":
             raise UnsupportedWarehouseError(
                 f"warehouse {configured!r} ({WAREHOUSE_ENV}, or the IO manager's warehouse_root): the warehouse must "
-                f"be a local folder or a POSIX mount (NFS and the like) at the same path everywhere, not a {scheme}:// "
-                "URI. The embedded Iceberg catalog is a SQLite file in the warehouse, and the project keeps its erase "
-                "ledger, writer locks and runs log there as local files; no object store has been tested with this "
-                "project yet. Set it to a path."
+                f"be a local folder, a POSIX mount (NFS and the like) at the same path everywhere, or an S3 bucket "
+                f"(s3://bucket/prefix, any S3-compatible store), not a {scheme}:// URI: no other object store has "
+                "been tested with this project yet (docs/object-storage.md)."
             )
         configured = rest if rest.startswith("/") else "/" + rest.split("/", 1)[-1]
     return os.path.abspath(configured).rstrip("/") or "/"
@@ -84,9 +92,15 @@ def local_warehouse_path(configured: str) -> str:
 
 @dataclass(frozen=True)
 class WarehouseLayout:
-    """The paths of the warehouse under ``root`` (an absolute local path)."""
+    """The paths of the warehouse under ``root`` (an absolute local path, or ``s3://bucket/prefix``)."""
 
     root: str
+    # The file operations on the root: a local folder's or a bucket's (resources/storage/files.py).
+    files: Files = field(default=None, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.files is None:
+            object.__setattr__(self, "files", files_for(self.root))
 
     def table_path(self, table: str) -> str:
         return f"{self.root}/{table}"
@@ -95,6 +109,11 @@ class WarehouseLayout:
         return f"{self.root}/{table}/{asset}"
 
     def lock_path(self, table: str) -> str:
+        """The writer lock's file. A bucket holds no lock: beside one, the lock is a local file that keeps
+        the writers of this machine apart, and Iceberg's serializable commits keep the hosts apart."""
+        if self.files.remote:
+            local = hashlib.sha256(self.root.encode("utf-8")).hexdigest()[:16]
+            return f"{tempfile.gettempdir()}/cdc-writer-locks/{local}/{table}/{LOCK_FILE}"
         return f"{self.root}/{table}/{LOCK_FILE}"
 
     def retention_path(self, table: str, asset: str) -> str:

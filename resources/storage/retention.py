@@ -8,11 +8,9 @@ read can tell "dropped" from "never written" (:func:`dropped_partition`, a reade
 from __future__ import annotations
 
 import json
-import os
 from datetime import date, timedelta
 
 from cdc_assets.core.columns import BUSINESS_DATE
-from resources.storage.files import delete, fsync_folder, list_names
 from resources.storage.layout import WarehouseLayout
 
 
@@ -49,29 +47,20 @@ def dropped_partition(layout: WarehouseLayout, table: str, asset: str, business_
     name, ``newest``, ``run_id``, ``dropped_at``), or None if it never dropped it. A record written
     before ``setting`` existed is a ``current_days`` one. Reads one small file; no lock, no Spark."""
     try:
-        with open(layout.dropped_marker_path(table, asset, business_date), encoding="utf-8") as stream:
-            record = json.load(stream)
+        record = json.loads(layout.files.read_bytes(layout.dropped_marker_path(table, asset, business_date)))
     except FileNotFoundError:
         return None
     return {"setting": CURRENT_DAYS, **record}
 
 
-def record_dropped(layout: WarehouseLayout, table: str, asset: str, business_date: str, record: dict, write_id: str) -> None:
-    # Written under a hidden name and renamed, so a reader never parses half a record.
-    marker = layout.dropped_marker_path(table, asset, business_date)
-    hidden = f"{os.path.dirname(marker)}/.{os.path.basename(marker)}.{write_id}.tmp"
-    os.makedirs(os.path.dirname(marker), exist_ok=True)
-    with open(hidden, "w", encoding="utf-8") as stream:
-        stream.write(json.dumps(record) + "\n")
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.rename(hidden, marker)
-    fsync_folder(os.path.dirname(marker))
+def record_dropped(layout: WarehouseLayout, table: str, asset: str, business_date: str, record: dict) -> None:
+    # Written atomically, so a reader never parses half a record.
+    layout.files.write_atomically(layout.dropped_marker_path(table, asset, business_date), (json.dumps(record) + "\n").encode("utf-8"))
 
 
 def forget_dropped(layout: WarehouseLayout, table: str, asset: str, business_dates: list[str]) -> None:
     """A date written again is no longer a dropped one (one listing per write; usually nothing there)."""
-    recorded = set(list_names(layout.retention_path(table, asset)))
+    recorded = set(layout.files.list_names(layout.retention_path(table, asset)))
     for day in business_dates:
         if f"{BUSINESS_DATE}={day}.json" in recorded:
-            delete(layout.dropped_marker_path(table, asset, day))
+            layout.files.delete(layout.dropped_marker_path(table, asset, day))

@@ -40,15 +40,8 @@ from cdc_assets.core.dates import date_runs
 from cdc_assets.core.errors import SummarizedError
 from cdc_assets.core.hashing import NON_KEY_HASH
 from cdc_assets.core.schema import HASH_SPEC_METADATA
-from resources.storage.lake import (
-    CATALOG_NAME,
-    catalog_file,
-    open_catalog_once,
-    opened_warehouse,
-    pyiceberg_properties,
-    table_identifier,
-    use_catalog,
-)
+from resources.storage.files import Files, files_for
+from resources.storage.lake import CATALOG_NAME, LakeCatalog, table_identifier
 
 STORED_DATES = "cdc.stored-dates"
 RUN_ID = "cdc.run-id"
@@ -120,31 +113,37 @@ def schema_id(schema: StructType) -> str:
 
 @dataclass
 class LakeTables:
-    """The Iceberg tables of the warehouse under ``root`` (an absolute local path)."""
+    """The Iceberg tables of the warehouse under ``root`` (an absolute local path, or ``s3://bucket/prefix``
+    beside a REST catalog), in ``lake``'s catalog (default: the embedded one in ``root``)."""
 
     root: str
+    lake: LakeCatalog | None = None
     _catalog: object | None = field(default=None, repr=False)
     _schemas: dict[str, StructType] = field(default_factory=dict, repr=False)
     # Sessions of this warehouse derived from sessions that opened another one (see :meth:`session_for`).
     _derived: dict[int, SparkSession] = field(default_factory=dict, repr=False)
     _catalog_ready: bool = field(default=False, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.lake is None:
+            self.lake = LakeCatalog(self.root)
+        self.files: Files = files_for(self.root, self.lake.store)
+
     def session_for(self, spark: SparkSession) -> SparkSession:
         """``spark``, with this warehouse's catalog opened in it; or, when ``spark`` opened another
         warehouse's catalog (a session keeps the first it opens: a test session serving many
         warehouses), a new session on the same Spark that opens this one."""
-        opened = opened_warehouse(spark)
-        if opened is None or opened == catalog_file(self.root):
-            use_catalog(spark, self.root)
+        if self.lake.opened_in(spark) is not False:
+            self.lake.use(spark)
             session = spark
         else:
             session = self._derived.get(id(spark))
             if session is None:
                 session = _another_session(spark)
-                use_catalog(session, self.root)
+                self.lake.use(session)
                 self._derived[id(spark)] = session
         if not self._catalog_ready:
-            open_catalog_once(self.root, lambda: session.sql(f"SHOW NAMESPACES IN {CATALOG_NAME}").collect())
+            self.lake.open_once(lambda: session.sql(f"SHOW NAMESPACES IN {CATALOG_NAME}").collect())
             self._catalog_ready = True
         return session
 
@@ -155,15 +154,16 @@ class LakeTables:
         if self._catalog is None:
             from pyiceberg.catalog import load_catalog
 
+            properties = self.lake.pyiceberg_properties()
             # pyiceberg creates the catalog's tables too when they are missing: not at once with Spark.
-            open_catalog_once(self.root, lambda: setattr(self, "_catalog", load_catalog(CATALOG_NAME, **pyiceberg_properties(self.root))))
+            self.lake.open_once(lambda: setattr(self, "_catalog", load_catalog(CATALOG_NAME, **properties)))
             if self._catalog is None:
-                self._catalog = load_catalog(CATALOG_NAME, **pyiceberg_properties(self.root))
+                self._catalog = load_catalog(CATALOG_NAME, **properties)
         return self._catalog
 
     def load(self, table: str, asset: str):
         """The asset's Iceberg table as committed now (pyiceberg), or None if it was never written."""
-        if not os.path.exists(catalog_file(self.root)):
+        if not self.lake.may_hold_tables():
             return None
         from pyiceberg.exceptions import NoSuchTableError
 
@@ -174,7 +174,7 @@ class LakeTables:
 
     def assets(self, table: str) -> list[str]:
         """The assets the table stores (the tables of its namespace)."""
-        if not os.path.exists(catalog_file(self.root)):
+        if not self.lake.may_hold_tables():
             return []
         from pyiceberg.exceptions import NoSuchNamespaceError
 
@@ -207,8 +207,7 @@ class LakeTables:
         """The Spark schema (with its columns' metadata) that dates of ``sid`` were written with."""
         key = f"{table}/{asset}/{sid}"
         if key not in self._schemas:
-            with open(self._schema_path(table, asset, sid), encoding="utf-8") as stream:
-                self._schemas[key] = StructType.fromJson(json.load(stream))
+            self._schemas[key] = StructType.fromJson(json.loads(self.files.read_bytes(self._schema_path(table, asset, sid))))
         return self._schemas[key]
 
     def _schema_path(self, table: str, asset: str, sid: str) -> str:
@@ -218,12 +217,8 @@ class LakeTables:
         """Store ``schema`` (content-addressed, so before the commit that names it: never torn)."""
         sid = schema_id(schema)
         path = self._schema_path(table, asset, sid)
-        if not os.path.exists(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            hidden = f"{path}.{os.getpid()}.tmp"
-            with open(hidden, "w", encoding="utf-8") as stream:
-                stream.write(schema.json())
-            os.replace(hidden, path)
+        if not self.files.exists(path):
+            self.files.write_atomically(path, schema.json().encode("utf-8"))
         self._schemas[f"{table}/{asset}/{sid}"] = schema
         return sid
 
@@ -305,22 +300,28 @@ class LakeTables:
             named |= {entry.data_file.file_path for entry in manifest.fetch_manifest_entry(loaded.io, discard_deleted=True)}
         referenced = {_local(uri) for uri in named}
         found = []
-        for folder, _, names in os.walk(_local(loaded.location())):
-            for name in names:
-                checksum_of = name[1:-len(".crc")] if name.startswith(".") and name.endswith(".crc") else None
-                if os.path.join(folder, checksum_of or name) not in referenced:
-                    found.append(os.path.join(folder, name))
+        for path in self._files_at(loaded.location()).files_under(_local(loaded.location())):
+            folder, name = path.rsplit("/", 1)
+            checksum_of = name[1:-len(".crc")] if name.startswith(".") and name.endswith(".crc") else None
+            if f"{folder}/{checksum_of or name}" not in referenced:
+                found.append(path)
         return sorted(found)
+
+    def _files_at(self, location: str) -> Files:
+        """The file operations for a table's location (the catalog's warehouse may be another store than the root)."""
+        return files_for(location, self.lake.store)
 
     def remove_unreferenced_files(self, table: str, asset: str, older_than: float | None = None) -> list[str]:
         """Delete :meth:`unreferenced_files` (last modified before ``older_than``, seconds since the
         epoch, if given); returns the paths deleted. The caller holds the table's writer lock: a file of a
         write still in progress is unreferenced too, until it commits."""
         removed = []
-        for path in self.unreferenced_files(table, asset):
+        unreferenced = self.unreferenced_files(table, asset)
+        files = self._files_at(unreferenced[0]) if unreferenced else self.files
+        for path in unreferenced:
             try:
-                if older_than is None or os.stat(path).st_mtime < older_than:
-                    os.unlink(path)
+                if older_than is None or files.modified(path) < older_than:
+                    files.delete(path)
                     removed.append(path)
             except FileNotFoundError:  # a checksum file whose file went first, or removed meanwhile
                 pass
@@ -348,10 +349,8 @@ class LakeTables:
 
     def data_file_paths(self, table: str, asset: str) -> list[str]:
         """Every Parquet file under the asset's data folder, live or not."""
-        found = []
-        for folder, _, names in os.walk(f"{self.location(table, asset)}/data"):
-            found += [os.path.join(folder, name) for name in names if name.endswith(".parquet")]
-        return sorted(found)
+        folder = f"{self.location(table, asset)}/data"
+        return [path for path in self._files_at(folder).files_under(folder) if path.endswith(".parquet")]
 
     # -- writing ---------------------------------------------------------------------------------------
     def write(

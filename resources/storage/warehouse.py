@@ -10,10 +10,9 @@ code runs through a classic session and through Spark Connect. Readers take no l
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta, timezone
 
 import pyarrow as pa
@@ -24,8 +23,9 @@ from pyspark.sql.types import StructType
 
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.storage import erasure, fault_injection, retention
-from resources.storage.files import list_names
-from resources.storage.layout import WarehouseLayout, local_warehouse_path
+from resources.storage.files import files_for
+from resources.storage.lake import LakeCatalog
+from resources.storage.layout import WarehouseLayout, warehouse_location
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
 from resources.storage.merged import STORED_AS, MergedStates, StateOrderError
 from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables, as_read_now, as_stored, renamed_columns
@@ -52,6 +52,8 @@ class WarehouseStorage:
     root: str
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS
+    # The catalog; None: from the environment (LakeCatalog.from_environment), the embedded one by default.
+    lake: LakeCatalog | None = None
     # Partitions this run has read or committed, as (table, asset, date): retention leaves them alone,
     # since the run's later writes and checks may still scan them (DataFrames are read lazily).
     _in_use: set[tuple[str, str, str]] = field(default_factory=set)
@@ -62,9 +64,13 @@ class WarehouseStorage:
     _read_snapshots: dict[tuple[str, str], int | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.root = local_warehouse_path(self.root)
-        self.layout = WarehouseLayout(self.root)
-        self.tables = LakeTables(self.root)
+        self.root = warehouse_location(self.root)
+        if self.lake is None:
+            self.lake = LakeCatalog.from_environment(self.root)
+        elif self.lake.root != self.root:
+            self.lake = replace(self.lake, root=self.root)
+        self.layout = WarehouseLayout(self.root, files_for(self.root, self.lake.store))
+        self.tables = LakeTables(self.root, self.lake)
         self.merged = MergedStates(self.tables)
         self._locks = WriterLocks(self.run_id, self.lock_timeout)
 
@@ -85,10 +91,10 @@ class WarehouseStorage:
         return self.layout.catalog_path()
 
     def exists(self, path: str) -> bool:
-        return os.path.exists(path)
+        return self.layout.files.exists(path)
 
     def list_names(self, path: str) -> list[str]:
-        return list_names(path)
+        return self.layout.files.list_names(path)
 
     def _session(self) -> SparkSession:
         """The session of this run's reads and writes, else the process's active one (a commit of metadata
@@ -259,7 +265,7 @@ class WarehouseStorage:
         }
         for day in dropped:
             stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-            retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
+            retention.record_dropped(self.layout, table, asset, day, stamped)
 
     def append_to_runs_log(self, rows: pa.Table, table: str) -> str:
         """Add ``rows`` to the runs log as a new file (never rewriting one); returns its path.
@@ -267,11 +273,9 @@ class WarehouseStorage:
         Written under a hidden name and renamed, so a reader never sees half a file.
         """
         path = self.layout.runs_log_file(table, self.run_id)
-        folder, name = os.path.split(path)
-        os.makedirs(folder, exist_ok=True)
-        hidden = f"{folder}/.{name}.tmp"
-        pq.write_table(rows, hidden)
-        os.rename(hidden, path)
+        buffer = pa.BufferOutputStream()
+        pq.write_table(rows, buffer)
+        self.layout.files.write_atomically(path, buffer.getvalue().to_pybytes())
         return path
 
     # -- erasure ---------------------------------------------------------------------------------------
@@ -383,7 +387,7 @@ class WarehouseStorage:
         record = {"setting": setting, setting: days, "newest": newest, "run_id": self.run_id}
         for day in expired:
             stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-            retention.record_dropped(self.layout, table, asset, day, stamped, self.run_id)
+            retention.record_dropped(self.layout, table, asset, day, stamped)
         self._drop_dates(table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)})
 
     def _drop_dates(self, table: str, asset: str, days: list[str], properties: dict[str, str]) -> None:

@@ -1,0 +1,130 @@
+"""The S3 object store a lake may live in: its endpoint and region, and how each client reaches it.
+
+The same settings reach every client the project has: Spark's S3A file system (extracts, the erase
+ledger's key hashes), Iceberg's S3FileIO (the tables' files), pyarrow (the project's own records and
+the landing sensor, no JVM), pyiceberg and DuckDB (the readers). ``s3://`` names a bucket everywhere:
+Spark reads it through S3A too (``fs.s3.impl``), so a path is the same in a config, a record and a log.
+
+The credentials are never settings of the project: every client reads them from its own process's
+environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``), or from a
+profile or an instance role, through the AWS SDKs' default chain. So no secret is ever put into a
+Spark conf, a command line, a run config or a log. No Dagster here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import urlparse
+
+S3_ENDPOINT_ENV = "CDC_S3_ENDPOINT"
+REGION_ENV = "AWS_REGION"
+ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
+SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
+DEFAULT_REGION = "us-east-1"
+# The schemes that name an object in a bucket; s3a:// is Hadoop's name for the same thing.
+OBJECT_SCHEMES = ("s3", "s3a")
+
+
+def is_object_store(path: str) -> bool:
+    """Whether ``path`` names an object in a bucket (``s3://bucket/key``) rather than a local file."""
+    return urlparse(path).scheme.lower() in OBJECT_SCHEMES
+
+
+def bucket_key(path: str) -> str:
+    """``s3://bucket/key`` as pyarrow's S3 file system names it: ``bucket/key``."""
+    parsed = urlparse(path)
+    return f"{parsed.netloc}{parsed.path}".rstrip("/")
+
+
+@dataclass(frozen=True)
+class ObjectStore:
+    """Where the S3 API is: ``endpoint`` (empty: AWS's own, by region) and ``region``.
+
+    An endpoint of one's own (SeaweedFS, MinIO, Ceph) is addressed by path (``http://host:port/bucket/key``),
+    since such servers rarely resolve a bucket as a host name.
+    """
+
+    endpoint: str = ""
+    region: str = DEFAULT_REGION
+
+    @classmethod
+    def from_environment(cls) -> "ObjectStore":
+        """The one reading of ``CDC_S3_ENDPOINT`` and ``AWS_REGION``, for code outside a Dagster run."""
+        return cls(
+            endpoint=os.environ.get(S3_ENDPOINT_ENV, "").strip(),
+            region=os.environ.get(REGION_ENV, "").strip() or DEFAULT_REGION,
+        )
+
+    def __post_init__(self) -> None:
+        if self.endpoint and urlparse(self.endpoint).scheme not in ("http", "https"):
+            raise ValueError(
+                f"S3 endpoint {self.endpoint!r} ({S3_ENDPOINT_ENV}): expected an http:// or https:// URL, "
+                "e.g. http://127.0.0.1:8333"
+            )
+
+    # -- pyarrow: the project's own records, the landing sensor ----------------------------------------------
+    def filesystem(self):
+        """pyarrow's S3 file system on this store (credentials from the environment's default chain)."""
+        return _s3_filesystem(self.endpoint, self.region)
+
+    # -- Spark: S3A for extracts and the project's files, S3FileIO for Iceberg's ---------------------------
+    def hadoop_conf(self) -> dict[str, str]:
+        """Hadoop's S3A settings (without the ``spark.hadoop.`` prefix): ``s3://`` read through S3A, the
+        endpoint addressed by path, credentials from the environment (or an instance role)."""
+        conf = {
+            "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+            "fs.s3a.endpoint.region": self.region,
+            # Never the anonymous provider, never a key in the conf: the SDK's own chain, environment first.
+            "fs.s3a.aws.credentials.provider": "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider",
+        }
+        if self.endpoint:
+            conf["fs.s3a.endpoint"] = self.endpoint
+            conf["fs.s3a.path.style.access"] = "true"
+            conf["fs.s3a.connection.ssl.enabled"] = str(self.endpoint.startswith("https")).lower()
+        return conf
+
+    def spark_conf(self) -> dict[str, str]:
+        """:meth:`hadoop_conf` as Spark conf keys: at a JVM's start (``spark.hadoop.*``) and in a session
+        (the bare Hadoop keys: a Spark Connect session reaches S3A with them)."""
+        hadoop = self.hadoop_conf()
+        return {**{f"spark.hadoop.{key}": value for key, value in hadoop.items()}, **hadoop}
+
+    def iceberg_properties(self) -> dict[str, str]:
+        """Iceberg's S3FileIO (Java) and pyiceberg's FileIO properties for this store."""
+        properties = {"client.region": self.region, "s3.region": self.region}
+        if self.endpoint:
+            properties.update({"s3.endpoint": self.endpoint, "s3.path-style-access": "true"})
+        return properties
+
+    # -- DuckDB -------------------------------------------------------------------------------------------
+    def duckdb_secret_sql(self) -> str:
+        """The ``CREATE SECRET`` statement that lets DuckDB's httpfs read this store, with the keys of this
+        process's environment (DuckDB's own credential chain lives in its ``aws`` extension, which cannot be
+        installed offline). It holds a secret: run it, never print or log it."""
+        options = [f"REGION '{self.region}'"]
+        key, secret = os.environ.get(ACCESS_KEY_ENV, ""), os.environ.get(SECRET_KEY_ENV, "")
+        if key and secret:
+            options += [f"KEY_ID '{_sql_text(key)}'", f"SECRET '{_sql_text(secret)}'"]
+            token = os.environ.get("AWS_SESSION_TOKEN", "")
+            if token:
+                options.append(f"SESSION_TOKEN '{_sql_text(token)}'")
+        if self.endpoint:
+            parsed = urlparse(self.endpoint)
+            options += [f"ENDPOINT '{parsed.netloc}'", "URL_STYLE 'path'", f"USE_SSL {str(parsed.scheme == 'https').lower()}"]
+        return f"CREATE OR REPLACE SECRET cdc_lake (TYPE s3, {', '.join(options)})"
+
+
+def _sql_text(value: str) -> str:
+    return value.replace("'", "''")
+
+
+@lru_cache(maxsize=8)
+def _s3_filesystem(endpoint: str, region: str):
+    from pyarrow import fs
+
+    if not endpoint:
+        return fs.S3FileSystem(region=region)
+    parsed = urlparse(endpoint)
+    return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme, region=region, force_virtual_addressing=False)
