@@ -109,7 +109,7 @@ def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, 
     configured = configured_select_list(config.columns, stored, Dialect.duckdb)
     if storage.merged.holds(config.name, CURRENT):
         # The table at the date's tag, each row labelled as of the date (merged.py).
-        load_extensions(duckdb.default_connection())
+        _duckdb_reaches(storage)
         state = storage.merged.duckdb_sql(config.name, CURRENT, day, untouched_operation(config.load_type))
         own = [quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(stored)]
         return f"SELECT {', '.join([*configured, *own])} FROM ({state}) AS state"
@@ -124,8 +124,16 @@ def _iceberg_scan(storage: WarehouseStorage, table: str, asset: str) -> str:
     loaded = storage.tables.load(table, asset)
     if loaded is None or loaded.current_snapshot() is None:
         raise ValueError(f"{table} has no stored {asset} (looked in {storage.asset_path(table, asset)}): materialize the table first")
-    load_extensions(duckdb.default_connection())
+    _duckdb_reaches(storage)
     return f"iceberg_scan({_sql_string(loaded.metadata_location)})"
+
+
+def _duckdb_reaches(storage: WarehouseStorage) -> None:
+    """DuckDB's default connection with the iceberg extension loaded and, for a lake in a bucket, the
+    object store's keys as a DuckDB secret of that connection (created in it, never printed)."""
+    connection = load_extensions(duckdb.default_connection())
+    if not storage.lake.embedded:
+        connection.execute(storage.lake.store.duckdb_secret_sql())
 
 
 def _sql_string(value: str) -> str:

@@ -19,14 +19,7 @@ from resources import PartitionedParquetIOManager, PipelineSparkResource, wareho
 from resources.alerts import DEFAULT_UI_BASE_URL, UI_BASE_URL_ENV, WEBHOOK_URL_ENV, AlertWebhook
 from resources.fields import env_or_default
 from resources.spark import SPARK_CONF_ENV, SPARK_MASTER_ENV, spark_conf_from_env
-from resources.storage import (
-    DEFAULT_LOCK_TIMEOUT_SECONDS,
-    DEFAULT_WAREHOUSE,
-    LOCK_TIMEOUT_ENV,
-    WAREHOUSE_ENV,
-)
-from resources.storage.lake import CATALOG_SIGNING_NAME_ENV, CATALOG_URI_ENV, CATALOG_WAREHOUSE_ENV, LakeCatalog
-from resources.storage.object_store import ACCESS_KEY_ENV, DEFAULT_REGION, REGION_ENV, S3_ENDPOINT_ENV, SECRET_KEY_ENV
+from resources.storage.lake import LakeCatalog
 
 
 def build_definitions(tables: list[TableDefinitions]) -> Definitions:
@@ -38,19 +31,7 @@ def build_definitions(tables: list[TableDefinitions]) -> Definitions:
         spark_master=env_or_default(SPARK_MASTER_ENV, ""),
         spark_conf_json=env_or_default(SPARK_CONF_ENV, ""),
     )
-    warehouse = PartitionedParquetIOManager(
-        pyspark=spark,
-        warehouse_root=env_or_default(WAREHOUSE_ENV, DEFAULT_WAREHOUSE),
-        catalog_uri=env_or_default(CATALOG_URI_ENV, ""),
-        catalog_warehouse=env_or_default(CATALOG_WAREHOUSE_ENV, ""),
-        catalog_signing_name=env_or_default(CATALOG_SIGNING_NAME_ENV, ""),
-        s3_endpoint=env_or_default(S3_ENDPOINT_ENV, ""),
-        s3_region=env_or_default(REGION_ENV, DEFAULT_REGION),
-        # Shown in the UI by the variable's name only; never a value in run config.
-        s3_access_key_id=env_or_default(ACCESS_KEY_ENV, ""),
-        s3_secret_access_key=env_or_default(SECRET_KEY_ENV, ""),
-        lock_timeout_seconds=env_or_default(LOCK_TIMEOUT_ENV, f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}"),
-    )
+    warehouse = PartitionedParquetIOManager.from_environment(spark)
     alert_webhook = AlertWebhook(
         webhook_url=env_or_default(WEBHOOK_URL_ENV, ""), ui_base_url=env_or_default(UI_BASE_URL_ENV, DEFAULT_UI_BASE_URL)
     )

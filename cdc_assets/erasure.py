@@ -119,6 +119,7 @@ def erase_keys(
     ``requested_by`` names the process or run in the ledger. Holds the table's writer lock (through
     ``storage``) until the caller releases it.
     """
+    spark = storage.tables.session_for(spark)  # the warehouse's session: it reaches the lake's files
     table = config.name
     hashes = read_keys_file(spark, config, keys_path)
     fingerprint, count = hashes.agg(
@@ -218,6 +219,7 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
 
     Reads only: takes no lock and writes nothing.
     """
+    spark = storage.tables.session_for(spark)  # the warehouse's session: it reaches the lake's files
     columns = key_columns(config)
     values = read_key_values(spark, config, keys_path)
     erased = key_hashes_of(values, columns)
@@ -228,7 +230,7 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
     for asset, day, path, live in storage.data_files(config.name):
         by_asset[asset][path] = (day, live)
     for asset, files in sorted(by_asset.items()):
-        read = _keys_as_stored(spark, config, asset, sorted(files))
+        read = _keys_as_stored(spark, storage, config, asset, sorted(files))
         marked = read.join(F.broadcast(erased.withColumn(_ERASED, F.lit(True))), on=KEY_HASH, how="left").join(
             F.broadcast(values.withColumn(_BY_VALUE, F.lit(True))), on=[name for name, _ in columns], how="left"
         )
@@ -250,7 +252,7 @@ def verify_erased(spark: SparkSession, storage: WarehouseStorage, config: TableC
     return Verification(holding=sorted(holding), unverifiable_rejects=unverifiable, by_value_only=by_value_only)
 
 
-def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, files: list[str]) -> DataFrame:
+def _keys_as_stored(spark: SparkSession, storage: WarehouseStorage, config: TableConfig, asset: str, files: list[str]) -> DataFrame:
     """Every row of the asset's data ``files`` as its ``key_hash``, its key columns (NULL where a file does
     not store them with their configured types) and its file. Rejects: the key parsed from the raw record."""
     columns = key_columns(config)
@@ -258,7 +260,7 @@ def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, files:
         read = spark.read.schema(StructType([StructField(RAW_RECORD, StringType())])).parquet(*files)
         read = with_raw_key_values(read.withColumn(_FILE, F.col("_metadata.file_path")), columns)
         return with_raw_key_hash(read, columns).withColumnRenamed(RAW_KEY_HASH, KEY_HASH).drop(RAW_RECORD)
-    stores_keys = {path: _stores_keys(path, columns) for path in files}
+    stores_keys = {path: _stores_keys(storage.parquet_schema(path), columns) for path in files}
     with_keys = [path for path in files if stores_keys[path]]
     without_keys = [path for path in files if not stores_keys[path]]
     parts = []
@@ -273,12 +275,11 @@ def _keys_as_stored(spark: SparkSession, config: TableConfig, asset: str, files:
     return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
-def _stores_keys(parquet_file: str, columns: list[tuple[str, str]]) -> bool:
-    """Whether the Parquet file's schema holds every key column with its configured type (a footer read)."""
-    import pyarrow.parquet as pq
+def _stores_keys(arrow_schema, columns: list[tuple[str, str]]) -> bool:
+    """Whether a Parquet file's schema (its footer's) holds every key column with its configured type."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    schema = from_arrow_schema(pq.read_schema(parquet_file).remove_metadata(), prefer_timestamp_ntz=True)
+    schema = from_arrow_schema(arrow_schema.remove_metadata(), prefer_timestamp_ntz=True)
     stored = {field.name: field.dataType.simpleString() for field in schema.fields}
     return all(stored.get(name) == spark_type for name, spark_type in columns)
 

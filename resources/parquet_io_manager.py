@@ -31,7 +31,7 @@ from pyspark.sql.types import StructType
 
 from cdc_assets.config import CHANGESET_COLUMNS, LoadType, reserved_name_problem
 from cdc_assets.core.columns import BUSINESS_DATE
-from resources.fields import resolved_field, seconds_field
+from resources.fields import env_or_default, resolved_field, seconds_field
 from resources.spark import for_each_date
 from resources.state import read_state
 from resources.storage import (
@@ -194,6 +194,24 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
     )
 
     _storage: WarehouseStorage | None = PrivateAttr(default=None)
+
+    @classmethod
+    def from_environment(cls, pyspark: LazyPySparkResource) -> "PartitionedParquetIOManager":
+        """The IO manager with each field fed by its variable (an ``EnvVar`` the UI shows by name) where it
+        is set, else the field's default: what the code location and the command-line tools use."""
+        return cls(
+            pyspark=pyspark,
+            warehouse_root=env_or_default(WAREHOUSE_ENV, DEFAULT_WAREHOUSE),
+            lock_timeout_seconds=env_or_default(LOCK_TIMEOUT_ENV, f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}"),
+            catalog_uri=env_or_default(CATALOG_URI_ENV, ""),
+            catalog_warehouse=env_or_default(CATALOG_WAREHOUSE_ENV, ""),
+            catalog_signing_name=env_or_default(CATALOG_SIGNING_NAME_ENV, ""),
+            s3_endpoint=env_or_default(S3_ENDPOINT_ENV, ""),
+            s3_region=env_or_default(REGION_ENV, DEFAULT_REGION),
+            # Shown by the variable's name only; never a value in run config.
+            s3_access_key_id=env_or_default(ACCESS_KEY_ENV, ""),
+            s3_secret_access_key=env_or_default(SECRET_KEY_ENV, ""),
+        )
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._share_credentials()

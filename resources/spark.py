@@ -31,6 +31,7 @@ from cdc_assets.services.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.services.process import HOST
 from cdc_assets.services.spark_home import write_properties_file
 from resources.fields import resolved_field
+from resources.storage.object_store import ObjectStore
 from resources.spark_target import (
     MASTER_ENV as SPARK_MASTER_ENV,
     REMOTE_MODE,
@@ -169,7 +170,11 @@ def spark_config(master: str | None, extra: dict[str, str], conf: dict[str, Any]
     JVM fixed at its start (master, driver and executor settings, the UI) belongs in the server's own
     conf. A run that finds the project's server later drops the same keys (:func:`session_conf`).
     """
-    merged = {**PIPELINE_DEFAULTS}
+    # S3A reaches the object store the environment names (CDC_S3_ENDPOINT, AWS_REGION) from the start: a
+    # command's or a server's first read of an s3:// path needs no session of the warehouse first. A JVM takes
+    # Hadoop's keys as spark.hadoop.*, a Connect session (on a server started without them) as they are.
+    store = ObjectStore.from_environment()
+    merged = {**PIPELINE_DEFAULTS, **(store.hadoop_conf() if remote else store.spark_conf())}
     if not remote:
         resolved_master = master or "local[*]"
         merged["spark.master"] = resolved_master

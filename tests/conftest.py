@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shutil
 import tempfile
 
@@ -18,6 +19,17 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["CDC_SPARK_SERVER_DIR"] = tempfile.mkdtemp(prefix="cdc-tests-spark-server-")
 atexit.register(shutil.rmtree, os.environ["CDC_SPARK_SERVER_DIR"], True)
 os.environ.pop("CDC_SPARK", None)
+# A shell pointed at a lake (`eval "$(make -s lake-env)"`) must not point the suite's local runs at it.
+for _name in ("CDC_WAREHOUSE", "CDC_CATALOG_URI", "CDC_CATALOG_WAREHOUSE", "CDC_CATALOG_SIGNING_NAME", "CDC_S3_ENDPOINT", "CDC_DATA_ROOT"):
+    os.environ.pop(_name, None)
+# The key pair of every lake the tests start (tests/lake.py), in the environment before the session's JVM
+# starts: a JVM reads its environment once, and S3A and Iceberg's S3 client take their keys from it. A
+# fresh secret per session, which the secret scans look for; never a real account's keys.
+os.environ["AWS_ACCESS_KEY_ID"] = "cdctests"
+os.environ["AWS_SECRET_ACCESS_KEY"] = f"cdc-tests-{secrets.token_hex(16)}"
+os.environ["AWS_REGION"] = "us-east-1"
+os.environ.pop("AWS_SESSION_TOKEN", None)
+os.environ.pop("AWS_PROFILE", None)
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ def _configured_values(defs) -> dict[tuple[str, str], object]:
 
 
 def _unset_settings(monkeypatch) -> None:
-    for name in [*SETTINGS, "SPARK_REMOTE"]:
+    for name in [*SETTINGS, "SPARK_REMOTE", "CDC_CATALOG_URI", "CDC_CATALOG_WAREHOUSE", "CDC_CATALOG_SIGNING_NAME", "CDC_S3_ENDPOINT"]:
         monkeypatch.delenv(name, raising=False)
 
 
@@ -136,3 +136,42 @@ def test_a_malformed_seconds_setting_fails_the_run_naming_the_field_and_variable
         chain.append(str(error))
         error = error.__cause__ or error.__context__
     assert any("lock_timeout_seconds='an hour' (CDC_WRITER_LOCK_TIMEOUT)" in message for message in chain), chain
+
+
+# The lake's settings (docs/object-storage.md): the IO manager's fields, each fed by its variable.
+LAKE_SETTINGS = {
+    "CDC_CATALOG_URI": "catalog_uri",
+    "CDC_CATALOG_WAREHOUSE": "catalog_warehouse",
+    "CDC_CATALOG_SIGNING_NAME": "catalog_signing_name",
+    "CDC_S3_ENDPOINT": "s3_endpoint",
+    "AWS_REGION": "s3_region",
+    "AWS_ACCESS_KEY_ID": "s3_access_key_id",
+    "AWS_SECRET_ACCESS_KEY": "s3_secret_access_key",
+}
+
+
+def test_the_lake_settings_are_shown_by_their_variables_and_the_secret_key_nowhere_in_the_code_locations_snapshot(monkeypatch):
+    from dagster._serdes import serialize_value
+
+    _unset_settings(monkeypatch)
+    secret = "not-shown-" + "x" * 24
+    values = {
+        "CDC_WAREHOUSE": "s3://cdc/warehouse", "CDC_CATALOG_URI": "http://127.0.0.1:1", "CDC_CATALOG_WAREHOUSE": "s3://lake",
+        "CDC_CATALOG_SIGNING_NAME": "s3tables", "CDC_S3_ENDPOINT": "http://127.0.0.1:2", "AWS_REGION": "eu-west-1",
+        "AWS_ACCESS_KEY_ID": "cdc-key", "AWS_SECRET_ACCESS_KEY": secret,
+    }  # fmt: skip
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    defs = build_definitions([])
+    shown = _configured_values(defs)
+    for name, field in LAKE_SETTINGS.items():
+        assert shown[("parquet_io_manager", field)] == ResourceConfigEnvVarSnap(name=name), name
+    snapshot = serialize_value(RepositorySnap.from_def(defs.get_repository_def()))
+    assert secret not in snapshot and "cdc-key" not in snapshot
+    assert "AWS_SECRET_ACCESS_KEY" in snapshot  # the variable is named, its value is not
+    manager = defs.resources["parquet_io_manager"]
+    lake = manager.lake()
+    assert (lake.uri, lake.warehouse, lake.signing_name, lake.store.endpoint, lake.store.region) == (
+        "http://127.0.0.1:1", "s3://lake", "s3tables", "http://127.0.0.1:2", "eu-west-1",
+    )  # fmt: skip
+    assert secret not in json.dumps(lake.spark_conf()) and secret not in json.dumps(lake.pyiceberg_properties())

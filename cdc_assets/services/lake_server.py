@@ -75,6 +75,8 @@ class LakeHandle:
     s3_port: int
     catalog_port: int
     state_dir: Path
+    table_bucket: str = TABLE_BUCKET
+    records_bucket: str = RECORDS_BUCKET
 
     @property
     def s3_endpoint(self) -> str:
@@ -94,12 +96,13 @@ def weed_binary() -> str:
     return found
 
 
-def credentials(state_dir: Path) -> tuple[str, str]:
-    """The lake's key pair, made on first use and kept in ``<state_dir>/credentials`` (mode 0600)."""
+def credentials(state_dir: Path, key_pair: tuple[str, str] | None = None) -> tuple[str, str]:
+    """The lake's key pair, made on first use (or ``key_pair``) and kept in ``<state_dir>/credentials`` (mode 0600)."""
     path = state_dir / CREDENTIALS_FILE
     if not path.exists():
         state_dir.mkdir(parents=True, exist_ok=True)
-        pair = {"access_key_id": f"cdc{secrets.token_hex(6)}", "secret_access_key": secrets.token_urlsafe(24)}
+        key, secret = key_pair or (f"cdc{secrets.token_hex(6)}", secrets.token_urlsafe(24))
+        pair = {"access_key_id": key, "secret_access_key": secret}
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as stream:
             json.dump(pair, stream)
@@ -112,14 +115,19 @@ def status(state_dir: Path) -> LakeHandle | None:
     pid = recorded_pid(state_dir / PID_FILE, MARKER)
     if pid is None:
         return None
-    ports = json.loads((state_dir / PORTS_FILE).read_text())
-    return LakeHandle(pid, ports["s3.port"], ports["s3.port.iceberg"], state_dir)
+    recorded = json.loads((state_dir / PORTS_FILE).read_text())
+    ports, buckets = recorded["ports"], recorded["buckets"]
+    return LakeHandle(pid, ports["s3.port"], ports["s3.port.iceberg"], state_dir, buckets["table"], buckets["records"])
 
 
 def start(
-    state_dir: Path, s3_port: int = DEFAULT_S3_PORT, catalog_port: int = DEFAULT_CATALOG_PORT, timeout: float = START_TIMEOUT_SECONDS
+    state_dir: Path, s3_port: int = DEFAULT_S3_PORT, catalog_port: int = DEFAULT_CATALOG_PORT, timeout: float = START_TIMEOUT_SECONDS,
+    table_bucket: str = TABLE_BUCKET, records_bucket: str = RECORDS_BUCKET, key_pair: tuple[str, str] | None = None,
 ) -> LakeHandle:
-    """Start the lake (or find it running) and wait until its catalog lists namespaces."""
+    """Start the lake (or find it running) and wait until its catalog lists namespaces.
+
+    Tests give each lake buckets of its own names: one JVM's S3A keeps a client per bucket name, so two
+    lakes' buckets of one name would reach the first lake's endpoint."""
     state_dir = state_dir.resolve()
     running = status(state_dir)
     if running is not None:
@@ -127,21 +135,21 @@ def start(
     for port, what in ((s3_port, "S3"), (catalog_port, "the catalog")):
         if not port_is_free(port):
             raise LakeServerError(f"port {port} for {what} is in use: stop what listens there, or choose another port")
-    key, secret = credentials(state_dir)
+    key, secret = credentials(state_dir, key_pair)
     (state_dir / "data").mkdir(parents=True, exist_ok=True)
     ports = {"s3.port": s3_port, "s3.port.iceberg": catalog_port, **{name: free_port() for name in _OTHER_PORTS}}
     command = [
         weed_binary(), "mini", f"-dir={state_dir / 'data'}", f"-ip={HOST}", f"-ip.bind={HOST}",
         "-master.telemetry=false", "-admin.ui=false", "-webdav=false", "-s3.port.lance=0",
-        f"-tableBucket={TABLE_BUCKET}", f"-bucket={RECORDS_BUCKET}",
+        f"-tableBucket={table_bucket}", f"-bucket={records_bucket}",
         *(f"-{name}={port}" for name, port in ports.items()),
     ]  # fmt: skip
     # The admin identity comes from these two variables: never on the command line.
     env = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}
     pid = start_detached(command, state_dir / LOG_FILE, env, cwd=state_dir)
     write_number_file(state_dir / PID_FILE, pid)
-    (state_dir / PORTS_FILE).write_text(json.dumps(ports))
-    handle = LakeHandle(pid, s3_port, catalog_port, state_dir)
+    (state_dir / PORTS_FILE).write_text(json.dumps({"ports": ports, "buckets": {"table": table_bucket, "records": records_bucket}}))
+    handle = LakeHandle(pid, s3_port, catalog_port, state_dir, table_bucket, records_bucket)
     _wait_until_ready(handle, key, secret, timeout)
     return handle
 
@@ -169,7 +177,7 @@ def _list_namespaces(handle: LakeHandle, key: str, secret: str) -> list:
     from pyiceberg.catalog import load_catalog
 
     catalog = load_catalog(
-        "lake_probe", type="rest", uri=handle.catalog_uri, warehouse=f"s3://{TABLE_BUCKET}",
+        "lake_probe", type="rest", uri=handle.catalog_uri, warehouse=f"s3://{handle.table_bucket}",
         **{"rest.sigv4-enabled": "true", "rest.signing-name": SIGNING_NAME, "rest.signing-region": REGION,
            "rest.sigv4.max-retries": "0", "client.access-key-id": key, "client.secret-access-key": secret},
     )  # fmt: skip
@@ -180,7 +188,7 @@ def _records_bucket_exists(handle: LakeHandle, key: str, secret: str) -> None:
     import boto3
 
     client = boto3.client("s3", endpoint_url=handle.s3_endpoint, aws_access_key_id=key, aws_secret_access_key=secret, region_name=REGION)
-    client.head_bucket(Bucket=RECORDS_BUCKET)
+    client.head_bucket(Bucket=handle.records_bucket)
 
 
 def stop(state_dir: Path) -> bool:
@@ -191,7 +199,7 @@ def stop(state_dir: Path) -> bool:
         return False
     stop_group(handle.pid, grace=20)
     (state_dir / PID_FILE).unlink(missing_ok=True)
-    ports = json.loads((state_dir / PORTS_FILE).read_text())
+    ports = json.loads((state_dir / PORTS_FILE).read_text())["ports"]
     for service, port in (("filer", ports["filer.port"]), ("s3", ports["s3.port"])):
         Path(f"/tmp/seaweedfs-{service}-{port}.sock").unlink(missing_ok=True)  # weed leaves its sockets behind
     return True
@@ -201,9 +209,9 @@ def lake_environment(handle: LakeHandle) -> dict[str, str]:
     """The variables that point the project at the lake: its warehouse and records, catalog, endpoint and keys."""
     key, secret = credentials(handle.state_dir)
     return {
-        "CDC_WAREHOUSE": f"s3://{RECORDS_BUCKET}/warehouse",
+        "CDC_WAREHOUSE": f"s3://{handle.records_bucket}/warehouse",
         "CDC_CATALOG_URI": handle.catalog_uri,
-        "CDC_CATALOG_WAREHOUSE": f"s3://{TABLE_BUCKET}",
+        "CDC_CATALOG_WAREHOUSE": f"s3://{handle.table_bucket}",
         "CDC_CATALOG_SIGNING_NAME": SIGNING_NAME,
         "CDC_S3_ENDPOINT": handle.s3_endpoint,
         "AWS_REGION": REGION,

@@ -75,6 +75,12 @@ class LocalFiles:
                 digest.update(block)
         return digest.hexdigest()
 
+    def parquet_schema(self, path: str):
+        """The Arrow schema of a Parquet file (its footer only)."""
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(path)
+
     def sync_folder(self, path: str) -> None:
         fsync_folder(path)
 
@@ -162,6 +168,12 @@ class ObjectFiles:
             for block in iter(lambda: stream.read(1 << 20), b""):
                 digest.update(block)
         return digest.hexdigest()
+
+    def parquet_schema(self, path: str):
+        """The Arrow schema of a Parquet file (its footer only: ranged reads)."""
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(bucket_key(path), filesystem=self._fs)
 
     def sync_folder(self, path: str) -> None:
         """Nothing to do: an acknowledged PUT is durable, and a bucket has no folder entries."""

@@ -86,10 +86,8 @@ class ObjectStore:
         return conf
 
     def spark_conf(self) -> dict[str, str]:
-        """:meth:`hadoop_conf` as Spark conf keys: at a JVM's start (``spark.hadoop.*``) and in a session
-        (the bare Hadoop keys: a Spark Connect session reaches S3A with them)."""
-        hadoop = self.hadoop_conf()
-        return {**{f"spark.hadoop.{key}": value for key, value in hadoop.items()}, **hadoop}
+        """:meth:`hadoop_conf` as the conf a JVM starts with (``spark.hadoop.*``)."""
+        return {f"spark.hadoop.{key}": value for key, value in self.hadoop_conf().items()}
 
     def iceberg_properties(self) -> dict[str, str]:
         """Iceberg's S3FileIO (Java) and pyiceberg's FileIO properties for this store."""

@@ -96,6 +96,10 @@ class WarehouseStorage:
     def list_names(self, path: str) -> list[str]:
         return self.layout.files.list_names(path)
 
+    def parquet_schema(self, path: str):
+        """The Arrow schema of one of the tables' data files (a footer read, wherever the file is)."""
+        return files_for(path, self.lake.store).parquet_schema(path)
+
     def _session(self) -> SparkSession:
         """The session of this run's reads and writes, else the process's active one (a commit of metadata
         only, such as retention's, goes through Spark too)."""

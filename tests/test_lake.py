@@ -1,0 +1,214 @@
+"""The pipeline on an S3 lake: the warehouse's records, the Iceberg tables (a REST catalog) and the extracts all
+in SeaweedFS on loopback, started by each test on free ports (tests/lake.py), and every result equal to the
+same run on the local default (a folder, the embedded catalog, local extracts).
+
+Five dates of each load type run one Dagster run per date on the lake, and as one range run locally; the
+readers (current state, SCD2, changes between dates; Spark and DuckDB) agree; an erase with --verify leaves
+no stored file holding the keys; and no secret reaches a log, the run config or the UI.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+from pathlib import Path
+
+import duckdb
+import pytest
+from dagster import DagsterInstance
+
+from cdc_assets.consumers import changes_between, current_duckdb_sql, current_state, scd2_view
+from cdc_assets.names import CURRENT, HISTORY
+from resources.storage import WarehouseStorage
+from resources.storage.lake import LakeCatalog
+from tests.lake import lake_variables, pointed_at, start_lake, upload
+from tests.pipeline import AUDIT_COLUMNS, definitions_for, run_dates, run_range, write_table_config
+
+pytestmark = [pytest.mark.lake, pytest.mark.slow]
+
+DAYS = ["2024-03-01", "2024-03-02", "2024-03-03", "2024-03-04", "2024-03-05"]
+KEYS = [{"name": "id", "type": "int"}]
+NON_KEYS = [{"name": "name", "type": "string"}, {"name": "amount", "type": "decimal(12,2)"}]
+CHANGESET = {
+    "untracked_columns": [{"name": "changed_at", "type": "timestamp"}],
+    "changes": {
+        "operation_column": "op", "insert_values": ["I"], "update_values": ["U"], "delete_values": ["D"],
+        "sequence_columns": ["changed_at"],
+    },
+}  # fmt: skip
+
+
+def _history_of_a_table(seed: int = 35) -> dict[str, list[tuple[str, int, str, str]]]:
+    """Per date, the day's changes as (op, id, name, amount), oldest first: 30 rows on the first date, then
+    each date deletes 3, updates 6 and inserts 4 (one key updated twice in a day)."""
+    rng = random.Random(seed)
+    live: dict[int, tuple[str, str]] = {}
+    changes: dict[str, list] = {}
+    next_id = 1
+    for index, day in enumerate(DAYS):
+        today = []
+        if index:
+            for key in rng.sample(sorted(live), 3):
+                today.append(("D", key, *live.pop(key)))
+            updated = rng.sample(sorted(live), 6)
+            for key in updated + updated[:1]:
+                live[key] = (f"name-{key}-{day}-{len(today)}", f"{rng.randint(0, 99999) / 100:.2f}")
+                today.append(("U", key, *live[key]))
+        for _ in range(30 if not index else 4):
+            live[next_id] = (f"name-{next_id}", f"{rng.randint(0, 99999) / 100:.2f}")
+            today.append(("I", next_id, *live[next_id]))
+            next_id += 1
+        changes[day] = today
+    return changes
+
+
+def _write_extracts(folder: Path, load_type: str) -> None:
+    """Each date's extract of the load type: every live row (full), the rows inserted or updated that day
+    (delta), or every change with its op and time (changeset)."""
+    live: dict[int, tuple[str, str]] = {}
+    for day, today in _history_of_a_table().items():
+        path = folder / load_type / f"{day}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as stream:
+            out = csv.writer(stream)
+            if load_type == "changeset":
+                out.writerow(["op", "id", "name", "amount", "changed_at"])
+                for second, (op, key, name, amount) in enumerate(today):
+                    out.writerow([op, key, name, amount, f"{day} 08:00:{second % 60:02d}.{second // 60:03d}"])
+                continue
+            touched = {}
+            for op, key, name, amount in today:
+                if op == "D":
+                    live.pop(key, None)
+                else:
+                    live[key] = touched[key] = (name, amount)
+            out.writerow(["id", "name", "amount"])
+            for key, (name, amount) in sorted((live if load_type == "full" else touched).items()):
+                out.writerow([key, name, amount])
+
+
+def _config(folder: Path, load_type: str):
+    extra = CHANGESET if load_type == "changeset" else {}
+    return write_table_config(
+        folder, f"lake_{load_type}", f"{load_type}/{{date}}.csv", load_type=load_type, start_date=DAYS[0], keys=KEYS,
+        non_keys=NON_KEYS, **extra,
+    )
+
+
+def _rows(storage: WarehouseStorage, spark, table: str, asset: str, day: str) -> list[tuple]:
+    frame = storage.read_one(spark, table, asset, day).drop(*AUDIT_COLUMNS)
+    return sorted((tuple(row) for row in frame.collect()), key=repr)
+
+
+def _readers(spark, config) -> tuple[list, list, list, list]:
+    """What current_state, scd2_view, changes_between (Spark) and current_duckdb_sql (DuckDB) read, as sorted
+    tuples without the audit columns (who wrote a row differs between any two runs)."""
+
+    def rows(frame) -> list:
+        return sorted(map(tuple, frame.drop(*AUDIT_COLUMNS).collect()), key=repr)
+
+    audit = ", ".join(AUDIT_COLUMNS)
+    return (
+        rows(current_state(spark, config)),
+        rows(scd2_view(spark, config)),
+        rows(changes_between(spark, config, DAYS[1], DAYS[-1])),
+        sorted(duckdb.sql(f"SELECT * EXCLUDE ({audit}) FROM ({current_duckdb_sql(config)})").fetchall(), key=repr),
+    )
+
+
+@pytest.mark.parametrize("load_type", ["full", "delta", "changeset"])
+def test_five_dates_on_the_lake_equal_the_same_dates_on_the_local_default(spark, tmp_path, monkeypatch, load_type):
+    extracts = tmp_path / "extracts"
+    _write_extracts(extracts, load_type)
+    config = _config(tmp_path / "configs", load_type)
+    lake = start_lake(tmp_path / "lake")
+    variables = lake_variables(lake)
+    upload(extracts, lake)
+    local_root = tmp_path / "warehouse"
+
+    with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
+        run_range(definitions_for(config), DAYS[0], DAYS[-1])
+        local = WarehouseStorage(str(local_root))
+    with pointed_at(monkeypatch, variables):
+        results = run_dates(definitions_for(config), DAYS, DagsterInstance.ephemeral())
+        assert all(result.success for result in results)
+        on_lake = WarehouseStorage(variables["CDC_WAREHOUSE"])
+        assert isinstance(on_lake.lake, LakeCatalog) and on_lake.lake.uri == variables["CDC_CATALOG_URI"]
+        assert on_lake.root == f"s3://{lake.records_bucket}/warehouse"
+        # Nothing of the lake's run is a local file: the tables are in the table bucket, the records in the other.
+        assert on_lake.tables.location(config.name, CURRENT).startswith(f"s3://{lake.table_bucket}/")
+        assert on_lake.list_names(on_lake.runs_log_path()), "the runs log is in the bucket"
+        assert not (Path.cwd() / "warehouse" / config.name).exists()
+        for day in DAYS:
+            for asset in (CURRENT, HISTORY):
+                assert _rows(on_lake, spark, config.name, asset, day) == _rows(local, spark, config.name, asset, day), (asset, day)
+        assert on_lake.stored_dates(config.name, CURRENT) == DAYS
+        # The readers, through Spark and DuckDB, read the lake as they read the folder.
+        on_the_lake = _readers(spark, config)
+    with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root)}):
+        assert on_the_lake == _readers(spark, config)
+    lake_current, _, lake_changes, _ = on_the_lake
+    # 30 keys, 4 inserted a date; a delta never deletes (a key it does not name is not supplied).
+    assert len(lake_current) == 30 + 4 * 4 - (0 if load_type == "delta" else 3 * 4)
+    assert lake_changes, "keys changed between the second date and the last"
+
+
+def _erase(config, keys: Path, verify: bool = False) -> int:
+    from cdc_assets.erase_command import main
+
+    return main([config.name, "--keys", str(keys), *(["--verify"] if verify else [])])
+
+
+def test_an_erase_on_the_lake_verifies_and_no_secret_reaches_a_log_the_run_config_or_a_command_line(spark, tmp_path, monkeypatch, capsys):
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    extracts, configs = tmp_path / "extracts", tmp_path / "configs"
+    _write_extracts(extracts, "full")
+    config = _config(configs, "full")
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
+    keys = tmp_path / "keys.csv"
+    keys.write_text("id\n1\n2\n")
+    lake = start_lake(tmp_path / "lake")
+    variables = lake_variables(lake)
+    upload(extracts, lake)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    local_root = tmp_path / "warehouse"
+
+    with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
+        run_range(definitions_for(config), DAYS[0], DAYS[2])
+        assert _erase(config, keys) == 0
+        local = WarehouseStorage(str(local_root))
+        erased_locally = {day: _rows(local, spark, config.name, CURRENT, day) for day in DAYS[:3]}
+    with pointed_at(monkeypatch, variables), DagsterInstance.local_temp(str(home)) as instance:
+        assert all(result.success for result in run_dates(definitions_for(config), DAYS[:3], instance))
+        assert _erase(config, keys, verify=True) == 1, "before the erase, stored files hold the keys"
+        assert _erase(config, keys) == 0
+        capsys.readouterr()
+        assert _erase(config, keys, verify=True) == 0, "every data file in the bucket scanned: none holds the keys"
+        assert "0 stored files hold the keys" in capsys.readouterr().out
+        on_lake = WarehouseStorage(variables["CDC_WAREHOUSE"])
+        assert [request["status"] for request in on_lake.erasure_requests(config.name)] == ["complete"]
+        for day in DAYS[:3]:
+            stored = _rows(on_lake, spark, config.name, CURRENT, day)
+            assert stored == erased_locally[day], day
+            assert not {row[0] for row in stored} & {1, 2}
+        run_configs = [json.dumps(run.run_config, default=str) for run in instance.get_runs()]
+        session_conf = json.dumps(on_lake.tables.session_for(spark).conf.getAll)
+    # The secret key was in this process's environment all along, and the lake checked every request with it:
+    # it is in no file of the Dagster instance (event log, compute logs), no run config, no Spark conf, no
+    # process's command line (SeaweedFS's, the JVM's), and not in the lake's own log.
+    assert len(run_configs) == 3
+    assert not [text for text in run_configs if secret in text]
+    assert secret not in session_conf and secret not in json.dumps(dict(spark.sparkContext.getConf().getAll()))
+    written = [path for path in home.rglob("*") if path.is_file() and secret.encode() in path.read_bytes()]
+    assert written == []
+    assert secret.encode() not in (lake.state_dir / "weed.log").read_bytes()
+    command_lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command_lines.append(cmdline.read_bytes())
+        except OSError:  # a process that ended meanwhile
+            continue
+    assert any(b"weed" in line for line in command_lines) and not [line for line in command_lines if secret.encode() in line]
