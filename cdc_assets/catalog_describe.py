@@ -20,7 +20,7 @@ from __future__ import annotations
 from cdc_assets.config import TableConfig
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.storage import OPERATION_DATE, WarehouseStorage
-from resources.storage.lake import CATALOG_NAME, pyiceberg_properties
+from resources.storage.lake import CATALOG_NAME
 
 
 def describe(storage: WarehouseStorage, config: TableConfig) -> dict:
@@ -36,6 +36,7 @@ def describe(storage: WarehouseStorage, config: TableConfig) -> dict:
         assets[asset] = described
     return {
         "table": config.name,
-        "catalog": {"name": CATALOG_NAME, "properties": pyiceberg_properties(storage.root)},
+        # No credential among them: pyiceberg takes the keys from its environment, as the project does.
+        "catalog": {"name": CATALOG_NAME, "properties": storage.lake.pyiceberg_properties()},
         "assets": assets,
     }

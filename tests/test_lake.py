@@ -13,6 +13,10 @@ import csv
 import json
 import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -20,7 +24,7 @@ import pytest
 from dagster import DagsterInstance
 
 from cdc_assets.consumers import changes_between, current_duckdb_sql, current_state, scd2_view
-from cdc_assets.names import CURRENT, HISTORY
+from cdc_assets.names import CURRENT, HASHED_INCOMING, HISTORY
 from resources.storage import WarehouseStorage
 from resources.storage.lake import LakeCatalog
 from tests.lake import lake_variables, pointed_at, start_lake, upload
@@ -212,3 +216,69 @@ def test_an_erase_on_the_lake_verifies_and_no_secret_reaches_a_log_the_run_confi
         except OSError:  # a process that ended meanwhile
             continue
     assert any(b"weed" in line for line in command_lines) and not [line for line in command_lines if secret.encode() in line]
+
+
+RUN_ONE_DATE = """
+import sys
+from dagster import DagsterInstance
+from cdc_assets.config import load_table_config
+from tests.pipeline import definitions_for
+
+job = definitions_for(load_table_config(sys.argv[1])).resolve_implicit_global_asset_job_def()
+job.execute_in_process(partition_key=sys.argv[2], instance=DagsterInstance.ephemeral())
+"""
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_and_run_again_equals_an_uninterrupted_run(
+    spark, tmp_path, monkeypatch
+):
+    """A run of the second date (its own process and JVM) is paused before current_table's commit, after its
+    intake's outputs are committed to the REST catalog, and killed with ``kill -9``. No table holds half a
+    date; the date run again writes what one uninterrupted run writes, on the lake as on the local default."""
+    extracts = tmp_path / "extracts"
+    _write_extracts(extracts, "full")
+    config = _config(tmp_path / "configs", "full")
+    lake = start_lake(tmp_path / "lake")
+    variables = lake_variables(lake)
+    upload(extracts, lake)
+    local_root = tmp_path / "warehouse"
+    with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
+        run_range(definitions_for(config), DAYS[0], DAYS[1])
+        local = WarehouseStorage(str(local_root))
+        uninterrupted = {asset: {day: _rows(local, spark, config.name, asset, day) for day in DAYS[:2]} for asset in local.stored_assets(config.name)}
+    with pointed_at(monkeypatch, variables):
+        assert run_dates(definitions_for(config), DAYS[:1])[0].success
+        on_lake = WarehouseStorage(variables["CDC_WAREHOUSE"])
+        marker, log = tmp_path / "paused.marker", tmp_path / "killed_run.log"
+        env = {
+            **os.environ, "PYTHONPATH": str(REPO), "CDC_PAUSE_BEFORE_COMMIT": f"{config.name}/{CURRENT}", "CDC_PAUSE_MARKER": str(marker),
+            "CDC_SPARK_CONF": json.dumps({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"}),
+        }  # fmt: skip
+        with log.open("w") as output:
+            run = subprocess.Popen(
+                [sys.executable, "-c", RUN_ONE_DATE, str(tmp_path / "configs" / f"{config.name}.yaml"), DAYS[1]],
+                env=env, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300
+            while not marker.exists():
+                assert run.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the run did not reach current_table's commit"
+                time.sleep(0.5)
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(timeout=60)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait(timeout=60)
+        assert run.returncode == -signal.SIGKILL
+        # Half of the date's tables were committed, the other half not: each holds whole dates only.
+        assert on_lake.stored_dates(config.name, HASHED_INCOMING) == DAYS[:2]
+        assert on_lake.stored_dates(config.name, CURRENT) == DAYS[:1]
+        assert on_lake.stored_dates(config.name, HISTORY) == DAYS[:1]
+        assert run_dates(definitions_for(config), DAYS[1:2])[0].success
+        for asset, by_day in uninterrupted.items():
+            assert on_lake.stored_dates(config.name, asset) == DAYS[:2], asset
+            for day, rows in by_day.items():
+                assert _rows(on_lake, spark, config.name, asset, day) == rows, (asset, day)
