@@ -282,3 +282,60 @@ def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_an
             assert on_lake.stored_dates(config.name, asset) == DAYS[:2], asset
             for day, rows in by_day.items():
                 assert _rows(on_lake, spark, config.name, asset, day) == rows, (asset, day)
+
+
+# A column added on the third date, one renamed on the fourth (renamed_from: by Iceberg field id, through the
+# REST catalog), one dropped on the fifth.
+EVOLVING_COLUMNS = {
+    DAYS[0]: [("name", "string", None), ("amount", "decimal(12,2)", None)],
+    DAYS[1]: [("name", "string", None), ("amount", "decimal(12,2)", None)],
+    DAYS[2]: [("name", "string", None), ("amount", "decimal(12,2)", None), ("note", "string", None)],
+    DAYS[3]: [("name", "string", None), ("total", "decimal(12,2)", "amount"), ("note", "string", None)],
+    DAYS[4]: [("total", "decimal(12,2)", "amount"), ("note", "string", None)],
+}
+
+
+def _evolving_extracts(folder: Path) -> None:
+    live: dict[int, tuple[str, str]] = {}
+    for day, today in _history_of_a_table().items():
+        for op, key, name, amount in today:
+            if op == "D":
+                live.pop(key, None)
+            else:
+                live[key] = (name, amount)
+        columns = [name for name, _, _ in EVOLVING_COLUMNS[day]]
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / f"{day}.csv").open("w", newline="") as stream:
+            out = csv.writer(stream)
+            out.writerow(["id", *columns])
+            for key, (name, amount) in sorted(live.items()):
+                values = {"name": name, "amount": amount, "total": amount, "note": f"note-{key % 3}"}
+                out.writerow([key, *(values[column] for column in columns)])
+
+
+def _evolving_config(folder: Path, day: str):
+    non_keys = [
+        {"name": name, "type": kind, **({"renamed_from": former} if former else {})} for name, kind, former in EVOLVING_COLUMNS[day]
+    ]
+    return write_table_config(folder, "lake_evolving", "evolving/{date}.csv", start_date=DAYS[0], keys=KEYS, non_keys=non_keys)
+
+
+def test_columns_added_renamed_and_dropped_on_the_lake_read_as_on_the_local_default(spark, tmp_path, monkeypatch):
+    extracts = tmp_path / "extracts"
+    _evolving_extracts(extracts / "evolving")
+    lake = start_lake(tmp_path / "lake")
+    variables = lake_variables(lake)
+    upload(extracts, lake)
+    local_root = tmp_path / "warehouse"
+    stored = {}
+    for place, pointing in (("local", {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}), ("lake", variables)):
+        with pointed_at(monkeypatch, pointing):
+            for day in DAYS:  # each date's config written before its run, as a user edits the YAML
+                config = _evolving_config(tmp_path / f"configs-{place}", day)
+                assert run_dates(definitions_for(config), [day])[0].success, (place, day)
+            storage = WarehouseStorage(os.environ["CDC_WAREHOUSE"])
+            stored[place] = {(asset, day): _rows(storage, spark, config.name, asset, day) for asset in (CURRENT, HISTORY) for day in DAYS}
+            now = storage.tables.load(config.name, CURRENT).schema()
+            names = [field.name for field in now.fields]
+            assert "total" in names and "amount" not in names and "name" not in names and "note" in names, (place, names)
+    assert stored["lake"] == stored["local"]
