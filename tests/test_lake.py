@@ -339,3 +339,42 @@ def test_columns_added_renamed_and_dropped_on_the_lake_read_as_on_the_local_defa
             names = [field.name for field in now.fields]
             assert "total" in names and "amount" not in names and "name" not in names and "note" in names, (place, names)
     assert stored["lake"] == stored["local"]
+
+
+def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_the_server_shows_no_secret(
+    spark, tmp_path, monkeypatch, connect_server
+):
+    """The dagster CLI through the suite's Connect server (started without the lake's settings): each session
+    reaches the lake with session conf, the keys come from the server's environment."""
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    extracts, configs = tmp_path / "extracts", tmp_path / "configs"
+    _write_extracts(extracts, "changeset")
+    config = _config(configs, "changeset")
+    lake = start_lake(tmp_path / "lake")
+    variables = lake_variables(lake)
+    upload(extracts, lake)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    env = {
+        **{key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}, **variables,
+        "PYTHONPATH": str(REPO), "DAGSTER_HOME": str(home), "CDC_TABLE_CONFIGS": str(configs), "SPARK_REMOTE": connect_server.url,
+    }  # fmt: skip
+    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.definitions",
+               "--select", f"group:{config.name}", "--partition-range", f"{DAYS[0]}...{DAYS[-1]}"]  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    assert "Spark for this run" in done.stdout + done.stderr and connect_server.url in done.stdout + done.stderr
+    local_root = tmp_path / "warehouse"
+    with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
+        assert all(result.success for result in run_dates(definitions_for(config), DAYS))
+        local = WarehouseStorage(str(local_root))
+    with pointed_at(monkeypatch, variables):
+        on_lake = WarehouseStorage(variables["CDC_WAREHOUSE"])
+        for day in DAYS:
+            for asset in (CURRENT, HISTORY):
+                assert _rows(on_lake, spark, config.name, asset, day) == _rows(local, spark, config.name, asset, day), (asset, day)
+    assert secret not in done.stdout + done.stderr
+    assert secret.encode() not in Path(f"/proc/{connect_server.pid}/cmdline").read_bytes()
+    for path in [*connect_server.state_dir.iterdir(), *home.rglob("*")]:
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
