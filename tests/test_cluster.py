@@ -211,3 +211,44 @@ def test_the_daemons_listen_on_loopback_only_and_their_uis_cannot_kill(cluster):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=60)
     assert refused.value.code in (404, 405)
+
+
+@pytest.mark.lake
+def test_the_same_runs_on_the_cluster_against_the_lake_equal_local_spark(spark, tables, local_warehouse, cluster, tmp_path, monkeypatch):
+    """The extracts, the warehouse's records and the tables (a REST catalog) all in a lake (SeaweedFS on
+    loopback): the executors read and write the buckets themselves, with the keys of their own environment."""
+    from resources.storage import WarehouseStorage
+    from tests.lake import lake_variables, pointed_at, start_lake, upload
+
+    configs, synthetic, _ = tables
+    lake = start_lake(tmp_path / "lake")
+    variables = lake_variables(lake)
+    extracts = tmp_path / "extracts"
+    shutil.copytree(Path(synthetic.source.path_for(DAYS[0])).parent, extracts / "synthetic")
+    shutil.copytree(REPO / "samples" / "orders", extracts / "orders")
+    upload(extracts, lake)
+    lake_configs = tmp_path / "configs"
+    write_table_config(lake_configs, "synthetic", "synthetic/{date}/", start_date=DAYS[0])
+    orders_doc = yaml.safe_load((configs / "orders.yaml").read_text())
+    orders_doc["source"]["path"] = "orders/{date}.csv"
+    (lake_configs / "orders.yaml").write_text(yaml.safe_dump(orders_doc))
+    env = {**_environment(tmp_path, lake_configs, CDC_SPARK_MASTER=cluster.master_url, CDC_SPARK_CONF=RUN_CONF), **variables}
+    for names, dates in RUNS:
+        _materialize(env, ",".join(f"group:{name}" for name in names), *dates)
+    assert not (tmp_path / "warehouse").exists(), "nothing of the runs is a local file"
+    local = WarehouseStorage(str(local_warehouse))
+    with pointed_at(monkeypatch, variables):
+        on_lake = WarehouseStorage(variables["CDC_WAREHOUSE"])
+        for table in ("synthetic", "orders"):
+            for asset in ASSETS:
+                days = local.stored_dates(table, asset)
+                assert on_lake.stored_dates(table, asset) == days, (table, asset)
+                rows = [sorted_rows(spark, partition_dir(local_warehouse, table, asset, day)) for day in days]
+                assert [_lake_rows(spark, on_lake, table, asset, day) for day in days] == rows, (table, asset)
+
+
+def _lake_rows(spark, storage, table: str, asset: str, day: str) -> list[tuple]:
+    from tests.pipeline import AUDIT_COLUMNS
+
+    frame = storage.read_one(spark, table, asset, day).drop(*AUDIT_COLUMNS)
+    return sorted((tuple(row) for row in frame.collect()), key=repr)
