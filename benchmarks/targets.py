@@ -18,6 +18,9 @@ Measurements (names for --only):
   changeset    a flagged change set (issue 11): day 1 = the day-1 rows as inserts, day 2 = --changeset-records
                records (40% updates, 20% upserts that change nothing, 20% inserts, 20% deletes). Against (b).
   b-incremental          (b) with `storage: {current: incremental}` (issue 23). b-incremental / b <= 1.0.
+  b-lake       (b) against a lake started for it (issue 35): SeaweedFS on loopback holding the extracts, the
+               warehouse's records and the tables (its Iceberg REST catalog). b-lake / b printed, no target;
+               the day's S3 requests by type, from SeaweedFS's own counters.
   changeset-incremental  changeset with `storage: {current: incremental}`. Day 2 / (b)'s day 2 <= 0.15.
 
 Small check (about 10 minutes, mostly JVM start-up):
@@ -27,6 +30,7 @@ Small check (about 10 minutes, mostly JVM start-up):
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from datetime import date, timedelta
@@ -39,7 +43,7 @@ from benchmarks.data import (DAY1, DAY2, KEYS, NON_KEYS, cdc_current, check_coun
                              partition_bytes, write_config)
 from benchmarks.harness import REPO, OutputsWrong, cold_env, describe, log, mib, print_table, run_env, run_process, verdict
 
-MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm", "changeset", "b-incremental", "changeset-incremental")
+MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm", "changeset", "b-incremental", "changeset-incremental", "b-lake")
 TARGETS = {"b/a": 1.0, "c/a": 0.7, "server_rss_gib": 3.0, "range_cold": 2.0, "range_cold_acceptable": 2.5, "range_warm": 1.5,
            "b_incremental/b": 1.0, "changeset_incremental/b": 0.15}
 # Where a clone finds the yardstick: beside the repository, as the machine's shared folder holds it.
@@ -96,7 +100,8 @@ def measure(bench) -> None:
         log(f"the yardstick is absent ({bench.args.yardstick} not found): absolute figures only, no ratio to (a)")
     steps = {"a": targets.measure_a, "b": targets.measure_b, "c": targets.measure_c, "changeset": targets.measure_changeset,
              "b-incremental": partial(targets.measure_b, incremental=True), "range-cold": partial(targets.measure_range, warm=False),
-             "changeset-incremental": partial(targets.measure_changeset, incremental=True), "range-warm": partial(targets.measure_range, warm=True)}
+             "changeset-incremental": partial(targets.measure_changeset, incremental=True), "range-warm": partial(targets.measure_range, warm=True),
+             "b-lake": targets.measure_b_lake}
     for name in bench.args.selected:
         if name != "a" or bench.results["yardstick"]["present"]:
             bench.measure(name, steps[name])
@@ -234,6 +239,39 @@ class Targets:
         log(f"{what}: day-2 partitions (MiB): " + ", ".join(f"{k} {mib(v)}" for k, v in result["day2_bytes"].items()))
         result["day2_counts"] = self.check_day2(what, stored, cdc_current(env, TABLE, DAY2) if incremental else None)
 
+    def measure_b_lake(self, result: dict) -> None:
+        """(b) with everything in a lake: SeaweedFS's counters give each day's S3 requests (the REST catalog's own
+        requests are not among them: SeaweedFS serves the catalog from its filer, not through its S3 API)."""
+        from unittest import mock
+
+        import pyarrow.fs as pafs
+
+        from cdc_assets.services import lake_server
+        from cdc_assets.services.process import free_port
+        from resources.storage.object_store import ObjectStore
+
+        data = self.data()
+        handle = lake_server.start(self.workdir / "lake", s3_port=free_port(), catalog_port=free_port())
+        variables = lake_server.lake_environment(handle)
+        # This process uploads the extracts and reads the counts back: with the lake's keys, as the runs do.
+        with mock.patch.dict(os.environ, variables):
+            try:
+                landing = f"{handle.records_bucket}/landing/{TABLE}"
+                pafs.copy_files(str(data), landing, destination_filesystem=ObjectStore.from_environment().filesystem())
+                configs = write_config(self.workdir / "configs" / f"{TABLE}_lake", TABLE, f"s3://{landing}")
+                env = {**run_env(self.workdir / "runs" / "b_lake", configs), **variables}
+                for day, key in ((DAY1, "day1"), (DAY2, "day2")):
+                    before = _s3_requests(handle.metrics())
+                    result[key] = self.bench.cli(f"b_lake_{key}", env, TABLE, "--partition", day)
+                    after = _s3_requests(handle.metrics())
+                    result[key]["s3_requests"] = {kind: n - before.get(kind, 0) for kind, n in sorted(after.items()) if n != before.get(kind, 0)}
+                    log(f"(b-lake) pipeline on the lake {key[:3]} {key[3]}: {self.describe(result[key])}; S3 requests {result[key]['s3_requests']}")
+                result.update(seconds=result["day2"]["seconds"], jvm_peak_rss_mib=result["day2"]["jvm_peak_rss_mib"])
+                stored = {name: (variables["CDC_WAREHOUSE"], TABLE, name, DAY2) for name in ("current_table", "history_partition")}
+                result["day2_counts"] = check_counts("(b-lake) pipeline", stored, expected_day2(self.generated))
+            finally:
+                lake_server.stop(handle.state_dir)
+
     def measure_c(self, result: dict) -> None:
         self.data()
         server = self.bench.server("c", self.args.server_conf)
@@ -295,6 +333,17 @@ class Targets:
         finally:
             if server:
                 server.stop()
+
+
+def _s3_requests(metrics: str) -> dict[str, int]:
+    """SeaweedFS's S3 requests so far by type (GET, PUT, HEAD, LIST, DELETE, ...), all buckets and codes."""
+    counts: dict[str, int] = {}
+    for line in metrics.splitlines():
+        if line.startswith("SeaweedFS_s3_request_total{"):
+            labels, value = line.rsplit(" ", 1)
+            kind = labels.split('type="', 1)[1].split('"', 1)[0]
+            counts[kind] = counts.get(kind, 0) + int(float(value))
+    return counts
 
 
 def range_counts(env: dict) -> list[tuple]:
@@ -364,8 +413,13 @@ def summary(results: dict) -> None:
         run(f"changeset day 2, incremental: {csi['day2_records']:,} records on {csi['current_rows']:,} rows, cold CLI", csi["day2"],
             note=f"wrote {stored(csi)} MiB; snapshot changeset wrote {stored(cs)} MiB")
         ratio("changeset-incremental day 2 / (b) day 2", csi, b, "b", TARGETS["changeset_incremental/b"], "<= 0.15")
+    lake = m.get("b-lake") if m.get("b-lake", {}).get("seconds") else None
+    if lake:
+        run("(b-lake) pipeline day 2 on the lake, cold CLI", lake["day2"], note=f"S3 requests: {lake['day2']['s3_requests']}")
+        ratio("b-lake / b", lake, b, "b")
+        ratio("b-lake / a", lake, a, "a")
     s = results["settings"]
-    title = (f"PERFORMANCE TARGETS (issues 10, 11, 23)  rows/day={s['rows']:,}  range={s['range_days']}x{s['range_rows']:,}  "
+    title = (f"PERFORMANCE TARGETS (issues 10, 11, 23, 35)  rows/day={s['rows']:,}  range={s['range_days']}x{s['range_rows']:,}  "
              f"at {results['git_commit']}  {results['started_utc']}  total {results.get('total_seconds', 0):.0f} s")
     notes = ["seconds: wall seconds of one fresh process (CLI or yardstick) unless warm; other: average cores other processes",
              "kept busy meanwhile (on 2 cores, above ~0.2 the seconds are not comparable with an idle run)"]

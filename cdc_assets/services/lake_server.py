@@ -59,9 +59,10 @@ CREDENTIALS_FILE = "credentials"
 MARKER = "weed"  # in the command line of the process the pid file names
 START_TIMEOUT_SECONDS = 60.0
 # The servers weed mini starts beside S3 and the catalog, each on a port of its own (and gRPC on another).
+# metricsPort serves Prometheus counters on loopback: what the benchmark counts requests with.
 _OTHER_PORTS = (
     "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-    "s3.port.grpc", "admin.port", "admin.port.grpc",
+    "s3.port.grpc", "admin.port", "admin.port.grpc", "metricsPort",
 )  # fmt: skip
 
 
@@ -85,6 +86,14 @@ class LakeHandle:
     @property
     def catalog_uri(self) -> str:
         return f"http://{HOST}:{self.catalog_port}"
+
+    def metrics(self) -> str:
+        """SeaweedFS's Prometheus counters (requests by type, bytes), as text."""
+        import urllib.request
+
+        port = json.loads((self.state_dir / PORTS_FILE).read_text())["ports"]["metricsPort"]
+        with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10) as response:
+            return response.read().decode("utf-8")
 
 
 def weed_binary() -> str:

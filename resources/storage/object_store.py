@@ -71,14 +71,11 @@ class ObjectStore:
 
     # -- Spark: S3A for extracts and the project's files, S3FileIO for Iceberg's ---------------------------
     def hadoop_conf(self) -> dict[str, str]:
-        """Hadoop's S3A settings (without the ``spark.hadoop.`` prefix): ``s3://`` read through S3A, the
-        endpoint addressed by path, credentials from the environment (or an instance role)."""
-        conf = {
-            "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
-            "fs.s3a.endpoint.region": self.region,
-            # Never the anonymous provider, never a key in the conf: the SDK's own chain, environment first.
-            "fs.s3a.aws.credentials.provider": "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider",
-        }
+        """Hadoop's S3A settings (without the ``spark.hadoop.`` prefix): ``s3://`` read through S3A, and an
+        endpoint of one's own addressed by path."""
+        # No credentials provider is named: S3A's default chain takes keys from the environment (or, where a
+        # user put them there, from fs.s3a.access.key / secret.key), then from an instance role.
+        conf = {"fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem", "fs.s3a.endpoint.region": self.region}
         if self.endpoint:
             conf["fs.s3a.endpoint"] = self.endpoint
             conf["fs.s3a.path.style.access"] = "true"
