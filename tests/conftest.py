@@ -77,3 +77,17 @@ def connect_server(tmp_path_factory):
         yield handle
     finally:
         stop_server(state_dir)
+
+
+@pytest.fixture()
+def lake(tmp_path):
+    """A lake of the test's own (tests/lake.py: SeaweedFS on free loopback ports), stopped when the test ends,
+    however it ends."""
+    from cdc_assets.services import lake_server
+    from tests.lake import start_lake
+
+    handle = start_lake(tmp_path / "lake")
+    try:
+        yield handle
+    finally:
+        lake_server.stop(handle.state_dir)

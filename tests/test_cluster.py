@@ -214,14 +214,13 @@ def test_the_daemons_listen_on_loopback_only_and_their_uis_cannot_kill(cluster):
 
 
 @pytest.mark.lake
-def test_the_same_runs_on_the_cluster_against_the_lake_equal_local_spark(spark, tables, local_warehouse, cluster, tmp_path, monkeypatch):
+def test_the_same_runs_on_the_cluster_against_the_lake_equal_local_spark(spark, tables, local_warehouse, cluster, tmp_path, monkeypatch, lake):
     """The extracts, the warehouse's records and the tables (a REST catalog) all in a lake (SeaweedFS on
     loopback): the executors read and write the buckets themselves, with the keys of their own environment."""
     from resources.storage import WarehouseStorage
-    from tests.lake import lake_variables, pointed_at, start_lake, upload
+    from tests.lake import lake_variables, pointed_at, upload
 
     configs, synthetic, _ = tables
-    lake = start_lake(tmp_path / "lake")
     variables = lake_variables(lake)
     extracts = tmp_path / "extracts"
     shutil.copytree(Path(synthetic.source.path_for(DAYS[0])).parent, extracts / "synthetic")

@@ -27,7 +27,7 @@ from cdc_assets.consumers import changes_between, current_duckdb_sql, current_st
 from cdc_assets.names import CURRENT, HASHED_INCOMING, HISTORY
 from resources.storage import WarehouseStorage
 from resources.storage.lake import LakeCatalog
-from tests.lake import lake_variables, pointed_at, start_lake, upload
+from tests.lake import lake_variables, pointed_at, upload
 from tests.pipeline import AUDIT_COLUMNS, definitions_for, run_dates, run_range, write_table_config
 
 pytestmark = [pytest.mark.lake, pytest.mark.slow]
@@ -123,11 +123,10 @@ def _readers(spark, config) -> tuple[list, list, list, list]:
 
 
 @pytest.mark.parametrize("load_type", ["full", "delta", "changeset"])
-def test_five_dates_on_the_lake_equal_the_same_dates_on_the_local_default(spark, tmp_path, monkeypatch, load_type):
+def test_five_dates_on_the_lake_equal_the_same_dates_on_the_local_default(spark, tmp_path, monkeypatch, load_type, lake):
     extracts = tmp_path / "extracts"
     _write_extracts(extracts, load_type)
     config = _config(tmp_path / "configs", load_type)
-    lake = start_lake(tmp_path / "lake")
     variables = lake_variables(lake)
     upload(extracts, lake)
     local_root = tmp_path / "warehouse"
@@ -168,7 +167,7 @@ def _erase(config, keys: Path, verify: bool = False) -> int:
     return main([config.name, "--keys", str(keys), *(["--verify"] if verify else [])])
 
 
-def test_an_erase_on_the_lake_verifies_and_no_secret_reaches_a_log_the_run_config_or_a_command_line(spark, tmp_path, monkeypatch, capsys):
+def test_an_erase_on_the_lake_verifies_and_no_secret_reaches_a_log_the_run_config_or_a_command_line(spark, tmp_path, monkeypatch, capsys, lake):
     secret = os.environ["AWS_SECRET_ACCESS_KEY"]
     extracts, configs = tmp_path / "extracts", tmp_path / "configs"
     _write_extracts(extracts, "full")
@@ -178,7 +177,6 @@ def test_an_erase_on_the_lake_verifies_and_no_secret_reaches_a_log_the_run_confi
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     keys = tmp_path / "keys.csv"
     keys.write_text("id\n1\n2\n")
-    lake = start_lake(tmp_path / "lake")
     variables = lake_variables(lake)
     upload(extracts, lake)
     home = tmp_path / "dagster_home"
@@ -236,7 +234,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_and_run_again_equals_an_uninterrupted_run(
-    spark, tmp_path, monkeypatch
+    spark, tmp_path, monkeypatch, lake
 ):
     """A run of the second date (its own process and JVM) is paused before current_table's commit, after its
     intake's outputs are committed to the REST catalog, and killed with ``kill -9``. No table holds half a
@@ -244,7 +242,6 @@ def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_an
     extracts = tmp_path / "extracts"
     _write_extracts(extracts, "full")
     config = _config(tmp_path / "configs", "full")
-    lake = start_lake(tmp_path / "lake")
     variables = lake_variables(lake)
     upload(extracts, lake)
     local_root = tmp_path / "warehouse"
@@ -325,10 +322,9 @@ def _evolving_config(folder: Path, day: str):
     return write_table_config(folder, "lake_evolving", "evolving/{date}.csv", start_date=DAYS[0], keys=KEYS, non_keys=non_keys)
 
 
-def test_columns_added_renamed_and_dropped_on_the_lake_read_as_on_the_local_default(spark, tmp_path, monkeypatch):
+def test_columns_added_renamed_and_dropped_on_the_lake_read_as_on_the_local_default(spark, tmp_path, monkeypatch, lake):
     extracts = tmp_path / "extracts"
     _evolving_extracts(extracts / "evolving")
-    lake = start_lake(tmp_path / "lake")
     variables = lake_variables(lake)
     upload(extracts, lake)
     local_root = tmp_path / "warehouse"
@@ -347,7 +343,7 @@ def test_columns_added_renamed_and_dropped_on_the_lake_read_as_on_the_local_defa
 
 
 def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_the_server_shows_no_secret(
-    spark, tmp_path, monkeypatch, connect_server
+    spark, tmp_path, monkeypatch, connect_server, lake
 ):
     """The dagster CLI through the suite's Connect server (started without the lake's settings): each session
     reaches the lake with session conf, the keys come from the server's environment."""
@@ -355,7 +351,6 @@ def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_
     extracts, configs = tmp_path / "extracts", tmp_path / "configs"
     _write_extracts(extracts, "changeset")
     config = _config(configs, "changeset")
-    lake = start_lake(tmp_path / "lake")
     variables = lake_variables(lake)
     upload(extracts, lake)
     home = tmp_path / "dagster_home"
