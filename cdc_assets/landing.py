@@ -78,8 +78,6 @@ def _in_bucket(pattern: str) -> list[LandedFile]:
         fixed = fixed.split(character, 1)[0]
     prefix = fixed if fixed == key_pattern else fixed.rsplit("/", 1)[0]
     filesystem = ObjectStore.from_environment().filesystem()
-    if "/" not in prefix:  # the bucket itself: list it whole
-        prefix = prefix.rstrip("/")
     try:
         infos = filesystem.get_file_info(fs.FileSelector(prefix, recursive=True, allow_not_found=True))
     except (FileNotFoundError, NotADirectoryError):
@@ -93,7 +91,14 @@ def _in_bucket(pattern: str) -> list[LandedFile]:
         if info.type != fs.FileType.File or not _is_data(info.base_name):
             continue
         folder = info.path.rsplit("/", 1)[0]
-        if fnmatch.fnmatchcase(info.path, key_pattern) or fnmatch.fnmatchcase(folder, key_pattern):
+        if _glob_matches(info.path, key_pattern) or _glob_matches(folder, key_pattern):
             modified = int(info.mtime.timestamp() * 1e9) if info.mtime is not None else 0
             found.append(LandedFile(f"{scheme}://{info.path}", info.size or 0, modified))
     return found
+
+
+def _glob_matches(key: str, pattern: str) -> bool:
+    """As Hadoop's glob (and Python's): a wildcard stays within one path segment (fnmatch's ``*`` alone
+    would also match ``a/b``)."""
+    keys, patterns = key.split("/"), pattern.split("/")
+    return len(keys) == len(patterns) and all(fnmatch.fnmatchcase(k, p) for k, p in zip(keys, patterns))

@@ -378,3 +378,36 @@ def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_
     for path in [*connect_server.state_dir.iterdir(), *home.rglob("*")]:
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+def test_the_landing_sensor_lists_a_dates_files_in_the_bucket_without_spark(tmp_path, monkeypatch, lake):
+    """A folder, a glob and one file, each as source.path names a date: data files only, with their sizes;
+    a ready marker found; a file replaced changes the fingerprint."""
+    from cdc_assets.automation import fingerprint
+    from cdc_assets.landing import exists, landed
+
+    extracts = tmp_path / "extracts"
+    day = extracts / "orders" / DAYS[0]
+    day.mkdir(parents=True)
+    (day / "part-0.csv").write_text("id\n1\n")
+    (day / "part-1.csv").write_text("id\n2\n3\n")
+    (day / "_SUCCESS").write_text("")
+    (day / ".part-0.csv.crc").write_text("x")
+    (day / "nested").mkdir()
+    (day / "nested" / "deeper.csv").write_text("id\n4\n")
+    (extracts / "orders" / f"{DAYS[1]}.csv").write_text("id\n5\n")
+    prefix = upload(extracts, lake)
+    with pointed_at(monkeypatch, lake_variables(lake)):
+        folder = landed(f"{prefix}/orders/{DAYS[0]}/")
+        assert [(found.path, found.size) for found in folder] == [
+            (f"{prefix}/orders/{DAYS[0]}/part-0.csv", 5), (f"{prefix}/orders/{DAYS[0]}/part-1.csv", 7),
+        ]  # fmt: skip
+        assert [found.path for found in landed(f"{prefix}/orders/{DAYS[0]}/*.csv")] == [found.path for found in folder]
+        assert [found.path for found in landed(f"{prefix}/orders/{DAYS[1]}.csv")] == [f"{prefix}/orders/{DAYS[1]}.csv"]
+        assert landed(f"{prefix}/orders/{DAYS[2]}/") == []
+        assert exists(f"{prefix}/orders/{DAYS[0]}/_SUCCESS") and not exists(f"{prefix}/orders/{DAYS[2]}/_SUCCESS")
+        before = fingerprint(folder)
+        (day / "part-1.csv").write_text("id\n2\n3\n6\n")
+        upload(extracts, lake)
+        after = fingerprint(landed(f"{prefix}/orders/{DAYS[0]}/"))
+        assert (after.files, after.size) == (2, 5 + 9) and after.digest != before.digest
