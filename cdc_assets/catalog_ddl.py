@@ -85,6 +85,11 @@ def catalog_database() -> str:
 def catalog_dir(storage: WarehouseStorage) -> Path:
     """``CDC_CATALOG_DIR``, else ``<warehouse>/_catalog``: the metastore, its lock and the server's state."""
     configured = os.environ.get(CATALOG_DIR_ENV, "").strip()
+    if not configured and storage.layout.files.remote:
+        raise ValueError(
+            f"the warehouse {storage.root} is in a bucket, and Derby keeps its metastore on a local disk: set "
+            f"{CATALOG_DIR_ENV} to a local folder for the SQL catalog (`make -s lake-env` sets one for the local lake)"
+        )
     return Path(os.path.abspath(configured or storage.catalog_path()))
 
 

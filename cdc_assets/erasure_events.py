@@ -79,6 +79,11 @@ def erasure_check_evaluations(instance: DagsterInstance, io_manager: Partitioned
     storage = io_manager.storage
     staging = (HASHED_INCOMING, REJECTS, CLASSIFICATION, *((LATE_CHANGES,) if config.changes is not None else ()))
     days = [day for day in days if all(storage.has_partition(config.name, asset, day) for asset in staging)]
+    # The checks reconcile against the figures the date's runs recorded in this instance: a date another
+    # instance ran (hosts sharing a lake) has none here, so it is not evaluated again (the ledger records the
+    # erase, and `cdc-erase --verify` checks it from any host).
+    recorded = (asset_key(config, HASHED_INCOMING), asset_key(config, CLASSIFICATION))
+    days = [day for day in days if all(_latest_metadata(instance, key, day) is not None for key in recorded)]
     if not days:
         return []
     evaluations = [evaluation(config, day, outcome) for day, outcome in intake_outcomes(instance, io_manager, config, days)]

@@ -38,6 +38,8 @@ from resources.storage import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_WAREHOUSE,
     LOCK_TIMEOUT_ENV,
+    LEASE_SECONDS_ENV,
+    DEFAULT_LEASE_SECONDS,
     WAREHOUSE_ENV,
     WarehouseStorage,
     as_stored,
@@ -192,6 +194,13 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         default=f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}",
         description=f"How long a run waits for another run's writer lock on a table, in seconds ({LOCK_TIMEOUT_ENV}).",
     )
+    writer_lease_seconds: str = Field(
+        default=f"{DEFAULT_LEASE_SECONDS:g}",
+        description=(
+            f"A warehouse in a bucket: how long a run's writer lease on a table lasts unrenewed, in seconds "
+            f"({LEASE_SECONDS_ENV}); the run renews it every third. A killed run's lease blocks other hosts that long."
+        ),
+    )
 
     _storage: WarehouseStorage | None = PrivateAttr(default=None)
 
@@ -203,6 +212,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             pyspark=pyspark,
             warehouse_root=env_or_default(WAREHOUSE_ENV, DEFAULT_WAREHOUSE),
             lock_timeout_seconds=env_or_default(LOCK_TIMEOUT_ENV, f"{DEFAULT_LOCK_TIMEOUT_SECONDS:g}"),
+            writer_lease_seconds=env_or_default(LEASE_SECONDS_ENV, f"{DEFAULT_LEASE_SECONDS:g}"),
             catalog_uri=env_or_default(CATALOG_URI_ENV, ""),
             catalog_warehouse=env_or_default(CATALOG_WAREHOUSE_ENV, ""),
             catalog_signing_name=env_or_default(CATALOG_SIGNING_NAME_ENV, ""),
@@ -257,6 +267,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             lake=self.lake(),
             run_id=run_id,
             lock_timeout=seconds_field(self.lock_timeout_seconds, "lock_timeout_seconds", LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_SECONDS),
+            lease_seconds=seconds_field(self.writer_lease_seconds, "writer_lease_seconds", LEASE_SECONDS_ENV, DEFAULT_LEASE_SECONDS),
         )
 
     def partition_path(self, table: str, asset: str, business_date: str) -> str:

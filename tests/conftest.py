@@ -20,7 +20,7 @@ os.environ["CDC_SPARK_SERVER_DIR"] = tempfile.mkdtemp(prefix="cdc-tests-spark-se
 atexit.register(shutil.rmtree, os.environ["CDC_SPARK_SERVER_DIR"], True)
 os.environ.pop("CDC_SPARK", None)
 # A shell pointed at a lake (`eval "$(make -s lake-env)"`) must not point the suite's local runs at it.
-for _name in ("CDC_WAREHOUSE", "CDC_CATALOG_URI", "CDC_CATALOG_WAREHOUSE", "CDC_CATALOG_SIGNING_NAME", "CDC_S3_ENDPOINT", "CDC_DATA_ROOT"):
+for _name in ("CDC_WAREHOUSE", "CDC_CATALOG_URI", "CDC_CATALOG_WAREHOUSE", "CDC_CATALOG_SIGNING_NAME", "CDC_S3_ENDPOINT", "CDC_DATA_ROOT", "CDC_CATALOG_DIR"):
     os.environ.pop(_name, None)
 # The key pair of every lake the tests start (tests/lake.py), in the environment before the session's JVM
 # starts: a JVM reads its environment once, and S3A and Iceberg's S3 client take their keys from it. A

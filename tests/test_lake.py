@@ -156,9 +156,26 @@ def test_five_dates_on_the_lake_equal_the_same_dates_on_the_local_default(spark,
     with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root)}):
         assert on_the_lake == _readers(spark, config)
     lake_current, _, lake_changes, _ = on_the_lake
+    if load_type == "delta":  # the SQL endpoint's spark-sql on the lake (once: a JVM or two of its own)
+        _sql_endpoint_reads_the_lake(config, tmp_path / "configs", variables, on_lake)
     # 30 keys, 4 inserted a date; a delta never deletes (a key it does not name is not supplied).
     assert len(lake_current) == 30 + 4 * 4 - (0 if load_type == "delta" else 3 * 4)
     assert lake_changes, "keys changed between the second date and the last"
+
+
+def _sql_endpoint_reads_the_lake(config, configs: Path, variables: dict[str, str], on_lake: WarehouseStorage) -> None:
+    """``cdc-catalog sql`` (spark-sql on the SQL catalog) reads the REST catalog's tables by name, as stored."""
+    env = {**os.environ, **variables, "CDC_TABLE_CONFIGS": str(configs), "PYTHONPATH": str(REPO)}
+    env.pop("SPARK_REMOTE", None)
+    query = f"SELECT business_date, count(*) FROM cdc.{config.name}_current GROUP BY 1 ORDER BY 1"
+    done = subprocess.run([str(Path(sys.executable).parent / "cdc-catalog"), "sql", "-S", "-e", query], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    counts = {day: int(count) for day, count in (line.split("\t") for line in done.stdout.splitlines() if line.strip())}
+    assert counts == on_lake.row_counts(config.name, CURRENT, DAYS), done.stdout
+    # The metastore is where the lake's variables put it, a local folder; nothing of it in the bucket.
+    assert (Path(variables["CDC_CATALOG_DIR"]) / "metastore_db").is_dir()
+    assert not on_lake.list_names(f"{on_lake.root}/_catalog")
 
 
 def _erase(config, keys: Path, verify: bool = False) -> int:

@@ -21,6 +21,7 @@ DAY = "2024-01-02"
 SETTINGS = {
     "CDC_WAREHOUSE": ("parquet_io_manager", "warehouse_root"),
     "CDC_WRITER_LOCK_TIMEOUT": ("parquet_io_manager", "lock_timeout_seconds"),
+    "CDC_WRITER_LEASE_SECONDS": ("parquet_io_manager", "writer_lease_seconds"),
     "CDC_SPARK_MASTER": ("pyspark", "spark_master"),
     "CDC_SPARK_CONF": ("pyspark", "spark_conf_json"),
 }

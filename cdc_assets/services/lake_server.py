@@ -226,6 +226,8 @@ def lake_environment(handle: LakeHandle) -> dict[str, str]:
         "AWS_REGION": REGION,
         "AWS_ACCESS_KEY_ID": key,
         "AWS_SECRET_ACCESS_KEY": secret,
+        # The SQL catalog's Derby metastore needs a local folder (cdc-catalog, the SQL endpoint).
+        "CDC_CATALOG_DIR": str((handle.state_dir / "sql-catalog").resolve()),
     }
 
 

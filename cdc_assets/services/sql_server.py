@@ -64,7 +64,8 @@ from cdc_assets.services.process import (
 )
 from cdc_assets.services.spark_home import launcher, spark_env, write_properties_file
 from resources.storage import WAREHOUSE_ENV, WarehouseStorage, warehouse_root
-from resources.storage.lake import CATALOG_NAME, spark_catalog_conf
+from resources.storage.lake import CATALOG_NAME, LakeCatalog
+from resources.storage.object_store import is_object_store
 
 SQL_PORT_ENV = "CDC_SQL_PORT"
 DEFAULT_SQL_PORT = 10000
@@ -110,6 +111,7 @@ def catalog_conf(location: Path, root: str) -> dict[str, str]:
         conf.update(LOCAL_DEFAULTS)
     conf.update(spark_conf_from_env())
     conf = with_iceberg_runtime(conf)
+    lake = LakeCatalog.from_environment(root)
     conf.update(
         {
             "spark.sql.catalogImplementation": "hive",
@@ -120,8 +122,11 @@ def catalog_conf(location: Path, root: str) -> dict[str, str]:
             "spark.sql.metadataCacheTTLSeconds": "1",
             # derby.log goes beside the metastore, not into the working directory.
             "spark.driver.extraJavaOptions": f"{conf.get('spark.driver.extraJavaOptions', '')} -Dderby.system.home={location}".strip(),
-            # The views read lake.<table>.<asset>: every session of this JVM (each JDBC client's too) opens it.
-            **spark_catalog_conf(root),
+            # The views read lake.<table>.<asset>: every session of this JVM (each JDBC client's too) opens it,
+            # the embedded catalog or the REST one; a bucket's files through S3A and S3FileIO (keys from the
+            # JVM's environment, never in this conf).
+            **lake.spark_conf(),
+            **(lake.store.spark_conf() if is_object_store(root) else {}),
             # A long-lived session would otherwise go on reading the snapshot it loaded first, for as long
             # as queries keep the cached table in use: each query loads the table's current snapshot.
             f"spark.sql.catalog.{CATALOG_NAME}.cache-enabled": "false",

@@ -4,7 +4,7 @@
 - ``tables``: each asset as an Iceberg table: writing dates in one commit, reading them, their metadata;
 - ``merged``: a state as one table changed by each date's MERGE, with a tag per date (``storage: incremental``);
 - ``layout``: the paths of the project's own records and :func:`warehouse_root`, the one reading of ``CDC_WAREHOUSE``;
-- ``lock``: the per-table writer lock;
+- ``lock``: the per-table writer lock; ``lease``: the same for a warehouse in a bucket, on any host;
 - ``retention``: which dates ``retention.current_days`` / ``staging_days`` drop, and the record of a drop;
 - ``reading``: what a reader is told about a date that is not stored;
 - ``erasure``: the erase ledger;
@@ -22,6 +22,7 @@ from resources.storage.layout import (
     warehouse_location,
     warehouse_root,
 )
+from resources.storage.lease import DEFAULT_LEASE_SECONDS, LEASE_SECONDS_ENV, WriterLeaseLost
 from resources.storage.merged import OPERATION_DATE, StateOrderError
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, LOCK_TIMEOUT_ENV, WriterLockTimeout
 from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout
@@ -34,6 +35,9 @@ __all__ = [
     "DEFAULT_WAREHOUSE",
     "LOCK_FILE",
     "LOCK_TIMEOUT_ENV",
+    "DEFAULT_LEASE_SECONDS",
+    "LEASE_SECONDS_ENV",
+    "WriterLeaseLost",
     "WAREHOUSE_ENV",
     "DroppedPartitionError",
     "MissingPartitionError",

@@ -5,7 +5,7 @@ Per table::
     {root}/{table}/{asset}/                               the asset's Iceberg table (data/, metadata/): Iceberg's
     {root}/{table}/_schemas/{asset}/{id}.json             a Spark schema dates were written with (the hash spec)
     {root}/{table}/_retention/{asset}/business_date=D.json a date retention dropped (when, why)
-    {root}/{table}/_writer.lock                           who is writing the table
+    {root}/{table}/_writer.lock                           who is writing the table (in a bucket: _writer.lease)
     {root}/{table}/_erasures/{request}/request.json       an erase: when, who, why, what it removed
     {root}/{table}/_erasures/{request}/key_hashes/*.parquet the erased keys' hashes (no key value)
     {root}/lake_catalog.db                                the Iceberg catalog (resources/storage/lake.py)
@@ -17,15 +17,13 @@ An incremental state (``storage: {current: incremental}``) is one table, ``lake.
 tag per business date (``merged.py``).
 
 The warehouse is a local (or mounted POSIX) folder, or a prefix in an S3 bucket (``s3://bucket/prefix``):
-then the tables are in a REST catalog wherever it keeps them, the catalog is no file here, and the lock
-is a local one (``lock.py``). Nothing here writes.
+then the tables are in a REST catalog wherever it keeps them, the catalog is no file here, and the writer
+lock is a lease object (``lease.py``). Nothing here writes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -38,6 +36,7 @@ WAREHOUSE_ENV = "CDC_WAREHOUSE"
 # Relative to the working directory of the process that uses it.
 DEFAULT_WAREHOUSE = "warehouse"
 LOCK_FILE = "_writer.lock"
+LEASE_FILE = "_writer.lease"  # resources/storage/lease.py
 # The runs log's folder, beside the tables (no table name starts with "_").
 RUNS_FOLDER = "_runs"
 # Per table, one small file per partition dropped by retention: what tells "dropped" from "never written".
@@ -109,12 +108,8 @@ class WarehouseLayout:
         return f"{self.root}/{table}/{asset}"
 
     def lock_path(self, table: str) -> str:
-        """The writer lock's file. A bucket holds no lock: beside one, the lock is a local file that keeps
-        the writers of this machine apart, and Iceberg's serializable commits keep the hosts apart."""
-        if self.files.remote:
-            local = hashlib.sha256(self.root.encode("utf-8")).hexdigest()[:16]
-            return f"{tempfile.gettempdir()}/cdc-writer-locks/{local}/{table}/{LOCK_FILE}"
-        return f"{self.root}/{table}/{LOCK_FILE}"
+        """The writer lock: a local file (``lock.py``), or in a bucket the lease object (``lease.py``)."""
+        return f"{self.root}/{table}/{LEASE_FILE if self.files.remote else LOCK_FILE}"
 
     def retention_path(self, table: str, asset: str) -> str:
         return f"{self.root}/{table}/{RETENTION_FOLDER}/{asset}"

@@ -86,6 +86,9 @@ class WriterLocks:
         handle.flush()
         self._held[table] = _HeldLock(handle=handle, path=path, pid=os.getpid())
 
+    def confirm(self, table: str) -> None:
+        """Nothing to check: a held ``flock`` cannot be taken from its holder (a lease can, ``lease.py``)."""
+
     def release(self) -> None:
         """Give up every lock this process holds.
 

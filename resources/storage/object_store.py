@@ -69,6 +69,11 @@ class ObjectStore:
         """pyarrow's S3 file system on this store (credentials from the environment's default chain)."""
         return _s3_filesystem(self.endpoint, self.region)
 
+    # -- boto3: the conditional requests pyarrow lacks (the writer lease, lease.py) ----------------------------
+    def client(self):
+        """A boto3 S3 client on this store (credentials from the environment's default chain)."""
+        return _s3_client(self.endpoint, self.region, os.environ.get(ACCESS_KEY_ENV, ""))
+
     # -- Spark: S3A for extracts and the project's files, S3FileIO for Iceberg's ---------------------------
     def hadoop_conf(self) -> dict[str, str]:
         """Hadoop's S3A settings (without the ``spark.hadoop.`` prefix): ``s3://`` read through S3A, and an
@@ -123,3 +128,13 @@ def _s3_filesystem(endpoint: str, region: str):
         return fs.S3FileSystem(region=region)
     parsed = urlparse(endpoint)
     return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme, region=region, force_virtual_addressing=False)
+
+
+@lru_cache(maxsize=8)
+def _s3_client(endpoint: str, region: str, access_key: str):
+    """One client per store and key pair (``access_key`` is in the cache's key so new keys get a new client)."""
+    import boto3
+    from botocore.config import Config
+
+    addressing = {"s3": {"addressing_style": "path"}} if endpoint else {}
+    return boto3.client("s3", endpoint_url=endpoint or None, region_name=region, config=Config(retries={"max_attempts": 3}, **addressing))

@@ -26,6 +26,7 @@ from resources.storage import erasure, fault_injection, retention
 from resources.storage.files import files_for
 from resources.storage.lake import LakeCatalog
 from resources.storage.layout import WarehouseLayout, warehouse_location
+from resources.storage.lease import DEFAULT_LEASE_SECONDS, WriterLeases
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
 from resources.storage.merged import STORED_AS, MergedStates, StateOrderError
 from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables, as_read_now, as_stored, renamed_columns
@@ -46,12 +47,15 @@ class WarehouseStorage:
 
     ``lock_timeout`` is how long a writer waits for another run's lock on a table, in seconds. The
     writer lock (:meth:`hold_writer_lock`) makes one run at a time write a table, in this process or
-    any other on the machine: a date's update spans several Iceberg tables. Reading needs no lock.
+    any other on the machine, or with a warehouse in a bucket on any host (a lease, ``lease.py``): a
+    date's update spans several Iceberg tables. Reading needs no lock.
     """
 
     root: str
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS
+    # A warehouse in a bucket: how long a writer lease lasts unrenewed (lease.py); the holder renews it every third.
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
     # The catalog; None: from the environment (LakeCatalog.from_environment), the embedded one by default.
     lake: LakeCatalog | None = None
     # Partitions this run has read or committed, as (table, asset, date): retention leaves them alone,
@@ -72,7 +76,12 @@ class WarehouseStorage:
         self.layout = WarehouseLayout(self.root, files_for(self.root, self.lake.store))
         self.tables = LakeTables(self.root, self.lake)
         self.merged = MergedStates(self.tables)
-        self._locks = WriterLocks(self.run_id, self.lock_timeout)
+        # A bucket has no flock: its writer lock is a lease object there, which every host sees.
+        self._locks: WriterLocks | WriterLeases = (
+            WriterLeases(self.run_id, self.lake.store, self.lock_timeout, self.lease_seconds)
+            if self.layout.files.remote
+            else WriterLocks(self.run_id, self.lock_timeout)
+        )
 
     # -- paths -----------------------------------------------------------------------------------------
     def asset_path(self, table: str, asset: str) -> str:
@@ -120,7 +129,9 @@ class WarehouseStorage:
         (one the lock does not reach: another host, a file system without locks) committed the same dates
         since; otherwise they fail with ``ConcurrentWriteError``.
         """
-        if not self._locks.holds(table):
+        if self._locks.holds(table):
+            self._locks.confirm(table)  # a lease another host took over fails the write before it commits
+        else:
             self._locks.take(table, self.layout.lock_path(table))
             for asset in self.tables.assets(table):
                 loaded = self.tables.load(table, asset)
@@ -181,6 +192,7 @@ class WarehouseStorage:
         if drop_columns:
             self.tables.drop_columns(frame.sparkSession, table, asset, drop_columns)
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
+        self._locks.confirm(table)
         properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
         if dropped:
             self._record_dropped_by_rerun(table, asset, business_dates, dropped)
@@ -250,6 +262,7 @@ class WarehouseStorage:
         else:  # a date whose columns changed is stored whole: its changes have the columns of the date before
             sid = stored[max(earlier)] if earlier else ""
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
+        self._locks.confirm(table)
         summary = {RUN_ID: self.run_id, WRITTEN_DATES: business_date, STORED_AS: "full" if whole else "changes", **(properties or {})}
         if later:
             summary["cdc.dropped-dates"] = ",".join(later)
