@@ -39,6 +39,7 @@ from pathlib import Path
 
 import duckdb
 
+from benchmarks.catalog_proxy import CountingProxy
 from benchmarks.data import (DAY1, DAY2, KEYS, NON_KEYS, cdc_current, check_counts, dated, expected_day2, generate,
                              partition_bytes, write_config)
 from benchmarks.harness import REPO, OutputsWrong, cold_env, describe, log, mib, print_table, run_env, run_process, verdict
@@ -240,8 +241,8 @@ class Targets:
         result["day2_counts"] = self.check_day2(what, stored, cdc_current(env, TABLE, DAY2) if incremental else None)
 
     def measure_b_lake(self, result: dict) -> None:
-        """(b) with everything in a lake: SeaweedFS's counters give each day's S3 requests (the REST catalog's own
-        requests are not among them: SeaweedFS serves the catalog from its filer, not through its S3 API)."""
+        """(b) with everything in a lake: SeaweedFS's counters give each day's S3 requests, and a counting proxy
+        in front of the REST catalog its requests (SeaweedFS serves the catalog from its filer, uncounted)."""
         from unittest import mock
 
         import pyarrow.fs as pafs
@@ -252,7 +253,8 @@ class Targets:
 
         data = self.data()
         handle = lake_server.start(self.workdir / "lake", s3_port=free_port(), catalog_port=free_port())
-        variables = lake_server.lake_environment(handle)
+        proxy = CountingProxy(handle.catalog_port)
+        variables = {**lake_server.lake_environment(handle), "CDC_CATALOG_URI": proxy.url}
         # This process uploads the extracts and reads the counts back: with the lake's keys, as the runs do.
         with mock.patch.dict(os.environ, variables):
             try:
@@ -261,15 +263,21 @@ class Targets:
                 configs = write_config(self.workdir / "configs" / f"{TABLE}_lake", TABLE, f"s3://{landing}")
                 env = {**run_env(self.workdir / "runs" / "b_lake", configs), **variables}
                 for day, key in ((DAY1, "day1"), (DAY2, "day2")):
-                    before = _s3_requests(handle.metrics())
+                    before, catalog_before = _s3_requests(handle.metrics()), proxy.snapshot()
                     result[key] = self.bench.cli(f"b_lake_{key}", env, TABLE, "--partition", day)
                     after = _s3_requests(handle.metrics())
                     result[key]["s3_requests"] = {kind: n - before.get(kind, 0) for kind, n in sorted(after.items()) if n != before.get(kind, 0)}
-                    log(f"(b-lake) pipeline on the lake {key[:3]} {key[3]}: {self.describe(result[key])}; S3 requests {result[key]['s3_requests']}")
+                    result[key]["catalog_requests"] = dict(sorted((proxy.snapshot() - catalog_before).items()))
+                    log(
+                        f"(b-lake) pipeline on the lake {key[:3]} {key[3]}: {self.describe(result[key])}; S3 requests "
+                        f"{result[key]['s3_requests']}; catalog requests {sum(result[key]['catalog_requests'].values())} "
+                        f"{result[key]['catalog_requests']}"
+                    )
                 result.update(seconds=result["day2"]["seconds"], jvm_peak_rss_mib=result["day2"]["jvm_peak_rss_mib"])
                 stored = {name: (variables["CDC_WAREHOUSE"], TABLE, name, DAY2) for name in ("current_table", "history_partition")}
                 result["day2_counts"] = check_counts("(b-lake) pipeline", stored, expected_day2(self.generated))
             finally:
+                proxy.stop()
                 lake_server.stop(handle.state_dir)
 
     def measure_c(self, result: dict) -> None:

@@ -107,3 +107,15 @@ def test_a_batch_runs_again_only_after_a_rejection_that_ran_nothing():
     assert transient_rejection(several, lost) is None
     # A real error is not transient.
     assert transient_rejection(one, missing) is None
+
+
+def test_a_warehouse_in_a_bucket_needs_a_local_catalog_folder_and_says_which_variable(tmp_path, monkeypatch):
+    from resources.storage.lake import LakeCatalog
+
+    root = "s3://records/warehouse"
+    storage = WarehouseStorage(root, lake=LakeCatalog(root=root, uri="http://127.0.0.1:1", warehouse="s3://lake"))
+    monkeypatch.delenv("CDC_CATALOG_DIR", raising=False)
+    with pytest.raises(ValueError, match=r"s3://records/warehouse is in a bucket.*CDC_CATALOG_DIR"):
+        catalog_dir(storage)
+    monkeypatch.setenv("CDC_CATALOG_DIR", str(tmp_path / "sql-catalog"))
+    assert catalog_dir(storage) == tmp_path / "sql-catalog"

@@ -101,6 +101,15 @@ def _config(folder: Path, load_type: str):
     )
 
 
+def _extracts_in_the_lake(tmp_path: Path, lake, load_type: str):
+    """The load type's extracts, written locally and uploaded to the lake; the table's config; the lake's variables."""
+    extracts = tmp_path / "extracts"
+    _write_extracts(extracts, load_type)
+    config = _config(tmp_path / "configs", load_type)
+    upload(extracts, lake)
+    return extracts, config, lake_variables(lake)
+
+
 def _rows(storage: WarehouseStorage, spark, table: str, asset: str, day: str) -> list[tuple]:
     frame = storage.read_one(spark, table, asset, day).drop(*AUDIT_COLUMNS)
     return sorted((tuple(row) for row in frame.collect()), key=repr)
@@ -124,11 +133,7 @@ def _readers(spark, config) -> tuple[list, list, list, list]:
 
 @pytest.mark.parametrize("load_type", ["full", "delta", "changeset"])
 def test_five_dates_on_the_lake_equal_the_same_dates_on_the_local_default(spark, tmp_path, monkeypatch, load_type, lake):
-    extracts = tmp_path / "extracts"
-    _write_extracts(extracts, load_type)
-    config = _config(tmp_path / "configs", load_type)
-    variables = lake_variables(lake)
-    upload(extracts, lake)
+    extracts, config, variables = _extracts_in_the_lake(tmp_path, lake, load_type)
     local_root = tmp_path / "warehouse"
 
     with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
@@ -256,11 +261,7 @@ def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_an
     """A run of the second date (its own process and JVM) is paused before current_table's commit, after its
     intake's outputs are committed to the REST catalog, and killed with ``kill -9``. No table holds half a
     date; the date run again writes what one uninterrupted run writes, on the lake as on the local default."""
-    extracts = tmp_path / "extracts"
-    _write_extracts(extracts, "full")
-    config = _config(tmp_path / "configs", "full")
-    variables = lake_variables(lake)
-    upload(extracts, lake)
+    extracts, config, variables = _extracts_in_the_lake(tmp_path, lake, "full")
     local_root = tmp_path / "warehouse"
     with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
         run_range(definitions_for(config), DAYS[0], DAYS[1])

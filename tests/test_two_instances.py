@@ -24,9 +24,9 @@ from dagster import DagsterInstance, DagsterRunStatus
 from cdc_assets.names import CURRENT, HISTORY
 from resources.storage import WarehouseStorage
 from resources.storage.tables import RUN_ID, WRITTEN_DATES
-from tests.lake import lake_variables, pointed_at, upload
+from tests.lake import pointed_at
 from tests.pipeline import definitions_for, run_range
-from tests.test_lake import DAYS, REPO, _config, _rows, _write_extracts
+from tests.test_lake import DAYS, REPO, _extracts_in_the_lake, _rows
 
 pytestmark = [pytest.mark.lake, pytest.mark.slow]
 
@@ -83,12 +83,8 @@ def _last_writers(storage: WarehouseStorage, table: str) -> dict[str, dict[str, 
 
 
 def test_two_instances_running_the_same_dates_at_once_take_turns_and_leave_no_mixed_date(spark, tmp_path, monkeypatch, lake):
-    extracts = tmp_path / "extracts"
-    _write_extracts(extracts, "delta")
-    config = _config(tmp_path / "configs", "delta")
+    extracts, config, variables = _extracts_in_the_lake(tmp_path, lake, "delta")
     config_file = str(tmp_path / "configs" / f"{config.name}.yaml")
-    variables = lake_variables(lake)
-    upload(extracts, lake)
     local_root = tmp_path / "warehouse"
     with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
         run_range(definitions_for(config), DAYS[0], DAYS[2])
@@ -126,13 +122,11 @@ def test_two_instances_running_the_same_dates_at_once_take_turns_and_leave_no_mi
 
 
 def test_an_erase_from_one_instance_while_the_other_runs_a_date_waits_and_leaves_both_correct(spark, tmp_path, monkeypatch, lake):
-    extracts, configs = tmp_path / "extracts", tmp_path / "configs"
-    _write_extracts(extracts, "delta")  # a delta carries every key it does not name: the key would come back from a stale state
-    config = _config(configs, "delta")
+    # A delta carries every key it does not name: the key would come back from a stale state.
+    extracts, config, variables = _extracts_in_the_lake(tmp_path, lake, "delta")
+    configs = tmp_path / "configs"
     keys = tmp_path / "keys.csv"
     keys.write_text("id\n1\n")
-    variables = lake_variables(lake)
-    upload(extracts, lake)
     monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
     monkeypatch.delenv("DAGSTER_HOME", raising=False)  # this process's erase tells no instance
     from cdc_assets.erase_command import main as erase
