@@ -31,7 +31,7 @@ else
 export SPARK_REMOTE
 endif
 
-.PHONY: install jars demo test test-fast browser ui validate benchmark benchmark-many benchmark-state spark-server spark-server-stop cluster-up cluster-down lake-up lake-down lake-env sql sql-server sql-server-stop clean
+.PHONY: install jars demo test test-fast lint browser ui validate benchmark benchmark-many benchmark-state spark-server spark-server-stop cluster-up cluster-down lake-up lake-down lake-env sql sql-server sql-server-stop clean
 
 $(BIN)/dagster: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -110,8 +110,12 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster asset materialize -m cdc_assets.definitions --select 'group:synthetic' --partition-range $(DEMO_FIRST)...$(DEMO_LAST)
 	$(BIN)/python -m cdc_assets.report synthetic
 
-test: install browser
+test: install browser lint
 	$(BIN)/python -m pytest
+
+# Ruff's rules are pyproject.toml's [tool.ruff]; `make test` runs this first.
+lint: install
+	$(BIN)/ruff check .
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"

@@ -35,7 +35,7 @@ from pathlib import Path
 import duckdb
 
 from benchmarks import eventlog as ev
-from benchmarks.data import KEYS, NON_KEYS, check_counts, dated, folder_bytes, write_config
+from benchmarks.data import KEYS, NON_KEYS, check_counts, dated, write_config
 from benchmarks.harness import (REPO, Child, OutputsWrong, StepFailed, cold_env, describe, log, print_table, run_env, run_process,
                                 step_seconds, tool)
 from resources.storage import WarehouseStorage
@@ -163,7 +163,7 @@ def measure_load(result: dict, bench, state: dict) -> None:
 # (retention.snapshot_days: 0), timed per asset: what the load's dates left for expiry to delete.
 EXPIRE_ALL = """
 import json, sys, time
-from resources.spark import build_spark_session
+from resources.spark_session import build_spark_session
 from resources.storage import WarehouseStorage
 build_spark_session(app_name="bench-expiry")  # the active session, which the storage's commits use
 storage = WarehouseStorage(sys.argv[1])
@@ -349,7 +349,8 @@ def summary(results: dict) -> None:
     rows = []
     if "seconds" in m.get("yardstick", {}):
         y = m["yardstick"]["day2"]
-        rows.append(["yardstick day 2 (plain PySpark, last date)", y["seconds"], y["other_processes_avg_cores"], round((y["jvm_peak_rss_mib"] or 0) / 1024, 2), 1.0, ""])
+        rows.append(["yardstick day 2 (plain PySpark, last date)", y["seconds"], y["other_processes_avg_cores"],
+                     round((y["jvm_peak_rss_mib"] or 0) / 1024, 2), 1.0, ""])
     if "seconds" in m.get("load", {}):
         lo = m["load"]
         rows.append([f"load: {d.get('dates')} dates in one run", lo["seconds"], lo["other_processes_avg_cores"], round((lo["jvm_peak_rss_mib"] or 0) / 1024, 2),
@@ -369,6 +370,6 @@ def summary(results: dict) -> None:
                      ratio(v["seconds"]), f"exit {v['returncode']}"])
     notes = ["x yardstick: wall / the yardstick's day 2 on the same data (absent: no ratio); other: cores other processes kept busy",
              "erase phases: from its event log and the times its lines were printed (erase: to its summary line; Dagster told: to its next line)"]
-    print_table(f"ERASING KEYS (issue 26)  {d.get('dates')} dates x {d.get('rows_per_date', 0):,} rows, {d.get('erased_keys')} keys  at {results['git_commit']}  "
-                f"{results['started_utc']}  total {results.get('total_seconds', 0):.0f} s",
+    print_table(f"ERASING KEYS (issue 26)  {d.get('dates')} dates x {d.get('rows_per_date', 0):,} rows, {d.get('erased_keys')} keys  "
+                f"at {results['git_commit']}  {results['started_utc']}  total {results.get('total_seconds', 0):.0f} s",
                 ["measurement", "wall s", "other", "JVM RSS GiB", "x yardstick", "rewritten"], rows, notes)

@@ -82,7 +82,7 @@ def measure(bench) -> None:
 
 def sizing() -> dict:
     """The cold phase's default limit: as many drivers as fit in memory, at most 2 per core."""
-    from resources.spark import LOCAL_DEFAULTS, spark_conf_from_env
+    from cdc_assets.services.spark_conf import LOCAL_DEFAULTS, spark_conf_from_env
 
     driver = spark_conf_from_env().get("spark.driver.memory", LOCAL_DEFAULTS["spark.driver.memory"])
     number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)b?", driver.strip().lower()).groups()

@@ -49,7 +49,8 @@ from cdc_assets.automation import RANGE_END_TAG, RANGE_START_TAG
 from cdc_assets.config import TableConfig
 from cdc_assets.core.errors import MESSAGE_WITHHELD, summarized_error_names
 from cdc_assets.freshness import Clock, late, utc_now
-from cdc_assets.names import CURRENT, asset_key
+from cdc_assets.asset_keys import asset_key
+from cdc_assets.names import CURRENT
 from resources.alerts import AlertDeliveryError, AlertWebhook
 
 if TYPE_CHECKING:

@@ -34,7 +34,8 @@ from dagster import (
 from cdc_assets.config import TableConfig
 from cdc_assets.landing import LandedFile, landed
 from cdc_assets.landing import exists as marker_exists
-from cdc_assets.names import CURRENT, HASHED_INCOMING, asset_key
+from cdc_assets.asset_keys import asset_key
+from cdc_assets.names import CURRENT, HASHED_INCOMING
 from cdc_assets.runs_log import config_hash
 
 SCHEDULE_HOUR_UTC = 1
@@ -268,7 +269,8 @@ def build_landing_sensor(
     A date it requested and that was materialized, whose files change afterwards, is reported (a
     warning in the tick's log, the tick's message, and an observation of ``hashed_incoming`` for that
     date), never re-run: later dates were built on its state, so whether to re-run it, with the dates
-    after it (a run of it alone is refused: cdc_assets/core/rerun.py), is the operator's call. ``clock`` gives the time (epoch seconds) the settling is measured with.
+    after it (a run of it alone is refused: cdc_assets/core/rerun.py), is the operator's call. ``clock``
+    gives the time (epoch seconds) the settling is measured with.
     """
     if "://" in config.source.path:
         remote_note = " The source is not on a local filesystem, so this sensor cannot see it; use the schedule."

@@ -23,7 +23,6 @@ import time
 
 from cdc_assets.catalog_ddl import catalog_database, catalog_dir
 from cdc_assets.catalog_describe import describe
-from cdc_assets.config import table_configs_dir
 from cdc_assets.consumers import table_config
 from cdc_assets.services.process import HOST
 from cdc_assets.services.sql_server import (

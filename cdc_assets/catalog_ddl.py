@@ -46,6 +46,7 @@ from urllib.parse import unquote, urlparse
 
 from pyspark.sql import SparkSession
 
+from cdc_assets import settings
 from cdc_assets.config import TableConfig
 from cdc_assets.core.as_configured import configured_select_list, pipeline_columns, wide_columns
 from cdc_assets.core.changes import AUDIT_COLUMNS, EFF_START_DATE, OPERATION
@@ -59,9 +60,9 @@ from resources.storage import WarehouseStorage
 from resources.storage.lake import CATALOG_NAME
 from resources.storage.merged import operation_as_of_sql
 
-DATABASE_ENV = "CDC_CATALOG_DATABASE"
+DATABASE_ENV = settings.CATALOG_DATABASE.name
 DEFAULT_DATABASE = "cdc"
-CATALOG_DIR_ENV = "CDC_CATALOG_DIR"
+CATALOG_DIR_ENV = settings.CATALOG_DIR.name
 RUNS_LOG = "runs_log"
 RUNS_LOG_COMMENT = "one row per run, table and business date (docs/operations.md, Audit columns and the runs log)"
 # The SCD2 view sees every stored history date: its as-of is a date after any business date.

@@ -49,6 +49,7 @@ from cdc_assets.schema_changes import configured_spec
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from resources.state import state_rows, stored_fields
+from cdc_assets.asset_keys import asset_key
 from cdc_assets.names import (
     CLASSIFICATION,
     CURRENT,
@@ -57,13 +58,12 @@ from cdc_assets.names import (
     LATE_CHANGES,
     REJECTS,
     UPDATES,
-    asset_key,
     day_before,
     pool_name,
 )
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.parquet_io_manager import PartitionedParquetIOManager
-from resources.spark import side_by_side
+from resources.spark_session import side_by_side
 
 CHECK_DESCRIPTIONS = {
     (HASHED_INCOMING, "rows_read_reconcile"): "Nothing lost at intake: rows read = rows in hashed_incoming + rows in rejects.",

@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType
 
+from cdc_assets import settings
 from cdc_assets.config import TableConfig, table_configs_dir
 from cdc_assets.consumers import (
     changes_between,
@@ -35,7 +36,8 @@ from cdc_assets.consumers import (
     table_config,
 )
 from cdc_assets.core.between import CHANGE_TYPE, UPDATE_POSTIMAGE
-from resources.spark import NO_UI, build_spark_session
+from cdc_assets.services.spark_conf import NO_UI
+from resources.spark_session import build_spark_session
 from resources.storage import warehouse_root
 
 # Without --out, cdc-changes prints at most this many rows.
@@ -237,7 +239,7 @@ def protected_folder(path: str) -> str | None:
         "the home directory": os.path.expanduser("~"),
         "the warehouse": warehouse,
         "the table config folder": str(table_configs_dir()),
-        "the data root (CDC_DATA_ROOT)": os.environ.get("CDC_DATA_ROOT", "."),
+        "the data root (CDC_DATA_ROOT)": settings.DATA_ROOT.value(),
     }
     for name, folder in folders.items():
         folder = os.path.realpath(folder)

@@ -20,7 +20,9 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-TABLE_CONFIGS_ENV = "CDC_TABLE_CONFIGS"
+from cdc_assets import settings
+
+TABLE_CONFIGS_ENV = settings.TABLE_CONFIGS.name
 DEFAULT_TABLE_CONFIGS = Path(__file__).resolve().parent.parent / "table_configs"
 
 # Spark SQL type names a column may be cast to. Anything else is a config error, not a runtime one.
@@ -491,7 +493,7 @@ class Source(BaseModel):
     def _resolve(resolved: str) -> str:
         if "://" in resolved or os.path.isabs(resolved):
             return resolved
-        root = os.environ.get("CDC_DATA_ROOT", ".").strip() or "."
+        root = settings.DATA_ROOT.value()
         if "://" in root:  # a bucket (s3://landing/extracts): joined as a key prefix
             return f"{root.rstrip('/')}/{resolved}"
         return str(Path(root).resolve() / resolved)

@@ -15,10 +15,12 @@ from dagster import Definitions, in_process_executor
 from cdc_assets.alerts import ALERT_WEBHOOK_KEY, build_alert_sensor, watched_table
 from cdc_assets.config import load_table_configs
 from cdc_assets.factory import IO_MANAGER_KEY, TableDefinitions, build_table_definitions
-from resources import PartitionedParquetIOManager, PipelineSparkResource, warehouse_root
+from resources.parquet_io_manager import PartitionedParquetIOManager
+from resources.spark import PipelineSparkResource
+from resources.storage import warehouse_root
 from resources.alerts import DEFAULT_UI_BASE_URL, UI_BASE_URL_ENV, WEBHOOK_URL_ENV, AlertWebhook
 from resources.fields import env_or_default
-from resources.spark import SPARK_CONF_ENV, SPARK_MASTER_ENV, spark_conf_from_env
+from cdc_assets.services.spark_conf import spark_conf_from_env
 from resources.storage.lake import LakeCatalog
 
 
@@ -27,10 +29,7 @@ def build_definitions(tables: list[TableDefinitions]) -> Definitions:
     # CDC_WAREHOUSE (gs://, ...), a bucket without a REST catalog, a CDC_SPARK_CONF that is not a JSON object.
     LakeCatalog.from_environment(warehouse_root())
     spark_conf_from_env()
-    spark = PipelineSparkResource(
-        spark_master=env_or_default(SPARK_MASTER_ENV, ""),
-        spark_conf_json=env_or_default(SPARK_CONF_ENV, ""),
-    )
+    spark = PipelineSparkResource.from_environment()
     warehouse = PartitionedParquetIOManager.from_environment(spark)
     alert_webhook = AlertWebhook(
         webhook_url=env_or_default(WEBHOOK_URL_ENV, ""), ui_base_url=env_or_default(UI_BASE_URL_ENV, DEFAULT_UI_BASE_URL)

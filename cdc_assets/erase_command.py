@@ -24,9 +24,9 @@ from cdc_assets.consumers import table_config
 from cdc_assets.core.erasure import KeysFileError
 from cdc_assets.erasure import Verification, erase_keys, verify_erased
 from cdc_assets.erasure_events import describe, erasure_check_evaluations, erasure_materializations, touched_days
-from resources import PartitionedParquetIOManager, PipelineSparkResource
-from resources.fields import env_or_default
-from resources.spark import NO_UI, SPARK_CONF_ENV, SPARK_MASTER_ENV
+from resources.parquet_io_manager import PartitionedParquetIOManager
+from resources.spark import PipelineSparkResource
+from cdc_assets.services.spark_conf import NO_UI
 from resources.storage.erasure import TORN, torn_ledger_error
 
 
@@ -63,9 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cdc-erase: error: {error}", file=sys.stderr)
         return 2
     io_manager = PartitionedParquetIOManager.from_environment(
-        PipelineSparkResource(
-            spark_master=env_or_default(SPARK_MASTER_ENV, ""), spark_conf_json=env_or_default(SPARK_CONF_ENV, ""), spark_config=NO_UI
-        ),
+        PipelineSparkResource.from_environment(spark_config=NO_UI),
     )
     spark, storage = io_manager.pyspark.spark_session, io_manager.storage
     try:

@@ -30,8 +30,9 @@ from cdc_assets.checks import cdc_outcomes, evaluation, intake_outcomes
 from cdc_assets.config import TableConfig
 from cdc_assets.core.changes import DELETE, INSERT, UNCHANGED, UPDATE
 from cdc_assets.erasure import ErasureResult, erase_keys
+from cdc_assets.asset_keys import asset_key
 from cdc_assets.names import (
-    CDC_OUTPUTS, CHANGESET_OUTPUTS, CLASSIFICATION, CURRENT, HASHED_INCOMING, HISTORY, LATE_CHANGES, REJECTS, asset_key, pool_name,
+    CDC_OUTPUTS, CHANGESET_OUTPUTS, CLASSIFICATION, CURRENT, HASHED_INCOMING, HISTORY, LATE_CHANGES, REJECTS, pool_name,
 )
 from resources.parquet_io_manager import PartitionedParquetIOManager
 

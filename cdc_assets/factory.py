@@ -56,7 +56,9 @@ from cdc_assets.core.incoming import prepare_incoming_dates
 from cdc_assets.core.plan import plan_changes
 from cdc_assets.core.rerun import RerunDecision, rerun_decision
 from cdc_assets.core.schema import migrate_state, values_for_added_columns, with_hash_spec
-from cdc_assets.core.source import CHANGE_SEQUENCE, read_source
+from cdc_assets.core.intake_columns import CHANGE_SEQUENCE
+from cdc_assets.core.source import read_source
+from cdc_assets.asset_keys import asset_key
 from cdc_assets.names import (
     CLASSIFICATION,
     CURRENT,
@@ -68,7 +70,6 @@ from cdc_assets.names import (
     UPDATES,
     APPLIED_SEQUENCES,
     LATE_CHANGES,
-    asset_key,
     cdc_outputs,
     day_before,
     pool_name,
@@ -95,7 +96,7 @@ from resources.state import (
     state_rows,
     state_since_full,
 )
-from resources.spark import SCHEDULER_POOL, for_each_date
+from resources.spark_session import SCHEDULER_POOL, for_each_date
 
 IO_MANAGER_KEY = "parquet_io_manager"
 BACKFILL_TAG = "dagster/backfill"  # Dagster's tag on every run a backfill launches: the backfill's id

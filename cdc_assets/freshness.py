@@ -41,7 +41,8 @@ from dagster import (
 )
 
 from cdc_assets.config import Freshness, TableConfig
-from cdc_assets.names import CURRENT, asset_key
+from cdc_assets.asset_keys import asset_key
+from cdc_assets.names import CURRENT
 
 FRESHNESS_CHECK = "freshness"
 FRESHNESS_SENSOR_INTERVAL_SECONDS = 60

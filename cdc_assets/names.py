@@ -1,8 +1,7 @@
-"""Asset names and keys shared by the factory, the checks, the schedule and the sensor."""
+"""Asset names shared by the factory, the checks, the readers, the schedule and the sensor: plain strings, no
+Dagster (their keys: ``asset_keys.py``)."""
 
 from datetime import date, timedelta
-
-from dagster import AssetKey
 
 from cdc_assets.config import TableConfig
 
@@ -24,11 +23,6 @@ CHANGESET_OUTPUTS = (LATE_CHANGES, APPLIED_SEQUENCES)
 def cdc_outputs(config: TableConfig) -> tuple[str, ...]:
     """The assets a table's CDC step writes, in the order it writes them."""
     return CDC_OUTPUTS + CHANGESET_OUTPUTS if config.changes is not None else CDC_OUTPUTS
-
-
-def asset_key(config: TableConfig, name: str) -> AssetKey:
-    """Every asset of a table is keyed ``[table, name]``; the IO manager maps that onto the warehouse."""
-    return AssetKey([config.name, name])
 
 
 def day_before(day: str) -> str:

@@ -14,7 +14,8 @@ import sys
 
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.names import CURRENT, HISTORY
-from resources.spark import NO_UI, build_spark_session
+from cdc_assets.services.spark_conf import NO_UI
+from resources.spark_session import build_spark_session
 from resources.storage import WarehouseStorage, warehouse_root
 
 

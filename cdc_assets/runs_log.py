@@ -28,13 +28,15 @@ from pathlib import Path
 import pyarrow as pa
 from dagster import AssetExecutionContext
 
+from cdc_assets import settings
 from cdc_assets.config import TableConfig
 from cdc_assets.core.errors import error_summary
-from cdc_assets.names import CURRENT, asset_key
+from cdc_assets.asset_keys import asset_key
+from cdc_assets.names import CURRENT
 from resources.storage import WarehouseStorage
 
 SUCCEEDED, FAILED = "succeeded", "failed"
-GIT_COMMIT_ENV = "CDC_GIT_COMMIT"
+GIT_COMMIT_ENV = settings.GIT_COMMIT.name
 # The operations' counts, by their names in the materialization metadata.
 COUNT_COLUMNS = {"I": "inserts", "U": "updates", "D": "deletes", "X": "not_supplied", "N": "unchanged"}
 

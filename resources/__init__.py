@@ -1,13 +1,4 @@
-"""Dagster resources: the Spark session, the warehouse storage, and the Parquet IO manager over it."""
-
-from resources.parquet_io_manager import PartitionedParquetIOManager
-from resources.spark import PipelineSparkResource, build_spark_session
-from resources.storage import WarehouseStorage, warehouse_root
-
-__all__ = [
-    "PartitionedParquetIOManager",
-    "PipelineSparkResource",
-    "WarehouseStorage",
-    "build_spark_session",
-    "warehouse_root",
-]
+"""The layers below the Dagster definitions: ``storage/`` (the warehouse, no Dagster), the Spark sessions
+(``spark_session.py``, no Dagster) and the Dagster resources over them (``spark.py``, ``parquet_io_manager.py``,
+``alerts.py``). Import each from its module: this package imports nothing, so that a command that reads the
+warehouse does not load Dagster."""

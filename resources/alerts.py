@@ -24,10 +24,11 @@ from urllib.parse import quote, urlsplit
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
+from cdc_assets import settings
 from resources.fields import resolved_field
 
-WEBHOOK_URL_ENV = "CDC_ALERT_WEBHOOK_URL"
-UI_BASE_URL_ENV = "CDC_UI_BASE_URL"
+WEBHOOK_URL_ENV = settings.ALERT_WEBHOOK_URL.name
+UI_BASE_URL_ENV = settings.UI_BASE_URL.name
 DEFAULT_UI_BASE_URL = "http://127.0.0.1:3000"
 # Long enough for a slow receiver, short enough that a dead one leaves the sensor's tick (60 s) time.
 POST_TIMEOUT_SECONDS = 5.0

@@ -32,7 +32,7 @@ from pyspark.sql.types import StructType
 from cdc_assets.config import CHANGESET_COLUMNS, LoadType, reserved_name_problem
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.fields import env_or_default, resolved_field, seconds_field
-from resources.spark import for_each_date
+from resources.spark_session import for_each_date
 from resources.state import read_state
 from resources.storage import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,

@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-MODE_ENV = "CDC_SPARK"
-MASTER_ENV = "CDC_SPARK_MASTER"
-SERVER_DIR_ENV = "CDC_SPARK_SERVER_DIR"
-OWNER_ENV = "CDC_SPARK_SERVER_OWNER"
-CONNECT_TIMEOUT_ENV = "CDC_SPARK_CONNECT_TIMEOUT"
+from cdc_assets import settings
+
+MODE_ENV = settings.SPARK_MODE.name
+MASTER_ENV = settings.SPARK_MASTER.name
+SERVER_DIR_ENV = settings.SPARK_SERVER_DIR.name
+OWNER_ENV = settings.SPARK_SERVER_OWNER.name
+CONNECT_TIMEOUT_ENV = settings.SPARK_CONNECT_TIMEOUT.name
 MODES = ("auto", "server", "local")
 # The mode of a target named by SPARK_REMOTE, whatever CDC_SPARK says.
 REMOTE_MODE = "remote"
@@ -94,7 +96,7 @@ def resolve_spark_target(start_server: bool | None = None, master: str | None = 
     if it cannot start, the run falls back to a session of its own and the description says why.
     ``master`` stands for ``CDC_SPARK_MASTER`` (the Spark resource passes its ``spark_master`` field).
     """
-    remote = os.environ.get("SPARK_REMOTE", "").strip()
+    remote = settings.SPARK_REMOTE.value()
     if remote:
         return SparkTarget(REMOTE_MODE, remote, f"the Spark Connect server SPARK_REMOTE={remote}")
     mode = spark_mode()

@@ -34,7 +34,7 @@ os.environ.pop("AWS_PROFILE", None)
 
 @pytest.fixture(scope="session")
 def spark():
-    from resources.spark import build_spark_session
+    from resources.spark_session import build_spark_session
 
     # The pipeline's resource reuses this session through getOrCreate, so tests and runs share one JVM.
     session = build_spark_session(

@@ -1,21 +1,14 @@
-"""Servers that tests start as whole process trees (dagster dev, make ui): a free port, a log's tail, and a
+"""Servers that tests start as whole process trees (dagster dev, make ui): a log's tail, and a
 stop that leaves nothing behind, found by process group and by the test's unique DAGSTER_HOME."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
 import psutil
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def tail(path: Path, lines: int = 80) -> str:

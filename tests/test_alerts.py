@@ -27,7 +27,8 @@ from cdc_assets.core.erasure import erased_key_hashes
 from cdc_assets.definitions import build_definitions
 from cdc_assets.factory import build_table_definitions
 from cdc_assets.freshness import FRESHNESS_CHECK, build_freshness_sensor
-from cdc_assets.names import CURRENT, asset_key
+from cdc_assets.asset_keys import asset_key
+from cdc_assets.names import CURRENT
 import resources.alerts
 from resources.alerts import UI_BASE_URL_ENV, WEBHOOK_URL_ENV, AlertDeliveryError, AlertWebhook
 from tests.pipeline import write_table_config

@@ -21,7 +21,8 @@ from cdc_assets.automation import (
 from cdc_assets.config import TableConfigError
 from cdc_assets.core.source import read_source
 from cdc_assets.factory import build_table_definitions
-from cdc_assets.names import CURRENT, HASHED_INCOMING, asset_key
+from cdc_assets.asset_keys import asset_key
+from cdc_assets.names import CURRENT, HASHED_INCOMING
 from tests.pipeline import definitions_for, partition_dir, read_stored, write_table_config
 
 # The tags the sensor daemon puts on a run it launches for a sensor's run request.

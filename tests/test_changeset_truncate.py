@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from cdc_assets.config import load_table_config
 from cdc_assets.names import APPLIED_SEQUENCES, CURRENT, HISTORY, LATE_CHANGES
 from tests.changeset_reference import apply_days
-from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_range
 
 TABLE = "events"
 DAYS = ["2024-01-01", "2024-01-02", "2024-01-03"]

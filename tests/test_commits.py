@@ -131,7 +131,7 @@ from pathlib import Path
 fcntl.flock = lambda fd, operation: None
 
 from pyspark.sql import functions as F
-from resources.spark import build_spark_session
+from resources.spark_session import build_spark_session
 from resources.storage import ConcurrentWriteError, WarehouseStorage
 
 root, name, day, barrier = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])

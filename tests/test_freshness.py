@@ -20,7 +20,8 @@ from cdc_assets.freshness import (
     late,
     latest_due,
 )
-from cdc_assets.names import CURRENT, asset_key
+from cdc_assets.asset_keys import asset_key
+from cdc_assets.names import CURRENT
 from tests.pipeline import write_table_config
 
 AMSTERDAM = Freshness(expected_by="06:00", timezone="Europe/Amsterdam")

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from cdc_assets.duckdb_iceberg import duckdb_connection, extension_directory
 from cdc_assets.services import iceberg_runtime
 from cdc_assets.services.iceberg_runtime import ICEBERG_EXTENSIONS, IcebergRuntimeMissing, iceberg_jars, with_iceberg_runtime
-from resources.spark import session_conf, spark_config
+from resources.spark_session import session_conf, spark_config
 from resources.storage.lake import pyiceberg_properties, use_catalog
 
 REPO = Path(__file__).resolve().parent.parent

@@ -142,7 +142,7 @@ def test_output_schema_and_history_as_one_dataset(spark, day_by_day):
         (DAY1, "I"): 10000, (DAY2, "I"): 2000, (DAY2, "U"): 4000, (DAY2, "D"): 2000, (DAY3, "I"): 700, (DAY3, "U"): 1000, (DAY3, "D"): 500,
     }  # fmt: skip
     # The same table read outside Spark: pyiceberg's scan, queried in DuckDB.
-    rows = load_catalog("lake", **pyiceberg_properties(str(warehouse))).load_table("synthetic.history_partition").scan().to_arrow()
+    rows = load_catalog("lake", **pyiceberg_properties(str(warehouse))).load_table("synthetic.history_partition").scan().to_arrow()  # noqa: F841 — DuckDB reads it by name
     duck = duckdb.sql("select cast(business_date as varchar), count(*) from rows group by 1 order by 1").fetchall()
     assert duck == [(DAY1, 10000), (DAY2, 8000), (DAY3, 2200)]
 

@@ -41,7 +41,7 @@ from cdc_assets.config import load_table_config
 from cdc_assets.consumers import scd2_duckdb_sql
 from cdc_assets.definitions import build_definitions
 from cdc_assets.factory import build_table_definitions
-from resources import build_spark_session
+from resources.spark_session import build_spark_session
 from resources.storage import WarehouseStorage
 
 config = load_table_config(sys.argv[3])

@@ -15,7 +15,9 @@ from dagster._core.remote_representation.external_data import RepositorySnap, Re
 
 from cdc_assets.definitions import build_definitions
 from cdc_assets.factory import IO_MANAGER_KEY
-from resources import PartitionedParquetIOManager, PipelineSparkResource, WarehouseStorage
+from resources.parquet_io_manager import PartitionedParquetIOManager
+from resources.spark import PipelineSparkResource
+from resources.storage import WarehouseStorage
 
 DAY = "2024-01-02"
 SETTINGS = {

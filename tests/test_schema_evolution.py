@@ -16,7 +16,6 @@ import pytest
 from dagster import DagsterInstance
 from pyiceberg.expressions import EqualTo
 
-from cdc_assets.config import LoadType
 from cdc_assets.consumers import current_state, scd2_view
 from cdc_assets.core.schema import HASH_SPEC_METADATA, HashSpec
 from cdc_assets.names import CURRENT, HISTORY, UPDATES

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from resources import PartitionedParquetIOManager, PipelineSparkResource
+from resources.parquet_io_manager import PartitionedParquetIOManager
+from resources.spark import PipelineSparkResource
 from resources.storage.lake import CatalogSettingError
 from cdc_assets.definitions import build_definitions
 from resources.storage import (

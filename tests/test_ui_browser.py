@@ -27,7 +27,8 @@ import requests
 
 from resources.storage import WarehouseStorage
 from tests.pipeline import stored_arrow
-from tests.processes import free_port, our_processes, stop_process_tree, tail
+from cdc_assets.services.process import free_port
+from tests.processes import our_processes, stop_process_tree, tail
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,8 @@ import requests
 from cdc_assets.services import connect_server
 from cdc_assets.services.process import process_alive
 from resources.storage import WarehouseStorage
-from tests.processes import free_port, stop_process_tree, tail
+from cdc_assets.services.process import free_port
+from tests.processes import stop_process_tree, tail
 
 pytestmark = pytest.mark.slow
 
@@ -182,7 +183,8 @@ def test_make_ui_keeps_one_warm_server_for_runs_of_two_tables_at_once_and_stops_
             server = server or connect_server.running_server(state)
             try:
                 if server is not None and requests.get(f"http://127.0.0.1:{port}/server_info", timeout=5).ok:
-                    workspace = requests.post(url, json={"query": "{ repositoriesOrError { __typename ... on RepositoryConnection { nodes { name } } } }"}, timeout=30).json()
+                    query = "{ repositoriesOrError { __typename ... on RepositoryConnection { nodes { name } } } }"
+                    workspace = requests.post(url, json={"query": query}, timeout=30).json()
                     if workspace.get("data", {}).get("repositoriesOrError", {}).get("nodes"):
                         break
             except requests.RequestException:
@@ -226,7 +228,8 @@ def test_make_ui_keeps_one_warm_server_for_runs_of_two_tables_at_once_and_stops_
         assert statuses == {"orders": "SUCCESS", "accounts": "SUCCESS"}, (statuses, failures, tail(log))
         application = connect_server.probe(server.port)["spark.app.id"]
         for table in runs:
-            assert any(f"Spark for this run: the project's warm Spark Connect server {server.url} (pid {server.pid})" in m for m in messages[table]), messages[table]
+            warm = f"Spark for this run: the project's warm Spark Connect server {server.url} (pid {server.pid})"
+            assert any(warm in m for m in messages[table]), messages[table]
             assert any(f"on application {application}" in m for m in messages[table]), messages[table]
         assert connect_server.running_server(state).pid == server.pid  # one server all along
     finally:

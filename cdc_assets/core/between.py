@@ -29,7 +29,6 @@ from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 CHANGE_TYPE, FROM_DATE, TO_DATE = "_change_type", "_from_date", "_to_date"
 INSERT, DELETE = "insert", "delete"
 UPDATE_PREIMAGE, UPDATE_POSTIMAGE = "update_preimage", "update_postimage"
-CHANGE_TYPES = (INSERT, DELETE, UPDATE_PREIMAGE, UPDATE_POSTIMAGE)
 # Each side's columns get a prefix; configured names may not start with INTERNAL_PREFIX.
 _BEFORE, _AFTER = f"{INTERNAL_PREFIX}before_", f"{INTERNAL_PREFIX}after_"
 _LAST_CHANGE = f"{INTERNAL_PREFIX}last_change"

@@ -61,7 +61,7 @@ from cdc_assets.core.changes import (
 from cdc_assets.core.compare import CHANGED_COLUMNS, no_changed_columns
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH, canonical_text, framed
 from cdc_assets.core.incoming import SAMPLE_SIZE, DuplicateKeysError
-from cdc_assets.core.source import CHANGE_FLAG, CHANGE_SEQUENCE, TRUNCATE, UNAVAILABLE_COLUMNS
+from cdc_assets.core.intake_columns import CHANGE_FLAG, CHANGE_SEQUENCE, TRUNCATE, UNAVAILABLE_COLUMNS
 
 # applied_sequences: the last sequence applied to each key, and whether that change deleted it.
 SEQUENCE, DELETED, APPLIED_ON = "sequence", "deleted", "applied_on"

@@ -53,7 +53,7 @@ from pyspark.sql.types import ArrayType, MapType, StringType, StructField, Struc
 
 from cdc_assets.config import INTERNAL_PREFIX, Column, TableConfig
 from cdc_assets.core.encoding import LOSSLESS, SourceEncoding, reason
-from cdc_assets.core.source import (
+from cdc_assets.core.intake_columns import (
     FLAG,
     RAW_LINE,
     RECORD_ID,
@@ -64,7 +64,7 @@ from cdc_assets.core.source import (
     SourceError,
     no_input_error,
 )
-from cdc_assets.core.source import READER_PROBLEM as BAD
+from cdc_assets.core.intake_columns import READER_PROBLEM as BAD
 
 
 # Logical type names (the embedded schema's "name") and the unit of their numbers.

@@ -144,11 +144,6 @@ def _json_value(name: str, place: str) -> str:
     return f"get_json_object(`{RAW_RECORD}`, '{place.format(name=name)}')"
 
 
-def matching(frame: DataFrame, erased: DataFrame, key_hash: str = KEY_HASH) -> DataFrame:
-    """The rows of ``frame`` whose ``key_hash`` (or the column ``key_hash``) is an erased key's."""
-    return frame.join(F.broadcast(erased.withColumnRenamed(KEY_HASH, key_hash)), on=key_hash, how="left_semi")
-
-
 def without(frame: DataFrame, erased: DataFrame, key_hash: str = KEY_HASH) -> DataFrame:
     """``frame`` without the rows of erased keys, its columns in their order (NULL hashes are kept)."""
     kept = frame.join(F.broadcast(erased.withColumnRenamed(KEY_HASH, key_hash)), on=key_hash, how="left_anti")

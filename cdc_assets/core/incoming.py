@@ -21,11 +21,8 @@ from cdc_assets.core.caching import persist
 from cdc_assets.core.errors import SummarizedError
 from cdc_assets.core.hashing import KEY_HASH, add_hashes
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.intake_columns import RAW_RECORD, RECORD_ID, REJECT_REASON, SOURCE_FILE
 from cdc_assets.core.source import (
-    RAW_RECORD,
-    RECORD_ID,
-    REJECT_REASON,
-    SOURCE_FILE,
     accepted_records,
     header_mismatch,
     is_tombstone,

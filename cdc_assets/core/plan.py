@@ -29,7 +29,7 @@ from cdc_assets.core.changeset import APPLIED_ON, DELETED, ChangeSetRules, apply
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.compare import CHANGED_COLUMNS
 from cdc_assets.core.hashing import KEY_HASH
-from cdc_assets.core.source import CHANGE_FLAG, TRUNCATE
+from cdc_assets.core.intake_columns import CHANGE_FLAG, TRUNCATE
 from cdc_assets.core.state import latest_rows, state_difference, stored_changes
 
 # Rows per task when the outputs are written (at most the session's shuffle partitions). Each task

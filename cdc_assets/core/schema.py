@@ -181,7 +181,10 @@ def schema_change(
         "definition (docs/schema-changes.md, Re-baseline)."
     )
     if stored.version != configured.version:
-        raise SchemaChangeError(f"{where}: the state as of {stored_as_of} was hashed with encoding version {stored.version}, this release uses {configured.version}. {redo}")
+        raise SchemaChangeError(
+            f"{where}: the state as of {stored_as_of} was hashed with encoding version {stored.version}, this release uses "
+            f"{configured.version}. {redo}"
+        )
     if stored.keys != configured.keys:
         raise SchemaChangeError(
             f"{where}: field 'keys' changed: the state as of {stored_as_of} was written with keys {_shown(stored.keys)}, "

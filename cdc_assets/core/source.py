@@ -17,22 +17,15 @@ from pyspark.sql.types import StringType, StructField, StructType
 from cdc_assets.config import DEBEZIUM_OPERATIONS, INTAKE_COLUMNS, INTERNAL_PREFIX, SourceFormat, TableConfig
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.encoding import LOSSLESS, SourceEncoding, reason
-from cdc_assets.core.errors import SummarizedError
+from cdc_assets.core.debezium import read_debezium
+from cdc_assets.core.intake_columns import (
+    CHANGE_FLAG, CHANGE_SEQUENCE, FLAG, RAW_LINE, RAW_RECORD, READER_PROBLEM, RECORD_ID, REJECT_REASON, SEQUENCE_PREFIX, SOURCE_FILE,
+    TOMBSTONE, TRUNCATE, UNAVAILABLE, UNAVAILABLE_COLUMNS, SourceError, no_input_error, sequence_text_column,
+)  # fmt: skip
 
-SOURCE_FILE = "_source_file"
-RAW_RECORD = "_raw_record"
-REJECT_REASON = "_reject_reason"
-RECORD_ID = "_record_id"  # increases in file order within each file; ranks give record numbers
 _CORRUPT = "_corrupt_record"
 # RFC 4180 doubles quotes inside quoted fields; Spark's CSV reader escapes with a backslash by default.
 CSV_DEFAULTS = {"header": "true", "escape": '"', "mode": "PERMISSIVE"}
-
-
-class SourceError(SummarizedError, RuntimeError):
-    """The day's input cannot be used as a whole: missing, or its columns do not match the config.
-
-    What a file's header says goes in the detail only: a file landed without a header has a record there.
-    """
 
 
 def _options(config: TableConfig) -> dict[str, str]:
@@ -51,14 +44,6 @@ def _reader(spark: SparkSession, config: TableConfig):
 
 def _has_header(config: TableConfig) -> bool:
     return config.source.format is SourceFormat.csv and _options(config).get("header", "true").lower() == "true"
-
-
-def no_input_error(config: TableConfig, path: str) -> SourceError:
-    """The error for an extract that is missing, or holds only empty files: never read as an empty one."""
-    return SourceError(
-        f"table {config.name}: no input at {path}. A missing extract is never treated as an empty one; "
-        "land the file or fix source.path."
-    )
 
 
 def _header_columns(spark: SparkSession, config: TableConfig, path: str) -> list[str]:
@@ -162,27 +147,6 @@ def header_mismatch(config: TableConfig, error: BaseException) -> SourceError | 
     )
 
 
-# A changeset's working columns (see core/changeset.py): the record's flag as found in the source,
-# and, for Debezium, each sequence field's text, tombstone lines, and a reason the reader gave up.
-FLAG = f"{INTERNAL_PREFIX}flag"
-TOMBSTONE = f"{INTERNAL_PREFIX}tombstone"
-READER_PROBLEM = f"{INTERNAL_PREFIX}bad"
-RAW_LINE = f"{INTERNAL_PREFIX}raw_line"
-# Debezium: the columns an event left out as unchanged (the connector's placeholder), NULL if none.
-# Carried into hashed_incoming as UNAVAILABLE_COLUMNS, where the CDC step fills them in.
-UNAVAILABLE = f"{INTERNAL_PREFIX}unavailable"
-UNAVAILABLE_COLUMNS = "unavailable_columns"
-CHANGE_FLAG, CHANGE_SEQUENCE = "change_flag", "change_sequence"
-TRUNCATE = "T"
-
-
-SEQUENCE_PREFIX = f"{INTERNAL_PREFIX}sequence_"
-
-
-def sequence_text_column(index: int) -> str:
-    return f"{SEQUENCE_PREFIX}{index}"
-
-
 def _source_columns(config: TableConfig) -> list[str]:
     """The columns the extract must have: the configured ones, and a flagged changeset's flag column."""
     names = [column.name for column in config.columns]
@@ -247,8 +211,6 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     another order, fails the read (see :func:`header_mismatch`) instead of being read by position.
     """
     if config.source.format is SourceFormat.debezium:
-        from cdc_assets.core.debezium import read_debezium
-
         return read_debezium(spark, config, business_date)
     path = config.source.path_for(business_date)
     found = _header_columns(spark, config, path)  # a CSV header as read: ISO-8859-1, see _options

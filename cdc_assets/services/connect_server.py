@@ -23,8 +23,7 @@ Conf, lowest precedence first: ``PIPELINE_DEFAULTS``, ``LOOPBACK_DEFAULTS``, ``L
 ``master``, else ``CDC_SPARK_MASTER``, else ``local[*]``. Every Connect session starts from this conf:
 static conf (``spark.driver.memory``, ...) can only be set here, not by a client's builder.
 
-No Dagster import of its own; the shared conf defaults come from ``resources.spark`` (imported only to
-start a server, since that module imports Dagster). The process handling is :mod:`cdc_assets.services.process`'s.
+No Dagster here; the conf defaults every JVM shares are :mod:`cdc_assets.services.spark_conf`'s. The process handling is :mod:`cdc_assets.services.process`'s.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdc_assets import settings
 from cdc_assets.services.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.services.process import (
     HOST,
@@ -54,11 +54,12 @@ from cdc_assets.services.process import (
     stop_group,
     write_number_file,
 )
+from cdc_assets.services.spark_conf import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
 from cdc_assets.services.spark_home import launcher, spark_env, write_properties_file
 
 DEFAULT_PORT = 15002
 DEFAULT_STATE_DIR = ".spark-server"
-PORT_ENV = "SPARK_CONNECT_PORT"
+PORT_ENV = settings.SPARK_CONNECT_PORT.name
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 PID_FILE = "server.pid"
 PORT_FILE = "server.port"
@@ -125,9 +126,8 @@ def machine_memory_gib() -> float:
 
 def server_conf(port: int, master: str | None = None, conf: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
     """The master and the conf a server on ``port`` gets (in its properties file)."""
-    from resources.spark import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
 
-    resolved_master = master or os.environ.get("CDC_SPARK_MASTER") or "local[*]"
+    resolved_master = master or settings.SPARK_MASTER.value() or "local[*]"
     merged = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS}
     if resolved_master.startswith("local"):
         merged.update(LOCAL_DEFAULTS)
@@ -164,8 +164,9 @@ def start_server(
 
     If the server recorded in ``state_dir`` is alive on ``port``, it is returned as it is (its conf is not
     changed). ``owner`` is recorded with a server this call starts (see :func:`server_owner`), e.g. so that
-    ``make ui`` stops at its end the server it (or one of its runs) started, and no other. Once started, the server is in a session of its own: Ctrl-C of the caller does not reach
-    it (interrupting ``start_server`` while it waits does stop the half-started server).
+    ``make ui`` stops at its end the server it (or one of its runs) started, and no other. Once started, the
+    server is in a session of its own: Ctrl-C of the caller does not reach it (interrupting ``start_server``
+    while it waits does stop the half-started server).
 
     Raises ``RuntimeError`` if that server runs on another port, if the port is taken, or if the server
     dies while starting, and ``TimeoutError`` (after stopping it) if it is not ready within ``timeout``

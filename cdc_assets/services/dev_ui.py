@@ -36,6 +36,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdc_assets import settings
+
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
@@ -86,8 +88,8 @@ class WarmSpark:
         self.state = server_state_dir()
         self.env = dict(os.environ)
         self.enabled = False
-        if os.environ.get("SPARK_REMOTE", "").strip():
-            _say(f"runs use SPARK_REMOTE={os.environ['SPARK_REMOTE'].strip()}; no project Spark server started")
+        if settings.SPARK_REMOTE.is_set():
+            _say(f"runs use SPARK_REMOTE={settings.SPARK_REMOTE.value()}; no project Spark server started")
         elif spark_mode() == "local":
             _say("CDC_SPARK=local: each run starts a Spark session of its own (cold)")
         else:

@@ -32,13 +32,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdc_assets import settings
 from cdc_assets.services.process import (
     HOST,
     free_port,
     log_tail,
     port_is_free,
     process_alive,
-    read_number_file,
     recorded_pid,
     start_detached,
     stop_group,
@@ -154,7 +154,7 @@ def start(
         *(f"-{name}={port}" for name, port in ports.items()),
     ]  # fmt: skip
     # The admin identity comes from these two variables: never on the command line.
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}
+    env = {**os.environ, settings.ACCESS_KEY.name: key, settings.SECRET_KEY.name: secret}
     pid = start_detached(command, state_dir / LOG_FILE, env, cwd=state_dir)
     write_number_file(state_dir / PID_FILE, pid)
     (state_dir / PORTS_FILE).write_text(json.dumps({"ports": ports, "buckets": {"table": table_bucket, "records": records_bucket}}))
@@ -218,16 +218,16 @@ def lake_environment(handle: LakeHandle) -> dict[str, str]:
     """The variables that point the project at the lake: its warehouse and records, catalog, endpoint and keys."""
     key, secret = credentials(handle.state_dir)
     return {
-        "CDC_WAREHOUSE": f"s3://{handle.records_bucket}/warehouse",
-        "CDC_CATALOG_URI": handle.catalog_uri,
-        "CDC_CATALOG_WAREHOUSE": f"s3://{handle.table_bucket}",
-        "CDC_CATALOG_SIGNING_NAME": SIGNING_NAME,
-        "CDC_S3_ENDPOINT": handle.s3_endpoint,
-        "AWS_REGION": REGION,
-        "AWS_ACCESS_KEY_ID": key,
-        "AWS_SECRET_ACCESS_KEY": secret,
+        settings.WAREHOUSE.name: f"s3://{handle.records_bucket}/warehouse",
+        settings.CATALOG_URI.name: handle.catalog_uri,
+        settings.CATALOG_WAREHOUSE.name: f"s3://{handle.table_bucket}",
+        settings.CATALOG_SIGNING_NAME.name: SIGNING_NAME,
+        settings.S3_ENDPOINT.name: handle.s3_endpoint,
+        settings.REGION.name: REGION,
+        settings.ACCESS_KEY.name: key,
+        settings.SECRET_KEY.name: secret,
         # The SQL catalog's Derby metastore needs a local folder (cdc-catalog, the SQL endpoint).
-        "CDC_CATALOG_DIR": str((handle.state_dir / "sql-catalog").resolve()),
+        settings.CATALOG_DIR.name: str((handle.state_dir / "sql-catalog").resolve()),
     }
 
 

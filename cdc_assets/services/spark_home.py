@@ -10,10 +10,11 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from cdc_assets import settings
 from cdc_assets.services.process import HOST
 
 # A launcher given these would start a Spark Connect client instead of the JVM it is to run.
-CONNECT_CLIENT_ENV = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")
+CONNECT_CLIENT_ENV = (settings.SPARK_REMOTE.name, "SPARK_CONNECT_MODE_ENABLED")
 
 
 def spark_home() -> str:

@@ -39,15 +39,14 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from cdc_assets import settings
 from cdc_assets.catalog_ddl import catalog_database, catalog_dir, sync_in_place, sync_statements, write_sync_file
 from cdc_assets.config import TABLE_CONFIGS_ENV, TableConfigError, load_table_configs, table_configs_dir
-from cdc_assets.core.scd2 import Dialect, quote_identifier
 from cdc_assets.services.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.services.process import (
     HOST,
@@ -62,12 +61,13 @@ from cdc_assets.services.process import (
     wait_for_port,
     write_number_file,
 )
+from cdc_assets.services.spark_conf import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, NO_UI, PIPELINE_DEFAULTS, spark_conf_from_env
 from cdc_assets.services.spark_home import launcher, spark_env, write_properties_file
 from resources.storage import WAREHOUSE_ENV, WarehouseStorage, warehouse_root
 from resources.storage.lake import CATALOG_NAME, LakeCatalog
 from resources.storage.object_store import is_object_store
 
-SQL_PORT_ENV = "CDC_SQL_PORT"
+SQL_PORT_ENV = settings.SQL_PORT.name
 DEFAULT_SQL_PORT = 10000
 # The SQL server's application name, also how its process is recognized.
 SERVER_NAME = "cdc_assets SQL server"
@@ -102,10 +102,9 @@ class CatalogBusy(RuntimeError):
 def catalog_conf(location: Path, root: str) -> dict[str, str]:
     """Spark conf of a session on the catalog at ``location`` (spark-sql, the Thrift server) over the
     warehouse under ``root``: the Hive metastore, the Iceberg runtime, and ``lake`` opened on the warehouse."""
-    from resources.spark import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
 
     conf = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS}
-    master = os.environ.get("CDC_SPARK_MASTER") or "local[*]"
+    master = settings.SPARK_MASTER.value() or "local[*]"
     conf["spark.master"] = master
     if master.startswith("local"):
         conf.update(LOCAL_DEFAULTS)
@@ -174,7 +173,6 @@ def spark_sql_command(location: Path, root: str, init_file: Path, args: Sequence
     """``spark-sql`` from the installed pyspark on the catalog at ``location`` over the warehouse under
     ``root``, running ``init_file`` first; its conf is
     written to ``properties``. A command line's session has no web UI: nobody looks at it."""
-    from resources.spark import NO_UI
 
     return [launcher("spark-sql"), *_conf_args({**catalog_conf(location, root), **NO_UI}, properties), "-i", str(init_file), *args]
 
@@ -336,7 +334,6 @@ def first_sync(storage: WarehouseStorage, configs_dir: Path, lock_fd: int) -> No
     """Sync the catalog before the SQL server starts: this module under spark-submit, in a JVM of its own
     that holds the metastore (and inherits the catalog's lock, ``lock_fd``) until it exits. It leaves its
     result in ``started.json`` and its output in a new ``sync.log``; raises ``RuntimeError`` if it failed to run."""
-    from resources.spark import NO_UI
 
     location = catalog_dir(storage)
     state = location / SERVER_FOLDER

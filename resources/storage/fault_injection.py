@@ -16,10 +16,12 @@ from __future__ import annotations
 import os
 import time
 
-BEFORE_COMMIT = "CDC_PAUSE_BEFORE_COMMIT"
-MARKER_ENV = "CDC_PAUSE_MARKER"
-SECONDS_ENV = "CDC_PAUSE_SECONDS"
-RELEASE_ENV = "CDC_PAUSE_RELEASE"
+from cdc_assets import settings
+
+BEFORE_COMMIT = settings.PAUSE_BEFORE_COMMIT.name
+MARKER_ENV = settings.PAUSE_MARKER.name
+SECONDS_ENV = settings.PAUSE_SECONDS.name
+RELEASE_ENV = settings.PAUSE_RELEASE.name
 
 
 def pause_point(point: str, table: str, asset: str) -> None:

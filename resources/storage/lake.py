@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
+from cdc_assets import settings
 from resources.storage.object_store import DEFAULT_REGION, ObjectStore, is_object_store
 
 # The name Spark and pyiceberg open the catalog under (also the key of its rows in the SQLite file).
 CATALOG_NAME = "lake"
 CATALOG_FILE = "lake_catalog.db"
 _SPARK_PREFIX = f"spark.sql.catalog.{CATALOG_NAME}"
-CATALOG_URI_ENV = "CDC_CATALOG_URI"
-CATALOG_WAREHOUSE_ENV = "CDC_CATALOG_WAREHOUSE"
-CATALOG_SIGNING_NAME_ENV = "CDC_CATALOG_SIGNING_NAME"
+CATALOG_URI_ENV = settings.CATALOG_URI.name
+CATALOG_WAREHOUSE_ENV = settings.CATALOG_WAREHOUSE.name
+CATALOG_SIGNING_NAME_ENV = settings.CATALOG_SIGNING_NAME.name
 
 
 class CatalogInUseError(RuntimeError):

@@ -28,11 +28,12 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from cdc_assets import settings
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.storage.files import Files, files_for
 
 
-WAREHOUSE_ENV = "CDC_WAREHOUSE"
+WAREHOUSE_ENV = settings.WAREHOUSE.name
 # Relative to the working directory of the process that uses it.
 DEFAULT_WAREHOUSE = "warehouse"
 LOCK_FILE = "_writer.lock"

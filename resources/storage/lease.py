@@ -31,11 +31,12 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from urllib.parse import urlparse
 
+from cdc_assets import settings
 from cdc_assets.core.errors import SummarizedError
 from resources.storage.lock import LOCK_TIMEOUT_ENV, WriterLockTimeout
 from resources.storage.object_store import ObjectStore
 
-LEASE_SECONDS_ENV = "CDC_WRITER_LEASE_SECONDS"
+LEASE_SECONDS_ENV = settings.WRITER_LEASE_SECONDS.name
 DEFAULT_LEASE_SECONDS = 60.0
 _log = logging.getLogger(__name__)
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO
 
+from cdc_assets import settings
 from cdc_assets.core.errors import SummarizedError
 
-LOCK_TIMEOUT_ENV = "CDC_WRITER_LOCK_TIMEOUT"
+LOCK_TIMEOUT_ENV = settings.WRITER_LOCK_TIMEOUT.name
 DEFAULT_LOCK_TIMEOUT_SECONDS = 900.0
 _log = logging.getLogger(__name__)
 

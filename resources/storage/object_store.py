@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlparse
 
-S3_ENDPOINT_ENV = "CDC_S3_ENDPOINT"
-REGION_ENV = "AWS_REGION"
-ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
-SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
+from cdc_assets import settings
+
+S3_ENDPOINT_ENV = settings.S3_ENDPOINT.name
+REGION_ENV = settings.REGION.name
+ACCESS_KEY_ENV = settings.ACCESS_KEY.name
+SECRET_KEY_ENV = settings.SECRET_KEY.name
 DEFAULT_REGION = "us-east-1"
 # The schemes that name an object in a bucket; s3a:// is Hadoop's name for the same thing.
 OBJECT_SCHEMES = ("s3", "s3a")
@@ -107,7 +109,7 @@ class ObjectStore:
         key, secret = os.environ.get(ACCESS_KEY_ENV, ""), os.environ.get(SECRET_KEY_ENV, "")
         if key and secret:
             options += [f"KEY_ID '{_sql_text(key)}'", f"SECRET '{_sql_text(secret)}'"]
-            token = os.environ.get("AWS_SESSION_TOKEN", "")
+            token = settings.SESSION_TOKEN.value()
             if token:
                 options.append(f"SESSION_TOKEN '{_sql_text(token)}'")
         if self.endpoint:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from datetime import date, timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
+from cdc_assets import settings
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.dates import date_runs
 from cdc_assets.core.errors import SummarizedError
@@ -500,10 +500,10 @@ def renamed_columns(loaded) -> dict[str, str]:
     taken = {name.lower() for name in now.values()}
     renamed = {}
     for schema in sorted(loaded.schemas().values(), key=lambda each: each.schema_id):
-        for field in schema.fields:
-            name = now.get(field.field_id)
-            if name is not None and name != field.name and field.name.lower() not in taken:
-                renamed[field.name] = name
+        for column in schema.fields:
+            name = now.get(column.field_id)
+            if name is not None and name != column.name and column.name.lower() not in taken:
+                renamed[column.name] = name
     return renamed
 
 
@@ -599,7 +599,7 @@ def _another_session(spark: SparkSession) -> SparkSession:
     if type(spark).__module__.startswith("pyspark.sql.connect"):
         from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-        url = getattr(spark.client._builder, "url", None) or os.environ["SPARK_REMOTE"]
+        url = getattr(spark.client._builder, "url", None) or settings.SPARK_REMOTE.value()
         created = ConnectSession.builder.remote(url).create()
         ConnectSession._set_default_and_active_session(spark)
     else:

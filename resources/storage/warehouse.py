@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -30,7 +30,7 @@ from resources.storage.lease import DEFAULT_LEASE_SECONDS, WriterLeases
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
 from resources.storage.merged import STORED_AS, MergedStates, StateOrderError
 from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables, as_read_now, as_stored, renamed_columns
-from resources.storage.reading import DroppedPartitionError, MissingPartitionError, StateLayout, missing_partition_error
+from resources.storage.reading import StateLayout, missing_partition_error
 
 # Routine maintenance deletes a file no table metadata names once it is this old (see
 # WarehouseStorage.remove_unreferenced_files); an erase deletes them at once.
