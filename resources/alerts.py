@@ -29,7 +29,7 @@ from resources.fields import resolved_field
 
 WEBHOOK_URL_ENV = settings.ALERT_WEBHOOK_URL.name
 UI_BASE_URL_ENV = settings.UI_BASE_URL.name
-DEFAULT_UI_BASE_URL = "http://127.0.0.1:3000"
+DEFAULT_UI_BASE_URL = settings.UI_BASE_URL.default
 # Long enough for a slow receiver, short enough that a dead one leaves the sensor's tick (60 s) time.
 POST_TIMEOUT_SECONDS = 5.0
 WEBHOOK_SCHEMES = ("http", "https")

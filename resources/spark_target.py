@@ -38,7 +38,7 @@ CONNECT_TIMEOUT_ENV = settings.SPARK_CONNECT_TIMEOUT.name
 MODES = ("auto", "server", "local")
 # The mode of a target named by SPARK_REMOTE, whatever CDC_SPARK says.
 REMOTE_MODE = "remote"
-DEFAULT_CONNECT_TIMEOUT = 30.0
+DEFAULT_CONNECT_TIMEOUT = float(settings.SPARK_CONNECT_TIMEOUT.default)
 
 
 @dataclass(frozen=True)

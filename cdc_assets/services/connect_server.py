@@ -57,8 +57,8 @@ from cdc_assets.services.process import (
 from cdc_assets.services.spark_conf import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
 from cdc_assets.services.spark_home import launcher, spark_env, write_properties_file
 
-DEFAULT_PORT = 15002
-DEFAULT_STATE_DIR = ".spark-server"
+DEFAULT_PORT = int(settings.SPARK_CONNECT_PORT.default)
+DEFAULT_STATE_DIR = settings.SPARK_SERVER_DIR.default
 PORT_ENV = settings.SPARK_CONNECT_PORT.name
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 PID_FILE = "server.pid"

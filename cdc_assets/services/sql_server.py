@@ -68,7 +68,7 @@ from resources.storage.lake import CATALOG_NAME, LakeCatalog
 from resources.storage.object_store import is_object_store
 
 SQL_PORT_ENV = settings.SQL_PORT.name
-DEFAULT_SQL_PORT = 10000
+DEFAULT_SQL_PORT = int(settings.SQL_PORT.default)
 # The SQL server's application name, also how its process is recognized.
 SERVER_NAME = "cdc_assets SQL server"
 # The server is Spark's own Thrift server; the syncs reach its JVM through Spark Connect, a plugin there.

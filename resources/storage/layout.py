@@ -35,7 +35,7 @@ from resources.storage.files import Files, files_for
 
 WAREHOUSE_ENV = settings.WAREHOUSE.name
 # Relative to the working directory of the process that uses it.
-DEFAULT_WAREHOUSE = "warehouse"
+DEFAULT_WAREHOUSE = settings.WAREHOUSE.default
 LOCK_FILE = "_writer.lock"
 LEASE_FILE = "_writer.lease"  # resources/storage/lease.py
 # The runs log's folder, beside the tables (no table name starts with "_").

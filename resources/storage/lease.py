@@ -37,7 +37,7 @@ from resources.storage.lock import LOCK_TIMEOUT_ENV, WriterLockTimeout
 from resources.storage.object_store import ObjectStore
 
 LEASE_SECONDS_ENV = settings.WRITER_LEASE_SECONDS.name
-DEFAULT_LEASE_SECONDS = 60.0
+DEFAULT_LEASE_SECONDS = float(settings.WRITER_LEASE_SECONDS.default)
 _log = logging.getLogger(__name__)
 
 

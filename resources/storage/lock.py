@@ -21,7 +21,7 @@ from cdc_assets import settings
 from cdc_assets.core.errors import SummarizedError
 
 LOCK_TIMEOUT_ENV = settings.WRITER_LOCK_TIMEOUT.name
-DEFAULT_LOCK_TIMEOUT_SECONDS = 900.0
+DEFAULT_LOCK_TIMEOUT_SECONDS = float(settings.WRITER_LOCK_TIMEOUT.default)
 _log = logging.getLogger(__name__)
 
 

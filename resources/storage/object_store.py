@@ -24,7 +24,7 @@ S3_ENDPOINT_ENV = settings.S3_ENDPOINT.name
 REGION_ENV = settings.REGION.name
 ACCESS_KEY_ENV = settings.ACCESS_KEY.name
 SECRET_KEY_ENV = settings.SECRET_KEY.name
-DEFAULT_REGION = "us-east-1"
+DEFAULT_REGION = settings.REGION.default
 # The schemes that name an object in a bucket; s3a:// is Hadoop's name for the same thing.
 OBJECT_SCHEMES = ("s3", "s3a")
 
