@@ -186,28 +186,60 @@ def descendants(root: int) -> list[int]:
 # -- stopping --------------------------------------------------------------------------------------
 
 
+def leads_group(pid: int) -> bool:
+    """Whether ``pid`` leads a process group other than the caller's (as :func:`start_detached` starts one)."""
+    try:
+        return os.getpgid(pid) == pid != os.getpgrp()
+    except ProcessLookupError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live process (not a zombie) is left in process group ``pgid``, its leader gone or not.
+
+    A worker the leader started can outlive it by a moment, holding what it inherited (a lock's file
+    descriptor, say): a group is stopped when its last member is.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():  # no procfs: any member, zombies included, counts
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if group == str(pgid) and state != "Z":
+            return True
+    return False
+
+
 def signal_group(pid: int, sig: signal.Signals) -> None:
     """Send ``sig`` to the process group ``pid`` leads (a JVM and the workers it started), else to ``pid``.
 
     Never to the caller's own group; a process already gone is not an error.
     """
     try:
-        group = os.getpgid(pid)
-    except ProcessLookupError:
-        return
-    try:
-        if group == pid and group != os.getpgrp():
-            os.killpg(group, sig)
+        if leads_group(pid):
+            os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
     except ProcessLookupError:
         pass
 
 
-def wait_for_exit(pid: int, timeout: float) -> bool:
-    """Wait until ``pid`` is gone; whether it went within ``timeout`` seconds."""
+def wait_for_exit(pid: int, timeout: float, group: bool = False) -> bool:
+    """Wait until ``pid`` is gone, and with ``group`` every process of the group it led; whether they went
+    within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while process_alive(pid):
+    while process_alive(pid) or (group and group_alive(pid)):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -215,7 +247,8 @@ def wait_for_exit(pid: int, timeout: float) -> bool:
 
 
 def stop_group(pid: int, grace: float = 30, kill_wait: float = 10) -> bool:
-    """SIGTERM to ``pid``'s process group, SIGKILL if it still runs after ``grace`` seconds; whether it is gone."""
+    """SIGTERM to ``pid``'s process group, SIGKILL if any of it still runs after ``grace`` seconds; whether
+    it is all gone (the leader and every process of its group: a worker holding an inherited lock too)."""
     return not stop_groups({str(pid): pid}, grace, kill_wait)
 
 
@@ -224,14 +257,22 @@ def stop_groups(pids: Mapping[str, int], grace: float = 30, kill_wait: float = 1
 
     ``pids`` maps a name to each pid; returns the names of those that survived SIGKILL.
     """
+    # Told before signalling: once the leader is gone, its pid no longer says it led a group.
+    groups = {name: leads_group(pid) for name, pid in pids.items()}
     for pid in pids.values():
         signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     survivors = []
     for name, pid in pids.items():
-        if not wait_for_exit(pid, max(0.0, deadline - time.monotonic())):
-            signal_group(pid, signal.SIGKILL)
-            if not wait_for_exit(pid, kill_wait):
+        if not wait_for_exit(pid, max(0.0, deadline - time.monotonic()), group=groups[name]):
+            try:
+                if groups[name]:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if not wait_for_exit(pid, kill_wait, group=groups[name]):
                 survivors.append(name)
     return survivors
 
