@@ -15,7 +15,7 @@ DEMO_LAST := 2019-06-19
 
 # The project's Spark Connect server on 127.0.0.1: `make ui` starts it (or reuses one `make spark-server`
 # left running) and sends every run through it; `make demo` and the dagster CLI use it whenever it runs.
-# CDC_SPARK=local opts out; SPARK_REMOTE points at any other server (resources/spark_target.py).
+# CDC_SPARK=local opts out; SPARK_REMOTE points at any other server (resources/session/spark_target.py).
 SPARK_CONNECT_PORT ?= 15002
 CDC_SPARK_SERVER_DIR ?= $(CURDIR)/.spark-server
 SPARK_SERVER_DIR := $(CDC_SPARK_SERVER_DIR)
@@ -41,7 +41,7 @@ $(BIN)/dagster: pyproject.toml
 
 install: $(BIN)/dagster jars
 
-# The jars every Spark the project starts loads (cdc_assets/services/iceberg_runtime.py puts each .jar of
+# The jars every Spark the project starts loads (cdc_assets/engines/iceberg_runtime.py puts each .jar of
 # .jars/ on its classpath), copied from Maven Central by mvn, pinned by version and checked by sha256.
 # Where Central cannot be reached: a Maven mirror in mvn's own settings (~/.m2/settings.xml, or
 # MVN='mvn -s settings.xml'), or the two jars copied into .jars/ by hand (README, "Without Maven Central").
@@ -107,8 +107,8 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/cdc-generate 10000 10000 5 10 0.2 0.4 0.4 data/synthetic/2019-06-18 data/synthetic/2019-06-19 --seed 42
 	# One run of the range, oldest date first: a second `make demo` re-runs both dates, which a run of the first
 	# date alone may not do once the second is stored (docs/operations.md, re-running a date).
-	$(BIN)/dagster asset materialize -m cdc_assets.definitions --select 'group:synthetic' --partition-range $(DEMO_FIRST)...$(DEMO_LAST)
-	$(BIN)/python -m cdc_assets.report synthetic
+	$(BIN)/dagster asset materialize -m cdc_assets.defs.definitions --select 'group:synthetic' --partition-range $(DEMO_FIRST)...$(DEMO_LAST)
+	$(BIN)/python -m cdc_assets.cli.report synthetic
 
 test: install browser lint
 	$(BIN)/python -m pytest
@@ -141,9 +141,9 @@ validate: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster definitions validate -w workspace.yaml
 
 # Ctrl-C, or SIGTERM to make, stops the webserver, the daemon and the code servers, even when a script
-# started `make ui &` (cdc_assets/services/dev_ui.py says why that needs a step before dagster dev).
+# started `make ui &` (cdc_assets/cli/dev_ui.py says why that needs a step before dagster dev).
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	exec $(BIN)/python -m cdc_assets.services.dev_ui -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
+	exec $(BIN)/python -m cdc_assets.cli.dev_ui -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
 
 # The benchmarks (benchmarks/README.md): one harness, `python -m benchmarks SCENARIO`, each run a fresh process
 # group; JSON results in benchmarks/results/. Compared with ../shared/bench/plain_cdc.py when a clone has it.
@@ -175,18 +175,18 @@ benchmark-state: install
 
 # Prints the server's sc:// URL; the server keeps running (its pid and log are in .spark-server/).
 spark-server: install
-	$(BIN)/python -m cdc_assets.services.connect_server start --port $(SPARK_CONNECT_PORT) --state-dir $(SPARK_SERVER_DIR)
+	$(BIN)/python -m cdc_assets.engines.connect_server start --port $(SPARK_CONNECT_PORT) --state-dir $(SPARK_SERVER_DIR)
 
 spark-server-stop: install
-	$(BIN)/python -m cdc_assets.services.connect_server stop --state-dir $(SPARK_SERVER_DIR)
+	$(BIN)/python -m cdc_assets.engines.connect_server stop --state-dir $(SPARK_SERVER_DIR)
 
 # Prints the master's spark:// URL once both workers have registered; pids, logs and executors' work dirs in .spark-cluster/.
 cluster-up: install
-	$(BIN)/python -m cdc_assets.services.cluster start --state-dir $(SPARK_CLUSTER_DIR) $(CLUSTER_ARGS)
+	$(BIN)/python -m cdc_assets.engines.cluster start --state-dir $(SPARK_CLUSTER_DIR) $(CLUSTER_ARGS)
 
 # Stops the master and the workers, and with them their executors.
 cluster-down: install
-	$(BIN)/python -m cdc_assets.services.cluster stop --state-dir $(SPARK_CLUSTER_DIR)
+	$(BIN)/python -m cdc_assets.engines.cluster stop --state-dir $(SPARK_CLUSTER_DIR)
 
 # A local S3 lake on 127.0.0.1 (docs/object-storage.md): SeaweedFS serving S3 on $(LAKE_S3_PORT) and an Iceberg REST
 # catalog on $(LAKE_CATALOG_PORT), its data and its key pair in .lake/. `eval "$$(make -s lake-env)"` points the
@@ -195,15 +195,15 @@ LAKE_DIR := $(CURDIR)/.lake
 LAKE_S3_PORT ?= 8333
 LAKE_CATALOG_PORT ?= 8181
 lake-up: install
-	$(BIN)/python -m cdc_assets.services.lake_server start --state-dir $(LAKE_DIR) --s3-port $(LAKE_S3_PORT) --catalog-port $(LAKE_CATALOG_PORT)
+	$(BIN)/python -m cdc_assets.engines.lake_server start --state-dir $(LAKE_DIR) --s3-port $(LAKE_S3_PORT) --catalog-port $(LAKE_CATALOG_PORT)
 
 # Stops the lake; its data stays in .lake/ for the next lake-up.
 lake-down: install
-	$(BIN)/python -m cdc_assets.services.lake_server stop --state-dir $(LAKE_DIR)
+	$(BIN)/python -m cdc_assets.engines.lake_server stop --state-dir $(LAKE_DIR)
 
 # The export lines for the running lake (keys of this local lake only): eval "$$(make -s lake-env)".
 lake-env:
-	@$(BIN)/python -m cdc_assets.services.lake_server env --state-dir $(LAKE_DIR)
+	@$(BIN)/python -m cdc_assets.engines.lake_server env --state-dir $(LAKE_DIR)
 
 # spark-sql on the SQL catalog (database cdc: <table>_current, _history, _latest, _scd2, runs_log), e.g.
 # make sql SQL_ARGS='-e "SELECT * FROM cdc.orders_latest"'. Goes through the SQL server when it runs.

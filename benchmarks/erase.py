@@ -163,7 +163,7 @@ def measure_load(result: dict, bench, state: dict) -> None:
 # (retention.snapshot_days: 0), timed per asset: what the load's dates left for expiry to delete.
 EXPIRE_ALL = """
 import json, sys, time
-from resources.spark_session import build_spark_session
+from resources.session.spark_session import build_spark_session
 from resources.storage import WarehouseStorage
 build_spark_session(app_name="bench-expiry")  # the active session, which the storage's commits use
 storage = WarehouseStorage(sys.argv[1])

@@ -62,14 +62,11 @@ def read(folder: Path, run_log: Path, timeout: float = 120.0) -> dict:
     return summary
 
 
-def describe(run: dict) -> str:
-    """A CLI run's progress line: the harness's figures and the event log's."""
-    from benchmarks.harness import describe as run_line
-
-    e, text = run["eventlog"], run_line(run)
+def describe(e: dict) -> str:
+    """The event log's part of a CLI run's progress line (:func:`read`'s figures)."""
     if "error" in e:
-        return f"{text}; event log: {e['error']}"
-    return (f"{text}; shuffle W/R {e['shuffle_write_bytes'] / GIB:.3f} / {e['shuffle_read_bytes'] / GIB:.3f} GiB, spill "
+        return f"event log: {e['error']}"
+    return (f"shuffle W/R {e['shuffle_write_bytes'] / GIB:.3f} / {e['shuffle_read_bytes'] / GIB:.3f} GiB, spill "
             f"{e['disk_bytes_spilled'] / GIB:.3f} GiB, heap peak {e['peak_jvm_heap_bytes'] / GIB:.2f} GiB; driver: max task result "
             f"{e['driver_max_task_result_bytes'] / 1024:.1f} KiB, max action result {e['driver_max_result_stage_bytes'] / 1024:.1f} KiB, "
             f"max broadcast {e['broadcast_max_bytes'] / 2**20:.1f} MiB" + ("; EVENTS DROPPED" if e["events_dropped"] else "")

@@ -301,7 +301,7 @@ class ConnectServer:
     """The project's Spark Connect server on a free port, its state in ``state_dir``; stopped by the Bench."""
 
     def __init__(self, state_dir: Path, conf: dict | None = None, instance_home: Path | None = None):
-        from cdc_assets.services import connect_server
+        from cdc_assets.engines import connect_server
 
         self.cs, self.state_dir, self.conf, self.instance_home = connect_server, state_dir, conf, instance_home
         self.handle, self.jvm, self.port, self.confs = None, None, None, {}
@@ -309,7 +309,7 @@ class ConnectServer:
     def start(self) -> float:
         """Start it; seconds until it answered. ``instance_home``: the instance whose run limit sizes its heap."""
         shutil.rmtree(self.state_dir, ignore_errors=True)
-        from cdc_assets.services.process import free_port
+        from cdc_assets.engines.process import free_port
 
         self.port = free_port()
         saved = os.environ.get("DAGSTER_HOME")
@@ -424,7 +424,7 @@ class Bench:
             folder = self.workdir / "eventlogs" / name
             shutil.rmtree(folder, ignore_errors=True)
             env = {**env, "CDC_SPARK_CONF": ev.conf_env(folder, env)}
-        command = [tool("dagster"), "asset", "materialize", "-m", "cdc_assets.definitions", "--select", f"group:{table}", *partition]
+        command = [tool("dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions", "--select", f"group:{table}", *partition]
         figures = run_process(name, command, env, self.logs, server=server)
         if eventlog:
             figures["steps"] = step_seconds(env["DAGSTER_HOME"])

@@ -82,7 +82,7 @@ def measure(bench) -> None:
 
 def sizing() -> dict:
     """The cold phase's default limit: as many drivers as fit in memory, at most 2 per core."""
-    from cdc_assets.services.spark_conf import LOCAL_DEFAULTS, spark_conf_from_env
+    from cdc_assets.engines.spark_conf import LOCAL_DEFAULTS, spark_conf_from_env
 
     driver = spark_conf_from_env().get("spark.driver.memory", LOCAL_DEFAULTS["spark.driver.memory"])
     number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)b?", driver.strip().lower()).groups()
@@ -147,12 +147,12 @@ class Many:
                 generate(self.args.rows, 0, (1.0, 0.0, 0.0), data / DAY1, data / "_scratch", self.args.seed + index)
             write_config(self.configs, table, data)
         self.workspace.write_text(yaml.safe_dump({"load_from": [{"python_module": {
-            "module_name": "cdc_assets.definitions", "location_name": LOCATION, "working_directory": str(REPO),
+            "module_name": "cdc_assets.defs.definitions", "location_name": LOCATION, "working_directory": str(REPO),
             "executable_path": tool("python")}}]}))
         log(f"{len(self.tables)} tables x {self.args.dates} date(s) of {self.args.rows:,} rows generated in {time.perf_counter() - started:.1f}s")
         os.environ["CDC_TABLE_CONFIGS"] = str(self.configs)  # the Definitions the code location builds, to evaluate schedules here
         with warnings.catch_warnings(action="ignore"):  # Dagster's preview and resource warnings
-            from cdc_assets.definitions import defs
+            from cdc_assets.defs.definitions import defs
         self.defs = defs
 
     def instance(self, home, limit: int):
@@ -283,7 +283,7 @@ class Many:
             raise StepFailed(f"{name}: the Spark Connect server is not running")
         instance = DagsterInstance.from_config(str(home))
         if not self.args.no_pool_setup:  # as make ui does: no pool is unlimited on the daemon's first pass
-            from cdc_assets.services.dev_ui import create_table_pools
+            from cdc_assets.cli.dev_ui import create_table_pools
 
             os.environ["CDC_TABLE_CONFIGS"] = str(self.configs)
             log(f"{name}: {len(create_table_pools(instance))} pool limits created before the daemon starts")

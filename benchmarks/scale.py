@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import shutil
 
-from benchmarks.eventlog import describe
+from benchmarks.eventlog import describe as eventlog_line
 from benchmarks.data import DAY1, DAY2, check_counts, dated, expected_day2, folder_bytes, generate, partition_bytes, write_config
-from benchmarks.harness import GIB, log, mib, print_table, run_env
+from benchmarks.harness import GIB, describe, log, mib, print_table, run_env
 
 TABLE = "synthetic"
 SLACK = 1.1  # 10x rows may cost at most 11x the time
@@ -61,7 +61,7 @@ def measure_size(result: dict, bench, rows: int) -> None:
     env = run_env(base, write_config(base / "configs", TABLE, data))
     for day, key in ((DAY1, "day1"), (DAY2, "day2")):
         result[key] = bench.cli(f"r{rows}_{key}", env, TABLE, "--partition", day, eventlog=True)
-        log(f"{rows:,} rows: {key[:3]} {key[3]}, cold CLI: {describe(result[key])}")
+        log(f"{rows:,} rows: {key[:3]} {key[3]}, cold CLI: {describe(result[key])}; {eventlog_line(result[key]['eventlog'])}")
     log(f"{rows:,} rows: day-2 steps: " + ", ".join(f"{k} {v}s" for k, v in result["day2"]["steps"].items()))
     result["day2_partition_bytes"] = sizes = partition_bytes(base / "warehouse", TABLE, DAY2)
     result["data_bytes"] = {day: folder_bytes(data / day) for day in (DAY1, DAY2)}

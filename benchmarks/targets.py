@@ -173,7 +173,7 @@ class Targets:
             import pyarrow as pa
             import pyarrow.csv  # noqa: F401 - registers pa.csv
 
-            from cdc_assets.generator import write_part
+            from cdc_assets.cli.generate import write_part
 
             rows, root = self.args.range_rows, self.workdir / "range_data"
             dates = [(date(2024, 1, 1) + timedelta(days=i)).isoformat() for i in range(self.args.range_days)]
@@ -247,8 +247,8 @@ class Targets:
 
         import pyarrow.fs as pafs
 
-        from cdc_assets.services import lake_server
-        from cdc_assets.services.process import free_port
+        from cdc_assets.engines import lake_server
+        from cdc_assets.engines.process import free_port
         from resources.storage.object_store import ObjectStore
 
         data = self.data()

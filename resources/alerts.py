@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
-from cdc_assets import settings
+from cdc_assets.model import settings
 from resources.fields import resolved_field
 
 WEBHOOK_URL_ENV = settings.ALERT_WEBHOOK_URL.name

@@ -29,11 +29,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdc_assets.config import CHANGESET_COLUMNS, LoadType, reserved_name_problem
+from cdc_assets.model.config import CHANGESET_COLUMNS, LoadType, reserved_name_problem
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.fields import env_or_default, resolved_field, seconds_field
-from resources.spark_session import for_each_date
-from resources.state import read_state
+from resources.session.spark_session import for_each_date
+from resources.storage.state import read_state
 from resources.storage import (
     DEFAULT_LOCK_TIMEOUT_SECONDS,
     DEFAULT_WAREHOUSE,
@@ -75,7 +75,7 @@ class DatedRows:
     retention_current_days: int | None = None
     retention_staging_days: int | None = None
     retention_snapshot_days: int | None = None
-    # A re-run inside a backfill (cdc_assets/core/rerun.py): the asset's stored dates after the run's last
+    # A re-run inside a backfill (cdc_assets/core/capture/rerun.py): the asset's stored dates after the run's last
     # date were computed from the state it replaces, and leave the table in the same commit as its write.
     drop_stored_after: str | None = None
 
@@ -99,7 +99,7 @@ class StateRows:
     drop_stored_after: str | None = None  # as DatedRows's
 
 
-# The asset definition metadata that makes an asset a state, read through resources/state.py: the
+# The asset definition metadata that makes an asset a state, read through resources/storage/state.py: the
 # table's load type, which says what a date did to a key it did not touch.
 STATE_LOAD_TYPE = "cdc/state_load_type"
 # An asset's definition metadata: the table config's renamed columns as JSON ({new name: [former names]}),
@@ -118,7 +118,7 @@ class LazyPartitions(Mapping[str, DataFrame]):
         self, manager: "PartitionedParquetIOManager", table: str, asset: str, dates: list[str], load_type: LoadType | None = None
     ):
         self._manager, self._table, self._asset, self._dates = manager, table, asset, list(dates)
-        self._load_type = load_type  # a state: each date read as the state as of it (resources/state.py)
+        self._load_type = load_type  # a state: each date read as the state as of it (resources/storage/state.py)
 
     def __getitem__(self, business_date: str) -> DataFrame:
         if business_date not in self._dates:

@@ -1,7 +1,7 @@
 """The Spark resource (dagster-pyspark's), one SparkSession per run, configured by its fields.
 
 Every step of a run executes in the run's process (``in_process_executor``), so a run has one session.
-Where that session lives is chosen when the run first needs Spark (resources/spark_target.py): the
+Where that session lives is chosen when the run first needs Spark (resources/session/spark_target.py): the
 project's warm Spark Connect server when one is running (``make ui`` keeps one), any server named by
 ``SPARK_REMOTE``, or a JVM of the run's own, on a cluster with ``CDC_SPARK_MASTER``; more conf in
 ``CDC_SPARK_CONF``. In a run those two reach the resource as its ``spark_master`` and ``spark_conf_json``
@@ -17,10 +17,10 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
 from cdc_assets.core.caching import release_persisted
-from cdc_assets.services.spark_conf import SPARK_CONF_ENV, parse_spark_conf
+from cdc_assets.engines.spark_conf import SPARK_CONF_ENV, parse_spark_conf
 from resources.fields import env_or_default, resolved_field
-from resources.spark_session import is_connect, spark_config, start_session
-from resources.spark_target import (
+from resources.session.spark_session import is_connect, spark_config, start_session
+from resources.session.spark_target import (
     MASTER_ENV as SPARK_MASTER_ENV,
     REMOTE_MODE,
     SparkTarget,
@@ -38,7 +38,7 @@ class PipelineSparkResource(LazyPySparkResource):
     """dagster-pyspark's lazy resource, configured by its fields, that cleans up after its run.
 
     When a run starts, it chooses where Spark runs (the project's warm Connect server, ``SPARK_REMOTE``,
-    or a session of its own: resources/spark_target.py) and says so in the run's first log lines. The
+    or a session of its own: resources/session/spark_target.py) and says so in the run's first log lines. The
     session itself starts on first use, so sensors and schedules never start a JVM; its conf is the
     pipeline's defaults, then ``spark_conf_json``, then ``spark_config``. When the run ends, however it
     ends, operations it still has running are interrupted, DataFrames it cached are released, and a

@@ -12,7 +12,7 @@ import pytest
 
 # Dagster and Spark must not write into the repository or the user's home while tests run.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Runs find the project's Spark Connect server without being told (resources/spark_target.py). Tests
+# Runs find the project's Spark Connect server without being told (resources/session/spark_target.py). Tests
 # start their own servers where they want one: a developer's `make spark-server` (or `make ui`) must not
 # turn the suite's cold runs warm, nor its classic session into a Connect client. An empty folder of
 # the test session's own: nothing runs there until a test starts it.
@@ -34,7 +34,7 @@ os.environ.pop("AWS_PROFILE", None)
 
 @pytest.fixture(scope="session")
 def spark():
-    from resources.spark_session import build_spark_session
+    from resources.session.spark_session import build_spark_session
 
     # The pipeline's resource reuses this session through getOrCreate, so tests and runs share one JVM.
     session = build_spark_session(
@@ -63,8 +63,8 @@ def connect_server(tmp_path_factory):
     pyspark refuses a Connect session in a process that holds a classic one (SESSION_ALREADY_EXIST), as
     this one may, so tests reach the server from subprocesses with ``SPARK_REMOTE=handle.url``.
     """
-    from cdc_assets.services.connect_server import start_server, stop_server
-    from cdc_assets.services.process import free_port
+    from cdc_assets.engines.connect_server import start_server, stop_server
+    from cdc_assets.engines.process import free_port
 
     state_dir = tmp_path_factory.mktemp("spark-server")
     handle = start_server(
@@ -83,7 +83,7 @@ def connect_server(tmp_path_factory):
 def lake(tmp_path):
     """A lake of the test's own (tests/lake.py: SeaweedFS on free loopback ports), stopped when the test ends,
     however it ends."""
-    from cdc_assets.services import lake_server
+    from cdc_assets.engines import lake_server
     from tests.lake import start_lake
 
     handle = start_lake(tmp_path / "lake")

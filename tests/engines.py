@@ -18,9 +18,9 @@ import io
 
 from pyiceberg.catalog import load_catalog
 
-from cdc_assets.catalog import main as catalog_main
-from cdc_assets.duckdb_iceberg import duckdb_connection
-from cdc_assets.names import CURRENT, HISTORY
+from cdc_assets.cli.catalog import main as catalog_main
+from cdc_assets.engines.duckdb_iceberg import duckdb_connection
+from cdc_assets.model.names import CURRENT, HISTORY
 from resources.storage import WarehouseStorage
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

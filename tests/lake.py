@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from cdc_assets.services import lake_server
-from cdc_assets.services.process import free_port
+from cdc_assets.engines import lake_server
+from cdc_assets.engines.process import free_port
 from resources.storage.object_store import ObjectStore
 
 # What points the project at a lake; the local default is all of them unset.

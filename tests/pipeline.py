@@ -10,9 +10,9 @@ from pyspark.sql import DataFrame
 import yaml
 from dagster import DagsterInstance, Definitions
 
-from cdc_assets.config import TableConfig, load_table_config
-from cdc_assets.definitions import build_definitions
-from cdc_assets.factory import build_table_definitions
+from cdc_assets.model.config import TableConfig, load_table_config
+from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.factory import build_table_definitions
 
 SYNTHETIC_COLUMNS = {
     "keys": [{"name": f"key_{i}", "type": "string"} for i in range(1, 6)],

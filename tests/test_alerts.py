@@ -22,13 +22,13 @@ from dagster import (
     AssetCheckEvaluation, AssetCheckKey, AssetCheckSeverity, AssetMaterialization, DagsterInstance, build_sensor_context, job, op
 )
 
-from cdc_assets.alerts import ALERT_WEBHOOK_KEY, build_alert_sensor, watched_table
-from cdc_assets.core.erasure import erased_key_hashes
-from cdc_assets.definitions import build_definitions
-from cdc_assets.factory import build_table_definitions
-from cdc_assets.freshness import FRESHNESS_CHECK, build_freshness_sensor
-from cdc_assets.asset_keys import asset_key
-from cdc_assets.names import CURRENT
+from cdc_assets.defs.alerts import ALERT_WEBHOOK_KEY, build_alert_sensor, watched_table
+from cdc_assets.core.capture.erasure import erased_key_hashes
+from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.factory import build_table_definitions
+from cdc_assets.defs.freshness import FRESHNESS_CHECK, build_freshness_sensor
+from cdc_assets.defs.asset_keys import asset_key
+from cdc_assets.model.names import CURRENT
 import resources.alerts
 from resources.alerts import UI_BASE_URL_ENV, WEBHOOK_URL_ENV, AlertDeliveryError, AlertWebhook
 from tests.pipeline import write_table_config

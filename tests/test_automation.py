@@ -8,7 +8,7 @@ from datetime import date, datetime, timedelta, timezone
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_schedule_context, build_sensor_context
 
-from cdc_assets.automation import (
+from cdc_assets.defs.automation import (
     RANGE_END_TAG,
     RANGE_START_TAG,
     SENSOR_MAX_DATES_PER_RUN,
@@ -18,11 +18,11 @@ from cdc_assets.automation import (
     fingerprint,
     landed_files,
 )
-from cdc_assets.config import TableConfigError
-from cdc_assets.core.source import read_source
-from cdc_assets.factory import build_table_definitions
-from cdc_assets.asset_keys import asset_key
-from cdc_assets.names import CURRENT, HASHED_INCOMING
+from cdc_assets.model.config import TableConfigError
+from cdc_assets.core.intake.source import read_source
+from cdc_assets.defs.factory import build_table_definitions
+from cdc_assets.defs.asset_keys import asset_key
+from cdc_assets.model.names import CURRENT, HASHED_INCOMING
 from tests.pipeline import definitions_for, partition_dir, read_stored, write_table_config
 
 # The tags the sensor daemon puts on a run it launches for a sensor's run request.

@@ -129,9 +129,9 @@ def test_the_erase_scenario_data_puts_every_erased_key_on_every_date(tmp_path):
 
 def test_the_erase_scenario_reads_the_line_cdc_erase_prints():
     from benchmarks import erase
-    from cdc_assets.config import TableConfig
-    from cdc_assets.erasure import ErasureResult
-    from cdc_assets.erasure_events import describe
+    from cdc_assets.model.config import TableConfig
+    from cdc_assets.usecases.erasure import ErasureResult
+    from cdc_assets.defs.erasure_events import describe
 
     config = TableConfig.model_validate({"name": "t", "start_date": "2024-01-01", "load_type": "full",
                                          "source": {"path": "/d/{date}/", "format": "csv"},

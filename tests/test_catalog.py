@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.catalog_ddl import catalog_dir
-from cdc_assets.config import load_table_config
-from cdc_assets.consumers import scd2_view
-from cdc_assets.services.process import free_port
-from cdc_assets.services.spark_home import spark_env
-from cdc_assets.services.sql_server import CONNECT_PORT_FILE, PID_FILE, SERVER_FOLDER, CatalogBusy, beeline_command, hold_catalog
+from cdc_assets.usecases.catalog_ddl import catalog_dir
+from cdc_assets.model.config import load_table_config
+from cdc_assets.usecases.readers import scd2_view
+from cdc_assets.engines.process import free_port
+from cdc_assets.engines.spark_home import spark_env
+from cdc_assets.cli.sql_server import CONNECT_PORT_FILE, PID_FILE, SERVER_FOLDER, CatalogBusy, beeline_command, hold_catalog
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, run_range
 from tests.test_listening import LOOPBACK, _listening, _tree
@@ -102,7 +102,7 @@ def _stored_counts(env, table: str, asset: str) -> dict[str, int]:
 
 
 def _materialize(env, table: str, day: str) -> subprocess.Popen:
-    command = [str(BIN / "dagster"), "asset", "materialize", "-m", "cdc_assets.definitions", "--select", f"group:{table}", "--partition", day]
+    command = [str(BIN / "dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions", "--select", f"group:{table}", "--partition", day]
     return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from pyiceberg.catalog import load_catalog
 
-from cdc_assets.config import load_table_config
-from cdc_assets.names import CDC_OUTPUTS, HASHED_INCOMING, REJECTS
+from cdc_assets.model.config import load_table_config
+from cdc_assets.model.names import CDC_OUTPUTS, HASHED_INCOMING, REJECTS
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_range
 
@@ -70,7 +70,7 @@ def test_describe_prints_what_pyiceberg_needs_to_read_every_date_of_every_asset(
 
     env = {**os.environ, "CDC_WAREHOUSE": str(warehouse), "CDC_TABLE_CONFIGS": str(configs)}
     printed = subprocess.run(
-        [sys.executable, "-m", "cdc_assets.catalog", "describe", "orders", "--json"], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "cdc_assets.cli.catalog", "describe", "orders", "--json"], env=env, capture_output=True, text=True, check=True
     ).stdout
     described = json.loads(printed)
     assert described["table"] == "orders"

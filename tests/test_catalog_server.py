@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cdc_assets.services.process import free_port, port_accepts
-from cdc_assets.services.spark_home import spark_env, spark_home
-from cdc_assets.services.sql_server import beeline_command, run_beeline
+from cdc_assets.engines.process import free_port, port_accepts
+from cdc_assets.engines.spark_home import spark_env, spark_home
+from cdc_assets.cli.sql_server import beeline_command, run_beeline
 from resources.storage import WarehouseStorage
 
 pytestmark = pytest.mark.slow

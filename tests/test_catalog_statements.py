@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc_assets.catalog_ddl import catalog_database, catalog_dir, sync_statements
-from cdc_assets.services.sql_server import CatalogBusy, hold_catalog, transient_rejection
-from cdc_assets.config import load_table_config
+from cdc_assets.usecases.catalog_ddl import catalog_database, catalog_dir, sync_statements
+from cdc_assets.cli.sql_server import CatalogBusy, hold_catalog, transient_rejection
+from cdc_assets.model.config import load_table_config
 from resources.storage import WarehouseStorage
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ def test_database_name_and_catalog_folder_are_checked(tmp_path, monkeypatch):
 
 def test_a_second_opener_is_told_who_holds_the_catalog(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from cdc_assets.services.sql_server import hold_catalog; "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from cdc_assets.cli.sql_server import hold_catalog; "
          "hold_catalog(Path(sys.argv[1]), 'the test holder'); print('held', flush=True); time.sleep(60)", str(tmp_path)],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

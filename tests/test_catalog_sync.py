@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_assets.catalog_ddl import sync_in_place, sync_statements
-from cdc_assets.config import load_table_config
+from cdc_assets.usecases.catalog_ddl import sync_in_place, sync_statements
+from cdc_assets.model.config import load_table_config
 from resources.storage import WarehouseStorage
 from tests.pipeline import own_catalog_database
 

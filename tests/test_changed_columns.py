@@ -9,8 +9,8 @@ from decimal import Decimal
 
 from pyspark.sql import functions as F
 
-from cdc_assets.config import LoadType
-from cdc_assets.core import changes as cdc
+from cdc_assets.model.config import LoadType
+from cdc_assets.core.capture import changes as cdc
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import add_hashes
 

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from cdc_assets.config import LoadType
-from cdc_assets.core.changes import (
+from cdc_assets.model.config import LoadType
+from cdc_assets.core.capture.changes import (
     CLASSIFICATION_COLUMNS,
     EFF_START_DATE,
     OPERATION,

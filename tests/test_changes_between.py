@@ -11,10 +11,10 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from cdc_assets import cli
-from cdc_assets.config import TableConfig
-from cdc_assets.consumers import changes_between
-from cdc_assets.core.between import changes_between_states
+from cdc_assets.cli import read as cli
+from cdc_assets.model.config import TableConfig
+from cdc_assets.usecases.readers import changes_between
+from cdc_assets.core.views.between import changes_between_states
 from cdc_assets.core.hashing import add_hashes
 from resources.storage import WarehouseStorage
 from tests.pipeline import partition_dir, read_stored

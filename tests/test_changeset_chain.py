@@ -16,7 +16,7 @@ import pytest
 from dagster import DagsterInstance
 from pyspark.sql import functions as F
 
-from cdc_assets.names import CDC_OUTPUTS, CURRENT, HASHED_INCOMING, HISTORY, REJECTS
+from cdc_assets.model.names import CDC_OUTPUTS, CURRENT, HASHED_INCOMING, HISTORY, REJECTS
 from tests.changeset_reference import Applied, Row, Tie, apply_day, apply_days
 from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
 

@@ -9,7 +9,7 @@ from datetime import date
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.names import APPLIED_SEQUENCES, CLASSIFICATION, CURRENT, HASHED_INCOMING, HISTORY, LATE_CHANGES, REJECTS
+from cdc_assets.model.names import APPLIED_SEQUENCES, CLASSIFICATION, CURRENT, HASHED_INCOMING, HISTORY, LATE_CHANGES, REJECTS
 from resources.storage import DroppedPartitionError, WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, run_range, write_table_config
 from tests.test_changeset_chain import COLUMNS, land, rec

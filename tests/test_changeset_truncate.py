@@ -15,8 +15,8 @@ import yaml
 from dagster import DagsterInstance
 from pyspark.sql import functions as F
 
-from cdc_assets.config import load_table_config
-from cdc_assets.names import APPLIED_SEQUENCES, CURRENT, HISTORY, LATE_CHANGES
+from cdc_assets.model.config import load_table_config
+from cdc_assets.model.names import APPLIED_SEQUENCES, CURRENT, HISTORY, LATE_CHANGES
 from tests.changeset_reference import apply_days
 from tests.pipeline import definitions_for, partition_dir, read_stored, run_range
 

@@ -1,4 +1,4 @@
-"""The pipeline on a Spark standalone cluster (``cdc_assets.services.cluster``): a master and two workers on loopback.
+"""The pipeline on a Spark standalone cluster (``cdc_assets.engines.cluster``): a master and two workers on loopback.
 
 The runs are real ``dagster asset materialize`` processes pointed at the cluster by configuration alone
 (``CDC_SPARK_MASTER``, or ``SPARK_REMOTE`` of a Connect server whose master is the cluster); every output
@@ -25,10 +25,10 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
-from cdc_assets.services.cluster import ClusterLayout, master_state, registered_workers, running_cluster, start_cluster, stop_cluster
-from cdc_assets.config import TableConfig, load_table_config
-from cdc_assets.services.connect_server import start_server, stop_server
-from cdc_assets.generator import generate
+from cdc_assets.engines.cluster import ClusterLayout, master_state, registered_workers, running_cluster, start_cluster, stop_cluster
+from cdc_assets.model.config import TableConfig, load_table_config
+from cdc_assets.engines.connect_server import start_server, stop_server
+from cdc_assets.cli.generate import generate
 from tests.pipeline import definitions_for, operation_counts, partition_dir, run_dates, run_range, sorted_rows, stored_asset, write_table_config
 
 pytestmark = pytest.mark.slow
@@ -113,7 +113,7 @@ def _environment(root: Path, configs: Path, **spark) -> dict:
 def _materialize(env: dict, selection: str, *dates: str) -> None:
     """One run of ``dagster asset materialize``: one date, or a range (first, last) as a single-run backfill."""
     partition = ["--partition", dates[0]] if len(dates) == 1 else ["--partition-range", f"{dates[0]}...{dates[-1]}"]
-    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.definitions", "--select", selection, *partition]
+    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions", "--select", selection, *partition]
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "RUN_SUCCESS" in done.stderr + done.stdout, (done.stdout + done.stderr)[-6000:]
 

@@ -22,7 +22,7 @@ import pytest
 from dagster import DagsterInstance
 from pyspark.sql import functions as F
 
-from cdc_assets.names import CDC_OUTPUTS, HASHED_INCOMING, REJECTS
+from cdc_assets.model.names import CDC_OUTPUTS, HASHED_INCOMING, REJECTS
 from resources.storage import ConcurrentWriteError, WarehouseStorage, WriterLockTimeout
 from resources.storage.lake import catalog_file
 from tests.pipeline import definitions_for, partition_dir, run_dates, sorted_rows, write_table_config
@@ -131,7 +131,7 @@ from pathlib import Path
 fcntl.flock = lambda fd, operation: None
 
 from pyspark.sql import functions as F
-from resources.spark_session import build_spark_session
+from resources.session.spark_session import build_spark_session
 from resources.storage import ConcurrentWriteError, WarehouseStorage
 
 root, name, day, barrier = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
@@ -231,7 +231,7 @@ def test_two_processes_writing_one_table_and_date_at_once_one_wins_whole_and_the
 RUN_ONE_DATE = """
 import sys
 from dagster import DagsterInstance
-from cdc_assets.config import load_table_config
+from cdc_assets.model.config import load_table_config
 from tests.pipeline import definitions_for
 
 job = definitions_for(load_table_config(sys.argv[1])).resolve_implicit_global_asset_job_def()

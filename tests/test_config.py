@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_assets.config import (
+from cdc_assets.model.config import (
     DEFAULT_TABLE_CONFIGS,
     TABLE_CONFIGS_ENV,
     BadRecordPolicy,
@@ -105,7 +105,7 @@ def test_defaults(tmp_path):
 
 
 def test_end_date_is_the_last_partition(tmp_path):
-    from cdc_assets.factory import build_table_definitions
+    from cdc_assets.defs.factory import build_table_definitions
 
     ended = build_table_definitions(load_table_config(write_config(tmp_path, variant(end_date="2024-01-03"))))
     assert ended.partitions_def.get_partition_keys() == ["2024-01-01", "2024-01-02", "2024-01-03"]
@@ -297,12 +297,17 @@ def test_shipped_table_configs_load(monkeypatch):
 
 
 def test_every_name_the_pipeline_uses_for_itself_is_reserved():
-    """The reserved names are one list (cdc_assets/config.py); this keeps it in step with the code that
+    """The reserved names are one list (cdc_assets/model/config.py); this keeps it in step with the code that
     uses them: every named column constant, and every single-underscore name the core gives a column."""
     import ast
 
-    from cdc_assets.config import CHANGESET_COLUMNS, reserved_name_problem
-    from cdc_assets.core import between, changes, changeset, compare, hashing, scd2, source
+    from cdc_assets.model.config import CHANGESET_COLUMNS, reserved_name_problem
+    from cdc_assets.core import compare, hashing
+    from cdc_assets.core.views import between
+    from cdc_assets.core.capture import changes
+    from cdc_assets.core.capture import changeset
+    from cdc_assets.core.views import scd2
+    from cdc_assets.core.intake import source
     from cdc_assets.core.columns import BUSINESS_DATE
 
     named = [
@@ -313,14 +318,14 @@ def test_every_name_the_pipeline_uses_for_itself_is_reserved():
         source.sequence_text_column(0), changeset.REASON, changeset.APPLIED_SEQUENCE, scd2.VALID_FROM, scd2.VALID_TO,
         scd2.IS_CURRENT, scd2.IS_DELETED, between.CHANGE_TYPE, between.FROM_DATE, between.TO_DATE, "_metadata",
     ]
-    core = Path(source.__file__).parent
+    core = Path(source.__file__).parents[1]  # cdc_assets/core, every stage
     literals = {
         node.value
-        for path in core.glob("*.py")
+        for path in core.rglob("*.py")
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value[:1] == "_"
         and node.value[1:2].isalpha() and node.value.replace("_", "").isalnum() and node.value.islower()
-    } - {"_c"}  # Spark's name for a header field without one (core/source.py), not one the pipeline gives
+    } - {"_c"}  # Spark's name for a header field without one (core/intake/source.py), not one the pipeline gives
     assert len(literals) > 20  # the scan finds the core's working names
     unreserved = sorted(
         name for name in [*named, *literals] if reserved_name_problem(name) is None and name not in CHANGESET_COLUMNS

@@ -70,7 +70,7 @@ def _environment(tmp_path: Path, name: str, configs: Path, remote: str | None, *
 
 def _materialize(env: dict, selection: str, day: str, log: Path | None = None) -> subprocess.Popen:
     """``dagster asset materialize`` of one date, or of a range given as ``first...last``."""
-    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.definitions",
+    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions",
                "--select", selection, *(["--partition-range", day] if "..." in day else ["--partition", day])]
     output = open(log, "w") if log else subprocess.PIPE
     return subprocess.Popen(command, env=env, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, text=True,
@@ -104,7 +104,7 @@ def classic(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("classic")
     configs, synth = _tables(root)
     warehouse = root / "warehouse_classic"
-    from cdc_assets.config import load_table_config
+    from cdc_assets.model.config import load_table_config
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CDC_WAREHOUSE", str(warehouse))
@@ -240,7 +240,7 @@ def test_change_sets_through_connect_equal_the_classic_session(spark, tmp_path, 
         }
 
     for table, (first, last) in CHANGESETS.items():
-        command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.definitions",
+        command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions",
                    "--select", f"group:{table}", "--partition-range", f"{first}...{last}"]
         done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
@@ -252,7 +252,7 @@ def test_change_sets_through_connect_equal_the_classic_session(spark, tmp_path, 
 
     classic = tmp_path / "warehouse_classic"
     monkeypatch.setenv("CDC_WAREHOUSE", str(classic))
-    from cdc_assets.config import load_table_config
+    from cdc_assets.model.config import load_table_config
 
     for table, (first, last) in CHANGESETS.items():
         days = [f"{first[:-2]}{n:02d}" for n in range(int(first[-2:]), int(last[-2:]) + 1)]
@@ -269,7 +269,7 @@ def test_a_schema_change_through_connect(spark, tmp_path, connect_server):
     columns (the schema recorded with the server's commit) are read back, and no key is re-versioned."""
     import csv
 
-    from resources.state import stored_fields
+    from resources.storage.state import stored_fields
     from resources.storage import WarehouseStorage
 
     landing, configs = tmp_path / "landing", tmp_path / "configs"
@@ -293,7 +293,7 @@ def test_a_schema_change_through_connect(spark, tmp_path, connect_server):
     # Erasing key 1 through the server rewrites both dates' states; what their hashes cover is kept.
     keys = tmp_path / "erase.csv"
     keys.write_text("id\n1\n")
-    erase = [sys.executable, "-m", "cdc_assets.erase_command", "evolving", "--keys", str(keys)]
+    erase = [sys.executable, "-m", "cdc_assets.cli.erase", "evolving", "--keys", str(keys)]
     erased = subprocess.run(erase, env=env, capture_output=True, text=True, timeout=600)
     assert erased.returncode == 0 and "told the Dagster instance" in erased.stdout, erased.stdout[-3000:] + erased.stderr[-3000:]
     assert "all passed" in erased.stdout, erased.stdout[-3000:]

@@ -1,4 +1,4 @@
-"""The long-lived Spark Connect server (``cdc_assets.services.connect_server``): started from the installed pyspark,
+"""The long-lived Spark Connect server (``cdc_assets.engines.connect_server``): started from the installed pyspark,
 listening on loopback only, reached by clients in subprocesses (this process may hold a classic
 SparkSession, and pyspark refuses a Connect session next to one).
 """
@@ -15,8 +15,8 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_assets.services.connect_server import jvm_pid, running_server, start_server, stop_server
-from cdc_assets.services.process import free_port
+from cdc_assets.engines.connect_server import jvm_pid, running_server, start_server, stop_server
+from cdc_assets.engines.process import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_the_server_listens_on_loopback_only_and_reports_its_conf(connect_server
     assert {address.ip for address in listening} <= LOOPBACK, listening
 
     completed = subprocess.run(
-        [sys.executable, "-m", "cdc_assets.services.connect_server", "status", "--state-dir", str(connect_server.state_dir)],
+        [sys.executable, "-m", "cdc_assets.engines.connect_server", "status", "--state-dir", str(connect_server.state_dir)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -24,8 +24,8 @@ import duckdb
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets import cli
-from cdc_assets.consumers import changes_between, scd2_duckdb_sql, scd2_view
+from cdc_assets.cli import read as cli
+from cdc_assets.usecases.readers import changes_between, scd2_duckdb_sql, scd2_view
 from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range, write_table_config
 
 D1, D2, D3, D4, D5 = "2024-03-01", "2024-03-02", "2024-03-03", "2024-03-04", "2024-03-05"
@@ -144,7 +144,7 @@ def test_runs_log_has_a_row_per_date_of_the_backfill_and_the_failed_run(spark, c
 
 
 def _config_hash(chain) -> str:
-    from cdc_assets.runs_log import config_hash
+    from cdc_assets.defs.runs_log import config_hash
 
     return config_hash(chain["config"])
 

@@ -24,7 +24,7 @@ from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance
 
 from resources.storage import WarehouseStorage
 from tests.pipeline import stored_arrow
-from cdc_assets.services.process import free_port
+from cdc_assets.engines.process import free_port
 from tests.processes import stop_process_tree, tail
 
 pytestmark = pytest.mark.slow

@@ -35,9 +35,9 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from cdc_assets.config import TableConfig, load_table_config
-from cdc_assets.core.debezium import BAD, FLAG, RAW_LINE, TOMBSTONE, read_debezium, sequence_columns
-from cdc_assets.core.source import RECORD_ID, SOURCE_FILE, SourceError
+from cdc_assets.model.config import TableConfig, load_table_config
+from cdc_assets.core.intake.debezium import BAD, FLAG, RAW_LINE, TOMBSTONE, read_debezium, sequence_columns
+from cdc_assets.core.intake.source import RECORD_ID, SOURCE_FILE, SourceError
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "debezium"
@@ -366,8 +366,8 @@ def test_spark_connect_reads_the_same_rows(spark, tmp_path, connect_server):
     script = (
         "import json, sys\n"
         "from pyspark.sql import SparkSession\n"
-        "from cdc_assets.config import load_table_config\n"
-        "from cdc_assets.core.debezium import read_debezium\n"
+        "from cdc_assets.model.config import load_table_config\n"
+        "from cdc_assets.core.intake.debezium import read_debezium\n"
         "spark = SparkSession.builder.getOrCreate()\n"
         "config = load_table_config(sys.argv[1])\n"
         "frame = read_debezium(spark, config, sys.argv[2]).drop('_record_id').orderBy('__cdc_raw_line')\n"
@@ -413,7 +413,7 @@ def test_a_row_missing_a_configured_column_is_bad_naming_it(spark, tmp_path):
 
 
 def test_a_wrapped_null_is_a_tombstone_and_counted_as_one(spark, tmp_path):
-    from cdc_assets.core.incoming import prepare_incoming_dates
+    from cdc_assets.core.intake.incoming import prepare_incoming_dates
 
     lines = [
         '{"schema":null,"payload":null}',
@@ -541,7 +541,7 @@ def _coded(tmp_path: Path, lines: list[bytes], **overrides) -> TableConfig:
 
 def test_lines_with_bytes_that_are_not_utf8_are_bad_records_not_replacement_characters(spark, tmp_path):
     """Spark's JSON parsing alone makes b'ab\\xffc' and b'ab\\xfec' one key, 'ab\\ufffdc'."""
-    from cdc_assets.core.incoming import prepare_incoming_dates
+    from cdc_assets.core.intake.incoming import prepare_incoming_dates
 
     lines = [
         b'{"after":{"code":"ab\xffc","Name":"first"},"op":"c","source":{"lsn":1}}',

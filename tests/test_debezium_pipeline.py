@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from dagster import DagsterInstance
 
-from cdc_assets.config import load_table_config
+from cdc_assets.model.config import load_table_config
 from tests.pipeline import definitions_for, operation_counts, partition_dir, read_stored, run_dates
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,8 +13,8 @@ import json
 import yaml
 from dagster import DagsterInstance
 
-from cdc_assets.config import DEBEZIUM_UNAVAILABLE_VALUE, load_table_config
-from cdc_assets.names import CURRENT, HISTORY, LATE_CHANGES
+from cdc_assets.model.config import DEBEZIUM_UNAVAILABLE_VALUE, load_table_config
+from cdc_assets.model.names import CURRENT, HISTORY, LATE_CHANGES
 from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates
 
 TABLE = "notes"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_assets.definitions import defs
+from cdc_assets.defs.definitions import defs
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "definitions.txt"
 UPDATE_ENV = "UPDATE_SNAPSHOTS"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
-from cdc_assets.services.dev_ui import create_table_pools
+from cdc_assets.cli.dev_ui import create_table_pools
 from tests.pipeline import write_table_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def test_the_shipped_instance_holds_one_run_per_table_and_four_in_all(tmp_path):
 def test_make_ui_adopts_only_a_server_whose_make_ui_is_gone():
     """A `make ui` killed with SIGKILL leaves its server running; the next one adopts it and stops it at its end,
     but never one that `make spark-server` or a live `make ui` started."""
-    from cdc_assets.services.dev_ui import WarmSpark
+    from cdc_assets.cli.dev_ui import WarmSpark
 
     gone = subprocess.Popen(["true"])  # a pid that existed and is gone
     gone.wait()

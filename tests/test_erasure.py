@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance, EventRecordsFilter
 
-from cdc_assets.core.erasure import RAW_KEY_HASH, KeysFileError, erased_key_hashes, with_raw_key_hash
-from cdc_assets.erasure import read_keys_file, verify_erased
+from cdc_assets.core.capture.erasure import RAW_KEY_HASH, KeysFileError, erased_key_hashes, with_raw_key_hash
+from cdc_assets.usecases.erasure import read_keys_file, verify_erased
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, run_range, write_table_config
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
-from cdc_assets.core.incoming import prepare_incoming_dates
-from cdc_assets.core.source import read_source
-from cdc_assets.erase_command import main as erase_main
-from cdc_assets.erasure import read_keys_file
+from cdc_assets.core.intake.incoming import prepare_incoming_dates
+from cdc_assets.core.intake.source import read_source
+from cdc_assets.cli.erase import main as erase_main
+from cdc_assets.usecases.erasure import read_keys_file
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, write_table_config
 

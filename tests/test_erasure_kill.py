@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.config import load_table_config
-from cdc_assets.erase_command import main as erase_main
+from cdc_assets.model.config import load_table_config
+from cdc_assets.cli.erase import main as erase_main
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates
 
@@ -65,7 +65,7 @@ def test_a_kill_during_an_erase_then_the_same_command_again_completes_it(spark, 
     }
     with log.open("w") as output:
         erase = subprocess.Popen(
-            [sys.executable, "-m", "cdc_assets.erase_command", TABLE, "--keys", str(keys), "--reason", "GDPR-42"],
+            [sys.executable, "-m", "cdc_assets.cli.erase", TABLE, "--keys", str(keys), "--reason", "GDPR-42"],
             env=env, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:

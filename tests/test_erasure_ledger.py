@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
-from cdc_assets.erase_command import main as erase_main
+from cdc_assets.cli.erase import main as erase_main
 from resources.storage import TornLedgerError, WarehouseStorage
 from resources.storage.erasure import KEY_HASH_FILES, KEY_HASHES_FOLDER, REQUEST_FILE, TORN
 from tests.pipeline import definitions_for, run_dates, write_table_config

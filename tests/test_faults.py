@@ -15,8 +15,8 @@ from pathlib import Path
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
-from cdc_assets.factory import MASS_DELETE_OVERRIDE_TAG
-from cdc_assets.names import CDC_OUTPUTS, HASHED_INCOMING, REJECTS
+from cdc_assets.defs.factory import MASS_DELETE_OVERRIDE_TAG
+from cdc_assets.model.names import CDC_OUTPUTS, HASHED_INCOMING, REJECTS
 from resources.storage import WarehouseStorage
 from tests.pipeline import (
     definitions_for,

@@ -7,10 +7,10 @@ from datetime import date, datetime, timezone
 
 from dagster import AssetCheckKey, AssetCheckSeverity, AssetMaterialization, AssetSelection, DagsterInstance, build_sensor_context, define_asset_job
 
-from cdc_assets.config import Freshness
-from cdc_assets.definitions import build_definitions
-from cdc_assets.factory import build_table_definitions
-from cdc_assets.freshness import (
+from cdc_assets.model.config import Freshness
+from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.factory import build_table_definitions
+from cdc_assets.defs.freshness import (
     FRESHNESS_CHECK,
     Due,
     build_freshness_check,
@@ -20,8 +20,8 @@ from cdc_assets.freshness import (
     late,
     latest_due,
 )
-from cdc_assets.asset_keys import asset_key
-from cdc_assets.names import CURRENT
+from cdc_assets.defs.asset_keys import asset_key
+from cdc_assets.model.names import CURRENT
 from tests.pipeline import write_table_config
 
 AMSTERDAM = Freshness(expected_by="06:00", timezone="Europe/Amsterdam")

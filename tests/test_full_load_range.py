@@ -7,8 +7,8 @@ from datetime import date, timedelta
 import pytest
 from pyspark.sql import functions as F
 
-from cdc_assets.config import LoadType
-from cdc_assets.core.changes import (
+from cdc_assets.model.config import LoadType
+from cdc_assets.core.capture.changes import (
     CLASSIFICATION_COLUMNS,
     build_current,
     classify_changes,

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pytest
 
-from cdc_assets.generator import PART_FILE, GenerationSummary, generate, write_part
+from cdc_assets.cli.generate import PART_FILE, GenerationSummary, generate, write_part
 
 
 def _read(folder: Path, no_keys: int, no_nonkeys: int) -> tuple[list[str], list[tuple], list[tuple]]:
@@ -164,7 +164,7 @@ def test_invalid_shapes_raise(tmp_path, args):
 
 
 def _cli(*args: str, program: list[str] | None = None) -> subprocess.CompletedProcess:
-    program = program or [sys.executable, "-m", "cdc_assets.generator"]
+    program = program or [sys.executable, "-m", "cdc_assets.cli.generate"]
     return subprocess.run([*program, *args], capture_output=True, text=True, timeout=120)
 
 

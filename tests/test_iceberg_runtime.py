@@ -1,6 +1,6 @@
-"""The Iceberg runtime on every Spark the project starts (cdc_assets/services/iceberg_runtime.py, the
+"""The Iceberg runtime on every Spark the project starts (cdc_assets/engines/iceberg_runtime.py, the
 Makefile's ``jars``): a table the project's own session writes in the embedded catalog reads back the
-same in Spark, in pyiceberg without Spark, and in DuckDB offline (cdc_assets/duckdb_iceberg.py).
+same in Spark, in pyiceberg without Spark, and in DuckDB offline (cdc_assets/engines/duckdb_iceberg.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from pyspark.sql import functions as F
 
-from cdc_assets.duckdb_iceberg import duckdb_connection, extension_directory
-from cdc_assets.services import iceberg_runtime
-from cdc_assets.services.iceberg_runtime import ICEBERG_EXTENSIONS, IcebergRuntimeMissing, iceberg_jars, with_iceberg_runtime
-from resources.spark_session import session_conf, spark_config
+from cdc_assets.engines.duckdb_iceberg import duckdb_connection, extension_directory
+from cdc_assets.engines import iceberg_runtime
+from cdc_assets.engines.iceberg_runtime import ICEBERG_EXTENSIONS, IcebergRuntimeMissing, iceberg_jars, with_iceberg_runtime
+from resources.session.spark_session import session_conf, spark_config
 from resources.storage.lake import pyiceberg_properties, use_catalog
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,33 +24,20 @@ PACKAGES = ("cdc_assets", "resources")
 
 # Lowest first. Each pattern names modules (fnmatch); a package is named by its own name (its __init__).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("model", ("cdc_assets", "cdc_assets.settings", "cdc_assets.config", "cdc_assets.names")),
+    ("model", ("cdc_assets", "cdc_assets.model", "cdc_assets.model.*")),
     ("core", ("cdc_assets.core", "cdc_assets.core.*")),
-    ("processes", (
-        "cdc_assets.services", "cdc_assets.services.process", "cdc_assets.services.spark_home", "cdc_assets.services.spark_conf",
-        "cdc_assets.services.iceberg_runtime", "cdc_assets.services.connect_server", "cdc_assets.services.cluster",
-        "cdc_assets.services.lake_server", "cdc_assets.duckdb_iceberg",
-    )),
+    ("engines", ("cdc_assets.engines", "cdc_assets.engines.*")),
     ("storage", ("resources.storage", "resources.storage.*")),
-    ("sessions", ("resources.spark_target", "resources.spark_session", "resources.state")),
-    ("use cases", (
-        "cdc_assets.landing", "cdc_assets.stored_schema", "cdc_assets.catalog_describe", "cdc_assets.schema_changes",
-        "cdc_assets.erasure", "cdc_assets.consumers", "cdc_assets.catalog_ddl",
-    )),
+    ("sessions", ("resources.session", "resources.session.*")),
+    ("use cases", ("cdc_assets.usecases", "cdc_assets.usecases.*")),
     ("dagster resources", ("resources", "resources.fields", "resources.spark", "resources.parquet_io_manager", "resources.alerts")),
-    ("dagster definitions", (
-        "cdc_assets.asset_keys", "cdc_assets.asset_descriptions", "cdc_assets.freshness", "cdc_assets.runs_log", "cdc_assets.automation",
-        "cdc_assets.alerts", "cdc_assets.checks", "cdc_assets.erasure_events", "cdc_assets.factory", "cdc_assets.definitions",
-    )),
-    ("commands and servers", (
-        "cdc_assets.cli", "cdc_assets.catalog", "cdc_assets.report", "cdc_assets.erase_command", "cdc_assets.generator",
-        "cdc_assets.services.sql_server", "cdc_assets.services.dev_ui",
-    )),
-]  # fmt: skip
+    ("dagster definitions", ("cdc_assets.defs", "cdc_assets.defs.*")),
+    ("commands and servers", ("cdc_assets.cli", "cdc_assets.cli.*")),
+]
 DAGSTER_FREE_BELOW = "dagster resources"  # this layer and those above may import Dagster
 DAGSTER = ("dagster", "dagster_pyspark", "dagster_webserver")
 SPARK = ("pyspark",)
-READING_COMMANDS = ("cdc_assets.cli", "cdc_assets.catalog", "cdc_assets.report")
+READING_COMMANDS = ("cdc_assets.cli.read", "cdc_assets.cli.catalog", "cdc_assets.cli.report")
 
 
 @dataclass(frozen=True)
@@ -221,14 +208,14 @@ def test_the_contract_catches_an_upward_import_a_cycle_and_dagster_in_a_reading_
         shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     hashing = tmp_path / "cdc_assets" / "core" / "hashing.py"
     # A lazy import, inside a function, counts as any other.
-    hashing.write_text(hashing.read_text() + "\n\ndef _planted():\n    from cdc_assets.factory import build_table_definitions\n")
+    hashing.write_text(hashing.read_text() + "\n\ndef _planted():\n    from cdc_assets.defs.factory import build_table_definitions\n")
     columns = tmp_path / "cdc_assets" / "core" / "columns.py"
     columns.write_text(columns.read_text() + "\nfrom cdc_assets.core.hashing import key_hash\n")  # hashing imports columns
-    consumers = tmp_path / "cdc_assets" / "consumers.py"
-    consumers.write_text(consumers.read_text() + "\nfrom cdc_assets.asset_keys import asset_key\n")
+    consumers = tmp_path / "cdc_assets" / "usecases" / "readers.py"
+    consumers.write_text(consumers.read_text() + "\nfrom cdc_assets.defs.asset_keys import asset_key\n")
 
     problems = contract_violations(tmp_path)
-    assert "cdc_assets.core.hashing (core) imports cdc_assets.factory (dagster definitions), a higher layer" in problems
+    assert "cdc_assets.core.hashing (core) imports cdc_assets.defs.factory (dagster definitions), a higher layer" in problems
     assert any(p.startswith("import cycle:") and "cdc_assets.core.columns" in p and "cdc_assets.core.hashing" in p for p in problems), problems
-    assert "cdc_assets.consumers (use cases) imports cdc_assets.asset_keys (dagster definitions), a higher layer" in problems
-    assert any(p.startswith("cdc_assets.cli loads Dagster, through") and "cdc_assets.asset_keys" in p for p in problems), problems
+    assert "cdc_assets.usecases.readers (use cases) imports cdc_assets.defs.asset_keys (dagster definitions), a higher layer" in problems
+    assert any(p.startswith("cdc_assets.cli.read loads Dagster, through") and "cdc_assets.defs.asset_keys" in p for p in problems), problems

@@ -27,11 +27,11 @@ import duckdb
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.catalog_ddl import asset_views
-from cdc_assets.cli import current_main
-from cdc_assets.consumers import current_duckdb_sql, current_state
-from cdc_assets.names import APPLIED_SEQUENCES, CLASSIFICATION, CURRENT, DELETES, HISTORY
-from resources.state import read_state
+from cdc_assets.usecases.catalog_ddl import asset_views
+from cdc_assets.cli.read import current_main
+from cdc_assets.usecases.readers import current_duckdb_sql, current_state
+from cdc_assets.model.names import APPLIED_SEQUENCES, CLASSIFICATION, CURRENT, DELETES, HISTORY
+from resources.storage.state import read_state
 from resources.storage import WarehouseStorage
 from tests.engines import assert_engines_read_as_spark
 from tests.pipeline import AUDIT_COLUMNS, definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
@@ -247,7 +247,7 @@ def delta_chain(spark, tmp_path_factory):
 RUN_ONE_DATE = """
 import sys
 from dagster import DagsterInstance
-from cdc_assets.config import load_table_config
+from cdc_assets.model.config import load_table_config
 from tests.pipeline import definitions_for, run_dates
 run_dates(definitions_for(load_table_config(sys.argv[1])), [sys.argv[2]], DagsterInstance.ephemeral())
 """
@@ -393,7 +393,7 @@ def test_an_erase_of_keys_on_every_date_leaves_no_tag_and_no_file_holding_them(s
     every date's checks, evaluated again, pass."""
     from dagster import DagsterEventType, EventRecordsFilter
 
-    from cdc_assets.erasure import read_keys_file, verify_erased
+    from cdc_assets.usecases.erasure import read_keys_file, verify_erased
 
     warehouse = tmp_path / "warehouse"
     warehouse.mkdir()

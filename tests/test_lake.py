@@ -23,8 +23,8 @@ import duckdb
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.consumers import changes_between, current_duckdb_sql, current_state, scd2_view
-from cdc_assets.names import CURRENT, HASHED_INCOMING, HISTORY
+from cdc_assets.usecases.readers import changes_between, current_duckdb_sql, current_state, scd2_view
+from cdc_assets.model.names import CURRENT, HASHED_INCOMING, HISTORY
 from resources.storage import WarehouseStorage
 from resources.storage.lake import LakeCatalog
 from tests.lake import lake_variables, pointed_at, upload
@@ -184,7 +184,7 @@ def _sql_endpoint_reads_the_lake(config, configs: Path, variables: dict[str, str
 
 
 def _erase(config, keys: Path, verify: bool = False) -> int:
-    from cdc_assets.erase_command import main
+    from cdc_assets.cli.erase import main
 
     return main([config.name, "--keys", str(keys), *(["--verify"] if verify else [])])
 
@@ -246,7 +246,7 @@ def test_an_erase_on_the_lake_verifies_and_no_secret_reaches_a_log_the_run_confi
 RUN_ONE_DATE = """
 import sys
 from dagster import DagsterInstance
-from cdc_assets.config import load_table_config
+from cdc_assets.model.config import load_table_config
 from tests.pipeline import definitions_for
 
 job = definitions_for(load_table_config(sys.argv[1])).resolve_implicit_global_asset_job_def()
@@ -377,7 +377,7 @@ def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_
         **{key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}, **variables,
         "PYTHONPATH": str(REPO), "DAGSTER_HOME": str(home), "CDC_TABLE_CONFIGS": str(configs), "SPARK_REMOTE": connect_server.url,
     }  # fmt: skip
-    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.definitions",
+    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions",
                "--select", f"group:{config.name}", "--partition-range", f"{DAYS[0]}...{DAYS[-1]}"]  # fmt: skip
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
@@ -401,8 +401,8 @@ def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_
 def test_the_landing_sensor_lists_a_dates_files_in_the_bucket_without_spark(tmp_path, monkeypatch, lake):
     """A folder, a glob and one file, each as source.path names a date: data files only, with their sizes;
     a ready marker found; a file replaced changes the fingerprint."""
-    from cdc_assets.automation import fingerprint
-    from cdc_assets.landing import exists, landed
+    from cdc_assets.defs.automation import fingerprint
+    from cdc_assets.usecases.landing import exists, landed
 
     extracts = tmp_path / "extracts"
     day = extracts / "orders" / DAYS[0]

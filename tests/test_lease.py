@@ -21,7 +21,7 @@ pytestmark = pytest.mark.lake
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """One lake for the module's tests (each test uses a key of its own)."""
-    from cdc_assets.services import lake_server
+    from cdc_assets.engines import lake_server
     from tests.lake import start_lake
 
     state = tmp_path_factory.mktemp("lease-lake")

@@ -24,8 +24,8 @@ import psutil
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.services.connect_server import PROPERTIES_FILE, jvm_pid, probe, start_server, stop_server
-from cdc_assets.services.process import free_port
+from cdc_assets.engines.connect_server import PROPERTIES_FILE, jvm_pid, probe, start_server, stop_server
+from cdc_assets.engines.process import free_port
 from tests.pipeline import write_table_config
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ SECRET_KEY = "spark.hadoop.fs.s3a.secret.key"
 CURRENT_THEN_UI = """
 import sys
 from pyspark import SparkContext
-from cdc_assets.cli import current_main
+from cdc_assets.cli.read import current_main
 
 code = current_main(sys.argv[1:])
 context = SparkContext._active_spark_context
@@ -118,7 +118,7 @@ def test_a_cold_run_listens_on_loopback_only_and_keeps_its_conf_off_the_command_
     conf = {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g", SECRET_KEY: secret}
     env = _environment(tmp_path, CDC_TABLE_CONFIGS=str(configs), CDC_SPARK_CONF=json.dumps(conf),
                        CDC_PAUSE_BEFORE_COMMIT="listened/current_table", CDC_PAUSE_MARKER=str(marker), CDC_PAUSE_RELEASE=str(release))  # fmt: skip
-    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.definitions", "--select", "group:listened",
+    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions", "--select", "group:listened",
                "--partition", DAY]  # fmt: skip
     with log.open("w") as output:
         run = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)

@@ -136,7 +136,7 @@ def test_an_erase_removes_keys_present_on_every_date_from_every_tag_and_every_fi
 
 
 def test_duckdb_reads_each_tag_with_its_labels_as_spark_does(spark, states):
-    from cdc_assets.duckdb_iceberg import duckdb_connection
+    from cdc_assets.engines.duckdb_iceberg import duckdb_connection
 
     _three_dates(spark, states)
     with duckdb_connection() as duck:

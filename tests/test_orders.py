@@ -8,8 +8,8 @@ from pathlib import Path
 
 from dagster import DagsterInstance
 
-from cdc_assets.config import load_table_config
-from cdc_assets.names import CDC_OUTPUTS
+from cdc_assets.model.config import load_table_config
+from cdc_assets.model.names import CDC_OUTPUTS
 from tests.pipeline import definitions_for, operation_counts, partition_dir, read_stored, run_dates, run_range, sorted_rows
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import pyarrow.csv as pacsv
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
-from cdc_assets.generator import generate
+from cdc_assets.cli.generate import generate
 from resources.storage import WarehouseStorage
 from resources.storage.lake import pyiceberg_properties
 from tests.pipeline import (

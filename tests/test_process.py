@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from cdc_assets.services.process import group_alive, process_alive, start_detached, stop_group
+from cdc_assets.engines.process import group_alive, process_alive, start_detached, stop_group
 
 # The leader exits on SIGTERM at once; the worker it started ignores SIGTERM and keeps the lock it inherited
 # until it is killed.

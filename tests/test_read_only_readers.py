@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.consumers import changes_between, scd2_view
+from cdc_assets.usecases.readers import changes_between, scd2_view
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, partition_dir, read_stored, run_range
 from tests.test_consumers import D1, D3, DAYS, HEADER, TABLE, write_members_config
@@ -36,12 +36,12 @@ except OSError:
     pass
 from dagster import DagsterInstance
 import duckdb
-from cdc_assets import cli
-from cdc_assets.config import load_table_config
-from cdc_assets.consumers import scd2_duckdb_sql
-from cdc_assets.definitions import build_definitions
-from cdc_assets.factory import build_table_definitions
-from resources.spark_session import build_spark_session
+from cdc_assets.cli import read as cli
+from cdc_assets.model.config import load_table_config
+from cdc_assets.usecases.readers import scd2_duckdb_sql
+from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.factory import build_table_definitions
+from resources.session.spark_session import build_spark_session
 from resources.storage import WarehouseStorage
 
 config = load_table_config(sys.argv[3])

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdc_assets.config import load_table_config
+from cdc_assets.model.config import load_table_config
 from tests.pipeline import definitions_for, run_range
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import date
 
-from cdc_assets.core.reconcile import (
+from cdc_assets.core.capture.reconcile import (
     KeyedFigures,
     keyed_figures_by_date,
     operations_by_date,

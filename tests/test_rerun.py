@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.core.rerun import LaterDatesStoredError, RerunDecision, rerun_decision
-from cdc_assets.names import CLASSIFICATION, CURRENT, DELETES, HISTORY, INSERTS, UPDATES
-from resources.state import read_state
+from cdc_assets.core.capture.rerun import LaterDatesStoredError, RerunDecision, rerun_decision
+from cdc_assets.model.names import CLASSIFICATION, CURRENT, DELETES, HISTORY, INSERTS, UPDATES
+from resources.storage.state import read_state
 from resources.storage import DroppedPartitionError, WarehouseStorage
 from tests.pipeline import AUDIT_COLUMNS, add_backfill, definitions_for, run_dates, run_range, write_table_config
 

@@ -21,10 +21,11 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 from pyspark.sql import functions as F
 
-from cdc_assets import cli, report
-from cdc_assets.config import TableConfigError, load_table_config
-from cdc_assets.consumers import changes_between, scd2_view
-from cdc_assets.core.between import changes_between_states
+from cdc_assets.cli import read as cli
+from cdc_assets.cli import report
+from cdc_assets.model.config import TableConfigError, load_table_config
+from cdc_assets.usecases.readers import changes_between, scd2_view
+from cdc_assets.core.views.between import changes_between_states
 from resources.storage import DroppedPartitionError, MissingPartitionError, WarehouseStorage
 from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
 

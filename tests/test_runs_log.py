@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 import pytest
 
 from cdc_assets.core.errors import SummarizedError, error_summary, summarized_error_names
-from cdc_assets.core.incoming import BadRecordsError, DuplicateKeysError
-from cdc_assets.core.intake_columns import SourceError
-from cdc_assets.runs_log import FAILED, runs_log_rows
+from cdc_assets.core.intake.incoming import BadRecordsError, DuplicateKeysError
+from cdc_assets.core.intake.columns import SourceError
+from cdc_assets.defs.runs_log import FAILED, runs_log_rows
 from tests.pipeline import write_table_config
 
 SECRET = "customer-4242424"

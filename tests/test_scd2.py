@@ -12,11 +12,11 @@ import pytest
 import yaml
 from pyspark.sql import functions as F
 
-from cdc_assets import cli
-from cdc_assets.config import TableConfig
-from cdc_assets.consumers import scd2_duckdb_sql, scd2_view
+from cdc_assets.cli import read as cli
+from cdc_assets.model.config import TableConfig
+from cdc_assets.usecases.readers import scd2_duckdb_sql, scd2_view
 from cdc_assets.core.hashing import add_hashes
-from cdc_assets.core.scd2 import scd2_sql
+from cdc_assets.core.views.scd2 import scd2_sql
 from resources.storage import WarehouseStorage
 
 TABLE = "scd2_demo"

@@ -13,8 +13,8 @@ import duckdb
 import pytest
 from pyspark.sql import functions as F
 
-from cdc_assets.config import TableConfig
-from cdc_assets.consumers import changes_between, scd2_duckdb_sql, scd2_view
+from cdc_assets.model.config import TableConfig
+from cdc_assets.usecases.readers import changes_between, scd2_duckdb_sql, scd2_view
 from cdc_assets.core.hashing import add_hashes
 from resources.storage import WarehouseStorage
 

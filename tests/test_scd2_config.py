@@ -7,7 +7,7 @@ from datetime import date
 import pytest
 import yaml
 
-from cdc_assets.config import HardDeletes, TableConfigError, load_table_config
+from cdc_assets.model.config import HardDeletes, TableConfigError, load_table_config
 
 BASE = {
     "name": "orders",

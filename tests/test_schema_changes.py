@@ -1,4 +1,4 @@
-"""The rules of a schema change between dates (cdc_assets/core/schema.py) on real Spark frames, and the
+"""The rules of a schema change between dates (cdc_assets/core/capture/schema.py) on real Spark frames, and the
 refusals through real Dagster runs: a key change and a narrowing fail the date before anything is written."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from cdc_assets.config import LoadType
-from cdc_assets.core.changes import classify_changes
+from cdc_assets.model.config import LoadType
+from cdc_assets.core.capture.changes import classify_changes
 from cdc_assets.core.hashing import NON_KEY_HASH, add_hashes
-from cdc_assets.core.schema import (
+from cdc_assets.core.capture.schema import (
     HashSpec,
     migrate_state,
     schema_change,
@@ -24,7 +24,7 @@ from cdc_assets.core.schema import (
     values_for_added_columns,
     widens,
 )
-from cdc_assets.names import CURRENT, HASHED_INCOMING, HISTORY
+from cdc_assets.model.names import CURRENT, HASHED_INCOMING, HISTORY
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, write_table_config
 
@@ -189,7 +189,7 @@ def test_a_narrowing_and_a_key_change_are_refused_before_anything_is_written(spa
         non_keys=[{"name": "region", "type": "string"}, {"name": "amount", "type": "int"}],
     )  # fmt: skip
     assert message == (
-        f"cdc_assets.core.schema.SchemaChangeError: {config_file}: table refused: field 'non_keys.1.type' (amount) "
+        f"cdc_assets.core.capture.schema.SchemaChangeError: {config_file}: table refused: field 'non_keys.1.type' (amount) "
         "changed from bigint to int: the state as of 2024-05-01 holds amount as bigint, and bigint -> int is not a "
         "widening that reads every stored value as an equal one (allowed: tinyint -> smallint -> int -> bigint, "
         "float -> double, decimal(p,s) -> decimal(p',s) with p' > p); nothing was written. Keep bigint, or add the "
@@ -205,7 +205,7 @@ def test_a_narrowing_and_a_key_change_are_refused_before_anything_is_written(spa
         non_keys=[{"name": "amount", "type": "bigint"}],
     )  # fmt: skip
     assert message == (
-        f"cdc_assets.core.schema.SchemaChangeError: {config_file}: table refused: field 'keys' changed: the state as of "
+        f"cdc_assets.core.capture.schema.SchemaChangeError: {config_file}: table refused: field 'keys' changed: the state as of "
         "2024-05-01 was written with keys [id int], the config now says [id int, region string]. A change to the keys "
         "changes every key's hash, so it is not applied between dates; nothing was written. Either define a new table "
         "(a new name) with the new definition, or re-baseline this one: run this date with run config ops: "

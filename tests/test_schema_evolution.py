@@ -16,10 +16,10 @@ import pytest
 from dagster import DagsterInstance
 from pyiceberg.expressions import EqualTo
 
-from cdc_assets.consumers import current_state, scd2_view
-from cdc_assets.core.schema import HASH_SPEC_METADATA, HashSpec
-from cdc_assets.names import CURRENT, HISTORY, UPDATES
-from resources.state import read_state, stored_fields
+from cdc_assets.usecases.readers import current_state, scd2_view
+from cdc_assets.core.capture.schema import HASH_SPEC_METADATA, HashSpec
+from cdc_assets.model.names import CURRENT, HISTORY, UPDATES
+from resources.storage.state import read_state, stored_fields
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, run_range, write_table_config
 

@@ -15,11 +15,11 @@ from decimal import Decimal
 import duckdb
 import pytest
 
-from cdc_assets.catalog_ddl import sync_in_place, sync_statements
-from cdc_assets.config import TableConfig
-from cdc_assets.consumers import changes_between, current_duckdb_sql, current_state, read_history, scd2_duckdb_sql, scd2_view
-from cdc_assets.core.as_configured import configured_select_list
-from cdc_assets.core.scd2 import Dialect
+from cdc_assets.usecases.catalog_ddl import sync_in_place, sync_statements
+from cdc_assets.model.config import TableConfig
+from cdc_assets.usecases.readers import changes_between, current_duckdb_sql, current_state, read_history, scd2_duckdb_sql, scd2_view
+from cdc_assets.core.views.as_configured import configured_select_list
+from cdc_assets.core.views.scd2 import Dialect
 from resources.storage import WarehouseStorage
 from tests.pipeline import own_catalog_database
 

@@ -1,4 +1,4 @@
-"""Settings in one place (cdc_assets/settings.py): the docs' table is the module's, and no other module of the
+"""Settings in one place (cdc_assets/model/settings.py): the docs' table is the module's, and no other module of the
 project spells a variable's name."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-from cdc_assets import settings
+from cdc_assets.model import settings
 
 REPO = Path(__file__).resolve().parent.parent
 # A variable's name as a whole string: the project's own, the AWS SDK's it reads, Spark Connect's.
@@ -18,7 +18,7 @@ def test_the_configuration_pages_table_is_the_settings_modules():
     page = (REPO / "docs" / "configuration.md").read_text()
     section = page[page.index("## Environment"):]
     table = section[section.index("| variable |"):].split("\n\n", 1)[0]
-    assert table == settings.markdown_table(), "regenerate it: python -m cdc_assets.settings"
+    assert table == settings.markdown_table(), "regenerate it: python -m cdc_assets.model.settings"
 
 
 def test_every_setting_has_one_name_and_a_meaning():
@@ -32,12 +32,12 @@ def test_no_module_but_the_settings_module_spells_a_variables_name():
     spelled = []
     for package in ("cdc_assets", "resources"):
         for path in sorted((REPO / package).rglob("*.py")):
-            if path == REPO / "cdc_assets" / "settings.py":
+            if path == REPO / "cdc_assets" / "model" / "settings.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and _VARIABLE.match(node.value):
                     spelled.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value}")
-    assert spelled == [], "read it through cdc_assets.settings"
+    assert spelled == [], "read it through cdc_assets.model.settings"
     # And the check can fail: the settings module itself spells each one.
-    source = (REPO / "cdc_assets" / "settings.py").read_text()
+    source = (REPO / "cdc_assets" / "model" / "settings.py").read_text()
     assert all(f'"{setting.name}"' in source for setting in settings.ALL)

@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from cdc_assets.config import TableConfig
+from cdc_assets.model.config import TableConfig
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
-from cdc_assets.core.incoming import (
+from cdc_assets.core.intake.incoming import (
     BadRecordsError,
     DateFigures,
     DuplicateKeysError,
     prepare_incoming,
     prepare_incoming_dates,
 )
-from cdc_assets.core.source import (
+from cdc_assets.core.intake.source import (
     RECORD_ID,
     REJECT_REASON,
     SOURCE_FILE,
@@ -350,8 +350,8 @@ CONNECT_CLIENT = """
 import sys
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from cdc_assets.config import TableConfig
-from cdc_assets.core.source import SourceError, header_mismatch, read_source
+from cdc_assets.model.config import TableConfig
+from cdc_assets.core.intake.source import SourceError, header_mismatch, read_source
 
 spark = SparkSession.builder.getOrCreate()
 print("module", type(spark).__module__)

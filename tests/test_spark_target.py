@@ -1,4 +1,4 @@
-"""Where a run's Spark runs (resources/spark_target.py): the project's warm server found without being
+"""Where a run's Spark runs (resources/session/spark_target.py): the project's warm server found without being
 named, the opt-outs, a bounded wait on a dead server, the server's size, and the caches a run leaves.
 
 The server here is the session's ``connect_server`` fixture, found through its state folder as the
@@ -13,9 +13,9 @@ import time
 import pytest
 from pyspark.sql.connect.client.retries import DefaultPolicy
 
-from cdc_assets.services import connect_server
+from cdc_assets.engines import connect_server
 from cdc_assets.core import caching
-from resources.spark_target import (
+from resources.session.spark_target import (
     SparkServerGoneError,
     SparkTarget,
     bounded_retry_policy,

@@ -1,4 +1,4 @@
-"""What an incremental state stores for a date (``core/state.py``: :func:`stored_changes`), on tiny frames:
+"""What an incremental state stores for a date (``core/capture/state.py``: :func:`stored_changes`), on tiny frames:
 the touched keys, and a full load's N rows whose untracked values changed (issue 34: without them the
 state as of the date showed the previous date's untracked values). And the check's equation for it."""
 
@@ -8,9 +8,9 @@ from datetime import date
 
 import pytest
 
-from cdc_assets.config import LoadType
-from cdc_assets.core.reconcile import reconcile_stored_state
-from cdc_assets.core.state import stored_changes
+from cdc_assets.model.config import LoadType
+from cdc_assets.core.capture.reconcile import reconcile_stored_state
+from cdc_assets.core.capture.state import stored_changes
 
 D1, D2, D3 = date(2024, 1, 1), date(2024, 1, 2), date(2024, 1, 3)
 CHANGES = "id int, val string, batch int, key_hash string, operation string, business_date date"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from cdc_assets.names import CURRENT, HISTORY
+from cdc_assets.model.names import CURRENT, HISTORY
 from resources.storage import WarehouseStorage
 from resources.storage.tables import RUN_ID, WRITTEN_DATES
 from tests.lake import pointed_at
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.lake, pytest.mark.slow]
 RUN_IN_INSTANCE = """
 import sys
 from dagster import DagsterInstance
-from cdc_assets.config import load_table_config
+from cdc_assets.model.config import load_table_config
 from tests.pipeline import definitions_for, run_range
 
 result = run_range(definitions_for(load_table_config(sys.argv[1])), sys.argv[2], sys.argv[3], instance=DagsterInstance.get(), raise_on_error=False)
@@ -129,7 +129,7 @@ def test_an_erase_from_one_instance_while_the_other_runs_a_date_waits_and_leaves
     keys.write_text("id\n1\n")
     monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
     monkeypatch.delenv("DAGSTER_HOME", raising=False)  # this process's erase tells no instance
-    from cdc_assets.erase_command import main as erase
+    from cdc_assets.cli.erase import main as erase
 
     local_root = tmp_path / "warehouse"
     with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):

@@ -27,7 +27,7 @@ import requests
 
 from resources.storage import WarehouseStorage
 from tests.pipeline import stored_arrow
-from cdc_assets.services.process import free_port
+from cdc_assets.engines.process import free_port
 from tests.processes import our_processes, stop_process_tree, tail
 
 pytestmark = pytest.mark.slow
@@ -104,7 +104,7 @@ def _environment(tmp_path: Path, name: str) -> dict[str, str]:
 
 def _as_a_scripts_background_job() -> None:
     """What ``make ui &`` in a shell script hands the job (POSIX): SIGINT and SIGQUIT ignored. The harder case:
-    dagster dev started this way used to ignore SIGINT and SIGTERM both (see cdc_assets/services/dev_ui.py)."""
+    dagster dev started this way used to ignore SIGINT and SIGTERM both (see cdc_assets/cli/dev_ui.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
@@ -358,7 +358,7 @@ def test_materialize_and_backfill_from_the_ui(tmp_path):
     shutil.copy(REPO / "instance" / "dagster.yaml", Path(cli_env["DAGSTER_HOME"]) / "dagster.yaml")
     for day in (DAY1, DAY2):
         subprocess.run(
-            [str(BIN / "dagster"), "asset", "materialize", "-m", "cdc_assets.definitions",
+            [str(BIN / "dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions",
              "--select", f"group:{TABLE}", "--partition", day],
             cwd=REPO, env=cli_env, check=True, capture_output=True,
         )
@@ -378,7 +378,7 @@ def test_make_ui_stops_on_sigterm_to_make(tmp_path):
         # make ui created every shipped table's pool before the daemon's first pass.
         from dagster import DagsterInstance
 
-        from cdc_assets.config import load_table_configs
+        from cdc_assets.model.config import load_table_configs
 
         with DagsterInstance.from_config(server.home) as instance:
             pools = instance.event_log_storage.get_concurrency_keys()

@@ -19,10 +19,10 @@ import psutil
 import pytest
 import requests
 
-from cdc_assets.services import connect_server
-from cdc_assets.services.process import process_alive
+from cdc_assets.engines import connect_server
+from cdc_assets.engines.process import process_alive
 from resources.storage import WarehouseStorage
-from cdc_assets.services.process import free_port
+from cdc_assets.engines.process import free_port
 from tests.processes import stop_process_tree, tail
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def _environment(tmp_path: Path, tables: list[str], **extra: str) -> dict[str, s
 
 def _materialize(env: dict, table: str, day: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [str(DAGSTER), "asset", "materialize", "-m", "cdc_assets.definitions", "--select", f"group:{table}", "--partition", day],
+        [str(DAGSTER), "asset", "materialize", "-m", "cdc_assets.defs.definitions", "--select", f"group:{table}", "--partition", day],
         env=env, cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
     )
 

@@ -8,7 +8,7 @@ Standalone (not in the suite); the figures are in docs/design/iceberg-current-ta
 import shutil, time, sys
 from datetime import date
 from pyspark.sql import functions as F
-from resources.spark_session import build_spark_session
+from resources.session.spark_session import build_spark_session
 from resources.storage import WarehouseStorage
 from resources.storage.merged import MergedStates
 rows = int(sys.argv[1])

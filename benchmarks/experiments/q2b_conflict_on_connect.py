@@ -6,7 +6,7 @@ session conf on Connect.
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.experiments.q2b_conflict_on_connect [--classic]
 
 ``--classic`` runs the same on a classic session, for comparison. One JVM: the project's Spark Connect
-server (``cdc_assets.services.connect_server``, 127.0.0.1, a free port), stopped at the end.
+server (``cdc_assets.engines.connect_server``, 127.0.0.1, a free port), stopped at the end.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def main() -> int:
             # The project's Connect server (127.0.0.1, a free port), with the Iceberg jars.
             from pyspark.sql import SparkSession
 
-            from cdc_assets.services.connect_server import start_server
-            from cdc_assets.services.process import free_port
+            from cdc_assets.engines.connect_server import start_server
+            from cdc_assets.engines.process import free_port
 
             handle = start_server(port=free_port(), state_dir=server_dir, master="local[2]", conf=CONF)
             spark = SparkSession.builder.remote(handle.url).getOrCreate()
@@ -108,7 +108,7 @@ def main() -> int:
         spark.stop()
     finally:
         if not args.classic and server_dir.exists():
-            from cdc_assets.services.connect_server import stop_server
+            from cdc_assets.engines.connect_server import stop_server
 
             stop_server(server_dir)
         shutil.rmtree(folder, ignore_errors=True)

@@ -19,7 +19,7 @@ from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from cdc_assets.config import INTERNAL_PREFIX
+from cdc_assets.model.config import INTERNAL_PREFIX
 
 KEY_HASH = "key_hash"
 NON_KEY_HASH = "non_key_hash"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 
-from cdc_assets import settings
+from cdc_assets.model import settings
 
 BEFORE_COMMIT = settings.PAUSE_BEFORE_COMMIT.name
 MARKER_ENV = settings.PAUSE_MARKER.name

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from cdc_assets import settings
+from cdc_assets.model import settings
 from resources.storage.object_store import DEFAULT_REGION, ObjectStore, is_object_store
 
 # The name Spark and pyiceberg open the catalog under (also the key of its rows in the SQLite file).

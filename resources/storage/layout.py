@@ -11,7 +11,7 @@ Per table::
     {root}/lake_catalog.db                                the Iceberg catalog (resources/storage/lake.py)
     {root}/.lake_catalog.init.lock                        held while a new catalog's tables are created
     {root}/_runs/{table}-{time}-{run}-{id}.parquet        the runs log, a file per append
-    {root}/_catalog/                                      the SQL catalog's metastore (cdc_assets.catalog)
+    {root}/_catalog/                                      the SQL catalog's metastore (cdc_assets.cli.catalog)
 
 An incremental state (``storage: {current: incremental}``) is one table, ``lake.{table}.current_table``, with a
 tag per business date (``merged.py``).
@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from cdc_assets import settings
+from cdc_assets.model import settings
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.storage.files import Files, files_for
 

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from urllib.parse import urlparse
 
-from cdc_assets import settings
+from cdc_assets.model import settings
 from cdc_assets.core.errors import SummarizedError
 from resources.storage.lock import LOCK_TIMEOUT_ENV, WriterLockTimeout
 from resources.storage.object_store import ObjectStore

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO
 
-from cdc_assets import settings
+from cdc_assets.model import settings
 from cdc_assets.core.errors import SummarizedError
 
 LOCK_TIMEOUT_ENV = settings.WRITER_LOCK_TIMEOUT.name

@@ -25,10 +25,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdc_assets.core.changes import DELETE, OPERATION
+from cdc_assets.core.capture.changes import DELETE, OPERATION
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH
-from cdc_assets.core.scd2 import Dialect, date_literal, quote_identifier
+from cdc_assets.core.views.scd2 import Dialect, date_literal, quote_identifier
 from resources.storage.lake import CATALOG_NAME, table_identifier
 from resources.storage.tables import TABLE_PROPERTIES, LakeTables, create_table, hand_over, project_columns, release_hand_over
 
@@ -376,7 +376,7 @@ class MergedStates:
         """A DuckDB query of :meth:`state` (the state as of ``day`` with its labels, without
         ``operation_date``): ``iceberg_scan`` of the metadata file committed now, at the tag's snapshot,
         so it reads that snapshot whatever is committed meanwhile. The caller loads DuckDB's iceberg
-        extension (``cdc_assets.duckdb_iceberg``)."""
+        extension (``cdc_assets.engines.duckdb_iceberg``)."""
         loaded = self.tables.load(table, asset)
         snapshot = self.tag_snapshot(table, asset, day)
         if loaded is None or snapshot is None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlparse
 
-from cdc_assets import settings
+from cdc_assets.model import settings
 
 S3_ENDPOINT_ENV = settings.S3_ENDPOINT.name
 REGION_ENV = settings.REGION.name

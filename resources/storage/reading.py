@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, timedelta
-from typing import TYPE_CHECKING
+from typing import Any
 
 from cdc_assets.core.errors import SummarizedError
 from resources.storage.retention import RERUN, STAGING_DAYS
-
-if TYPE_CHECKING:
-    from resources.storage.warehouse import WarehouseStorage
-
 
 class MissingPartitionError(SummarizedError, RuntimeError):
     """An upstream partition the step needs has never been written."""
@@ -34,10 +30,9 @@ class StateLayout:
     change_dates: list[str]
 
 
-def missing_partition_error(storage: "WarehouseStorage", table: str, asset: str, business_date: str) -> MissingPartitionError:
-    """The error for a date of ``table``/``asset`` that is not stored: dropped by retention (naming the
-    setting), or never written."""
-    dropped = storage.dropped_partition(table, asset, business_date)
+def missing_partition_error(dropped: dict[str, Any] | None, table: str, asset: str, business_date: str) -> MissingPartitionError:
+    """The error for a date of ``table``/``asset`` that is not stored: dropped by retention or a re-run
+    (``dropped``, the storage's record of it, naming the setting), or never written (``dropped`` is None)."""
     if dropped is not None and dropped["setting"] == RERUN:
         rerun = dropped[RERUN]
         after = (date.fromisoformat(rerun.split("..")[-1]) + timedelta(days=1)).isoformat()

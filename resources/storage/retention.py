@@ -19,7 +19,7 @@ from resources.storage.layout import WarehouseLayout
 CURRENT_DAYS = "current_days"
 STAGING_DAYS = "staging_days"
 SNAPSHOT_DAYS = "snapshot_days"
-# Not a setting: a date dropped by a re-run of an earlier date inside a backfill (cdc_assets/core/rerun.py),
+# Not a setting: a date dropped by a re-run of an earlier date inside a backfill (cdc_assets/core/capture/rerun.py),
 # recorded with the re-run's dates under this name.
 RERUN = "rerun"
 

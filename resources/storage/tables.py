@@ -34,12 +34,12 @@ from datetime import date, timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
-from cdc_assets import settings
+from cdc_assets.model import settings
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.dates import date_runs
 from cdc_assets.core.errors import SummarizedError
 from cdc_assets.core.hashing import NON_KEY_HASH
-from cdc_assets.core.schema import HASH_SPEC_METADATA
+from cdc_assets.core.capture.schema import HASH_SPEC_METADATA
 from resources.storage.files import Files, files_for
 from resources.storage.lake import CATALOG_NAME, LakeCatalog, table_identifier
 

@@ -156,7 +156,7 @@ class WarehouseStorage:
         it commits. A date without rows is stored all the same (the table records its dates).
 
         ``dropped``: later stored dates computed from the state these dates replace (a re-run inside a
-        backfill, cdc_assets/core/rerun.py). They leave the table in the same commit, each recorded
+        backfill, cdc_assets/core/capture/rerun.py). They leave the table in the same commit, each recorded
         first as dropped by this re-run, so a reader says so (:func:`missing_partition_error`).
 
         ``renamed_from``: the config's renamed columns (new name -> former names, newest first); a
@@ -455,13 +455,13 @@ class WarehouseStorage:
         """Raise :class:`MissingPartitionError` if the date was never written, and
         :class:`DroppedPartitionError` (naming the retention setting) if retention dropped it."""
         if not self.has_partition(table, asset, business_date):
-            raise missing_partition_error(self, table, asset, business_date)
+            raise missing_partition_error(self.dropped_partition(table, asset, business_date), table, asset, business_date)
 
     def stored_schema(self, table: str, asset: str, business_date: str) -> StructType:
         """The Spark schema (with its columns' metadata: the hash spec) the date was written with."""
         stored = self._stored(table, asset)
         if business_date not in stored:
-            raise missing_partition_error(self, table, asset, business_date)
+            raise missing_partition_error(self.dropped_partition(table, asset, business_date), table, asset, business_date)
         return self._recorded_schema(table, asset, stored[business_date])
 
     def _recorded_schema(self, table: str, asset: str, sid: str) -> StructType:
@@ -495,7 +495,7 @@ class WarehouseStorage:
         stored = self._stored(table, asset)
         for day in business_dates:
             if day not in stored:
-                raise missing_partition_error(self, table, asset, day)
+                raise missing_partition_error(self.dropped_partition(table, asset, day), table, asset, day)
         if isinstance(schema, str):
             schema = StructType.fromDDL(schema) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], schema).schema
         if schema is None:

@@ -1,0 +1,92 @@
+"""The SQL catalog: every table's current state and history by name, as views over its Iceberg tables.
+
+    cdc-catalog sync                      register every table (what `make sql` and the SQL server do first)
+    cdc-catalog sql [spark-sql args]      spark-sql on the catalog (`make sql`), e.g. -e "SELECT ..."
+    cdc-catalog server start|status|stop  the SQL server (Spark Thrift server) on 127.0.0.1:10000 (`make sql-server`)
+    cdc-catalog describe TABLE --json     what pyiceberg needs to read any asset's any date (no Spark)
+
+Database ``cdc`` (``CDC_CATALOG_DATABASE``) in Spark's Hive metastore holds, as views over the
+Iceberg catalog ``lake`` (``lake.<table>.<asset>``), each stored table's ``<table>_current``,
+``<table>_history``, ``<table>_latest`` and ``<table>_scd2``; and ``runs_log``; what each one is, and how
+a sync defines them, is :mod:`cdc_assets.usecases.catalog_ddl`'s. Spark's embedded Derby metastore admits one
+process at a time: spark-sql or the SQL server holds it, and while the server runs, ``sync`` and ``sql``
+go through it (:mod:`cdc_assets.cli.sql_server`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from cdc_assets.usecases.catalog_ddl import catalog_database, catalog_dir
+from cdc_assets.usecases.catalog_describe import describe
+from cdc_assets.usecases.readers import table_config
+from cdc_assets.engines.process import HOST
+from cdc_assets.cli.sql_server import (
+    DEFAULT_SQL_PORT,
+    LOG_FILE,
+    SERVER_FOLDER,
+    SQL_PORT_ENV,
+    CatalogBusy,
+    run_spark_sql,
+    running_sql_server,
+    start_sql_server,
+    stop_sql_server,
+    sync,
+)
+from resources.storage import WarehouseStorage, warehouse_root
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cdc-catalog", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("sync", help="register every table in the catalog")
+    sql = commands.add_parser("sql", help="spark-sql on the catalog; the remaining arguments go to spark-sql", add_help=False)
+    sql.add_argument("args", nargs=argparse.REMAINDER)
+    server = commands.add_parser("server", help="the SQL (Thrift) server on 127.0.0.1")
+    server.add_argument("action", choices=["start", "status", "stop"])
+    server.add_argument("--port", type=int, default=None, help=f"start: the port (default: ${SQL_PORT_ENV} or {DEFAULT_SQL_PORT})")
+    describe_table = commands.add_parser("describe", help="the table's Iceberg catalog and tables, for scripts (pyiceberg)")
+    describe_table.add_argument("table", help="the table config's name")
+    describe_table.add_argument("--json", action="store_true", required=True, help="print one JSON object (the only format)")
+    argv = sys.argv[1:] if argv is None else argv
+    # Everything after "sql" belongs to spark-sql, options included.
+    args = parser.parse_args(argv[:1] if argv[:1] == ["sql"] else argv)
+    if args.command == "sql":
+        args.args = argv[1:]
+
+    storage = WarehouseStorage(warehouse_root())
+    try:
+        if args.command == "describe":
+            print(json.dumps(describe(storage, table_config(args.table)), indent=2))
+            return 0
+        if args.command == "sync":
+            return sync(storage)
+        if args.command == "sql":
+            return run_spark_sql(storage, args.args)
+        location = catalog_dir(storage)
+        if args.action == "start":
+            port = args.port or int(os.environ.get(SQL_PORT_ENV) or DEFAULT_SQL_PORT)
+            began = time.monotonic()
+            pid, port = start_sql_server(storage, port)
+            print(f"SQL server ready in {time.monotonic() - began:.1f} s: pid {pid}, log {location / SERVER_FOLDER / LOG_FILE}", file=sys.stderr)
+            print(f"jdbc:hive2://{HOST}:{port}/{catalog_database()}")
+            return 0
+        if args.action == "stop":
+            print("stopped" if stop_sql_server(storage) else "not running", file=sys.stderr)
+            return 0
+        running = running_sql_server(location)
+        print("not running" if running is None else f"jdbc:hive2://{HOST}:{running[1]}/{catalog_database()} pid {running[0]}")
+        return 0 if running is not None else 1
+    except (CatalogBusy, ValueError, RuntimeError, TimeoutError) as error:
+        print(f"cdc-catalog: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""``cdc-erase TABLE --keys FILE [--reason TEXT]`` and ``cdc-erase TABLE --verify --keys FILE``.
+
+The table is found by name in the table config folder (``CDC_TABLE_CONFIGS``), the warehouse in
+``CDC_WAREHOUSE``, Spark as for a run. With ``DAGSTER_HOME`` set, the Dagster instance there is told
+(the erased partitions' materializations and their checks, evaluated again), so the UI shows the
+erase; without it, the ledger under the table's ``_erasures`` is the only record.
+
+Exit codes: 0 done (or, with ``--verify``, no stored file holds the keys); 1 ``--verify`` found
+files that still hold them; 2 a usage error, an unknown table, or a bad keys file (nothing erased).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from dagster import DagsterInstance
+
+from cdc_assets.model.config import TableConfigError
+from cdc_assets.usecases.readers import table_config
+from cdc_assets.core.capture.erasure import KeysFileError
+from cdc_assets.usecases.erasure import Verification, erase_keys, verify_erased
+from cdc_assets.defs.erasure_events import describe, erasure_check_evaluations, erasure_materializations, touched_days
+from resources.parquet_io_manager import PartitionedParquetIOManager
+from resources.spark import PipelineSparkResource
+from cdc_assets.engines.spark_conf import NO_UI
+from resources.storage.erasure import TORN, torn_ledger_error
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="cdc-erase",
+        description="Erase keys (a right-to-be-forgotten request) from every stored partition of a table, the data "
+        "files of replaced snapshots included, and record it in the table's ledger; or, with --verify, scan every "
+        "data file under the table for them.",
+    )
+    parser.add_argument("table", help="table name, as in its config's name field")
+    parser.add_argument(
+        "--keys",
+        required=True,
+        help="CSV file with a header naming the table's key columns, a key per line, each as the extracts hold it "
+        "(spaces and case are part of a string key; RFC 4180 quoting)",
+    )
+    parser.add_argument("--reason", default="", help="why (a ticket or request id), recorded in the ledger; never a key value")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="erase nothing: scan every data file under the table (live or not), by key hash and by key value, and "
+        "print where the keys still are",
+    )
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    try:
+        config = table_config(args.table)
+        if not os.path.isfile(args.keys):
+            raise ValueError(f"keys file {args.keys} does not exist")
+    except (ValueError, TableConfigError) as error:
+        print(f"cdc-erase: error: {error}", file=sys.stderr)
+        return 2
+    io_manager = PartitionedParquetIOManager.from_environment(
+        PipelineSparkResource.from_environment(spark_config=NO_UI),
+    )
+    spark, storage = io_manager.pyspark.spark_session, io_manager.storage
+    try:
+        if args.verify:
+            return _report_verification(config.name, verify_erased(spark, storage, config, args.keys))
+        who = f"cdc-erase pid {os.getpid()} on {socket.gethostname()} ({os.environ.get('USER', 'unknown user')})"
+        result = erase_keys(spark, storage, config, args.keys, args.reason, who)
+    except KeysFileError as error:
+        print(f"cdc-erase: error: {error}", file=sys.stderr)
+        return 2
+    finally:
+        storage.release()
+    print(f"cdc-erase: {describe(config, result)}")
+    _tell_dagster(config, io_manager, result)
+    # Another request's torn ledger stops every run of the table: say so where the erase is run.
+    for request in storage.erasure_requests(config.name):
+        if request.get(TORN):
+            print(f"cdc-erase: warning: {torn_ledger_error(storage.layout, config.name, request)}", file=sys.stderr)
+    return 0
+
+
+def _report_verification(table: str, found: Verification) -> int:
+    unverifiable = sum(found.unverifiable_rejects.values())
+    note = (
+        f"; {unverifiable} reject(s) ({', '.join(f'{d}: {n}' for d, n in sorted(found.unverifiable_rejects.items()))}) name no "
+        "parseable key and could not be checked"
+        if unverifiable
+        else ""
+    )
+    if not found.holding:
+        print(f"cdc-erase: {table}: 0 stored files hold the keys (every data file under the table scanned, live or not){note}")
+        return 0
+    print(f"cdc-erase: {table}: {len(found.holding)} stored file(s) still hold the keys{note}:")
+    for asset, day, path, live, rows in found.holding:
+        by_value = found.by_value_only.get(path)
+        # A live file is one a table's current snapshot reads; any other is a replaced snapshot's (or a killed write's).
+        print(
+            f"  {asset} {day or '(undated)'}: {rows} row(s) in {'a live' if live else 'a replaced'} file {path}"
+            + (f" ({by_value} of them found by key value only)" if by_value else "")
+        )
+    if found.by_value_only:
+        print(
+            "cdc-erase: rows found by key value only hold a key_hash other than the one the intake computes for the "
+            "key (stored under an earlier key definition?): an erase, which matches key hashes, does not remove them"
+        )
+    return 1
+
+
+def _tell_dagster(config, io_manager, result) -> None:
+    """Report the erase to the Dagster instance under ``DAGSTER_HOME``, when there is one."""
+    if not os.environ.get("DAGSTER_HOME"):
+        print("cdc-erase: DAGSTER_HOME is not set: no Dagster instance was told; the ledger records the erase")
+        return
+    instance = DagsterInstance.get()
+    events = erasure_materializations(instance, config, io_manager.storage, result)
+    for event in events:
+        instance.report_runless_asset_event(event)
+    checks = erasure_check_evaluations(instance, io_manager, config, touched_days(result))
+    for check in checks:
+        instance.report_runless_asset_event(check)
+    failed = [f"{c.asset_key.to_user_string()}:{c.check_name} {c.partition}" for c in checks if not c.passed]
+    print(
+        f"cdc-erase: told the Dagster instance in {os.environ['DAGSTER_HOME']}: {len(events)} materialization(s), "
+        f"{len(checks)} check evaluation(s)" + (f", failing: {', '.join(failed)}" if failed else ", all passed")
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Whether a run may replace dates that later stored dates were computed from (pure Python, no Spark, no Dagster).
+
+Each date's state is computed from the state of the date before. A run of the dates D..E of a table
+whose ``current_table`` already stores dates after E would leave those later dates holding states
+computed from the state it replaces. Such a run is refused before anything is written, unless it is
+part of a Dagster backfill whose target holds every one of those later dates: the backfill recomputes
+them, oldest first, and this run's writes drop them in the same commit as they write D..E, so a
+backfill that stops half-way leaves them absent ("not stored"), never stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cdc_assets.core.dates import date_runs
+from cdc_assets.core.errors import SummarizedError
+
+
+class LaterDatesStoredError(SummarizedError, RuntimeError):
+    """A run of dates that later stored dates were computed from, outside a backfill that recomputes them."""
+
+
+@dataclass(frozen=True)
+class RerunDecision:
+    """An allowed run: ``dropped`` are the stored dates after the run's last date that its writes drop
+    (empty when none is stored, or the run's range reaches the newest stored date)."""
+
+    dropped: tuple[str, ...] = ()
+
+
+def span(days: list[str]) -> str:
+    """Dates as runs of consecutive days, ``2024-01-04..2024-01-05,2024-01-07`` (oldest first)."""
+    return date_runs(days)
+
+
+def rerun_decision(table: str, run_dates: list[str], stored_dates: list[str], backfill_dates: set[str] | None) -> RerunDecision:
+    """Decide a run of ``run_dates`` of ``table`` whose ``current_table`` stores ``stored_dates``.
+
+    ``backfill_dates`` are the dates the run's backfill targets (None when the run is not part of a
+    backfill). Returns the later dates to drop, or raises :class:`LaterDatesStoredError` naming them
+    and the range to launch instead.
+    """
+    first, last = min(run_dates), max(run_dates)
+    later = sorted(day for day in stored_dates if day > last)
+    if not later:
+        return RerunDecision()
+    if backfill_dates is not None and set(later) <= set(backfill_dates):
+        return RerunDecision(tuple(later))
+    newest = later[-1]
+    run = first if first == last else f"{first}..{last}"
+    outside = "" if backfill_dates is None else (
+        f" This run's backfill targets {span(sorted(backfill_dates)) or 'no date of it'}, which leaves out "
+        f"{span(sorted(set(later) - set(backfill_dates)))}."
+    )
+    raise LaterDatesStoredError(
+        f"{table}: the run of {run} is refused, nothing was written: current_table stores {span(later)}, "
+        f"computed from the state as of {last} that this run would replace, so they would keep a state "
+        f"computed from the old one.{outside} Launch {first}..{newest} instead, oldest first: one run of the "
+        f"range (dagster asset materialize -m cdc_assets.defs.definitions --select 'group:{table}' "
+        f"--partition-range {first}...{newest}), or in the UI Materialize all... with the partition range "
+        f"[{first}...{newest}] and Launch backfill."
+    )

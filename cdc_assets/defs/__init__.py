@@ -1,0 +1,1 @@
+"""The Dagster definitions: every table's assets, checks, jobs, schedules and sensors, wired from its config."""
