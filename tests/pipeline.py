@@ -11,7 +11,7 @@ import yaml
 from dagster import DagsterInstance, Definitions
 
 from cdc_assets.model.config import TableConfig, load_table_config
-from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.component import build_definitions
 from cdc_assets.defs.factory import build_table_definitions
 
 SYNTHETIC_COLUMNS = {

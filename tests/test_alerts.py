@@ -24,7 +24,7 @@ from dagster import (
 
 from cdc_assets.defs.alerts import ALERT_WEBHOOK_KEY, build_alert_sensor, watched_table
 from cdc_assets.core.capture.erasure import erased_key_hashes
-from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.component import build_definitions
 from cdc_assets.defs.factory import build_table_definitions
 from cdc_assets.defs.freshness import FRESHNESS_CHECK, build_freshness_sensor
 from cdc_assets.defs.asset_keys import asset_key

@@ -112,8 +112,9 @@ def marked(marker: str) -> list[Block]:
 def project_dir(root: Path) -> Path:
     """A working directory laid out as the project's after ``make install``: what the commands expect."""
     (root / ".venv").symlink_to(VENV, target_is_directory=True)
-    for name in ("table_configs", "samples"):
+    for name in ("table_configs", "samples", "cdc_assets"):  # cdc_assets: the dg project's defs folder
         (root / name).symlink_to(REPO / name, target_is_directory=True)
+    (root / "pyproject.toml").symlink_to(REPO / "pyproject.toml")  # [tool.dg], which dg reads
     home = root / ".dagster_home"
     home.mkdir()
     shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
