@@ -9,7 +9,7 @@ from dagster import AssetKey, AssetSelection, DagsterInstance, define_asset_job
 from pyspark.sql import functions as F
 
 from cdc_assets.model.config import load_table_config
-from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.component import build_definitions
 from cdc_assets.defs.factory import build_table_definitions
 from resources.storage import WarehouseStorage
 from resources.storage.lake import CATALOG_NAME

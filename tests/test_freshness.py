@@ -8,7 +8,7 @@ from datetime import date, datetime, timezone
 from dagster import AssetCheckKey, AssetCheckSeverity, AssetMaterialization, AssetSelection, DagsterInstance, build_sensor_context, define_asset_job
 
 from cdc_assets.model.config import Freshness
-from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.component import build_definitions
 from cdc_assets.defs.factory import build_table_definitions
 from cdc_assets.defs.freshness import (
     FRESHNESS_CHECK,

@@ -39,7 +39,7 @@ import duckdb
 from cdc_assets.cli import read as cli
 from cdc_assets.model.config import load_table_config
 from cdc_assets.usecases.readers import scd2_duckdb_sql
-from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.component import build_definitions
 from cdc_assets.defs.factory import build_table_definitions
 from resources.session.spark_session import build_spark_session
 from resources.storage import WarehouseStorage

@@ -13,7 +13,7 @@ import pytest
 from dagster import AssetKey, DagsterInstance, DailyPartitionsDefinition, asset, materialize
 from dagster._core.remote_representation.external_data import RepositorySnap, ResourceConfigEnvVarSnap
 
-from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.component import build_definitions
 from cdc_assets.defs.factory import IO_MANAGER_KEY
 from resources.parquet_io_manager import PartitionedParquetIOManager
 from resources.spark import PipelineSparkResource

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from resources.parquet_io_manager import PartitionedParquetIOManager
 from resources.spark import PipelineSparkResource
 from resources.storage.lake import CatalogSettingError
-from cdc_assets.defs.definitions import build_definitions
+from cdc_assets.defs.component import build_definitions
 from resources.storage import (
     LOCK_FILE,
     as_stored,

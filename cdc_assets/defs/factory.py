@@ -20,6 +20,7 @@ and turns what it returns into metadata, tags and outputs.
 """
 
 import json
+from typing import Any
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -61,7 +62,7 @@ from cdc_assets.model.names import (
     pool_name,
 )
 from cdc_assets.defs.runs_log import RunsLogEntry, cdc_left_out, run_started_at, runs_logged
-from cdc_assets.usecases.capture import CaptureRun, capture_changes, schema_change_json
+from cdc_assets.usecases.capture import CaptureRun, capture_changes
 from cdc_assets.usecases.intake import Intake, read_intake
 from cdc_assets.usecases.step_log import span, timed
 from resources.storage import WarehouseStorage
@@ -123,7 +124,7 @@ def columns_metadata(config: TableConfig) -> dict[str, str]:
 
 
 def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:
-    common = dict(group_name=config.name, kinds=KINDS, owners=config.owners, partitions_def=partitions_def)
+    common: dict[str, Any] = dict(group_name=config.name, kinds=KINDS, owners=config.owners, partitions_def=partitions_def)
     hashed_key, rejects_key = asset_key(config, HASHED_INCOMING), asset_key(config, REJECTS)
 
     @multi_asset(
@@ -195,7 +196,7 @@ def _backfill_dates(context: AssetExecutionContext, table: TableConfig) -> set[s
 
 
 def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:
-    common = dict(group_name=config.name, kinds=KINDS, owners=config.owners, partitions_def=partitions_def)
+    common: dict[str, Any] = dict(group_name=config.name, kinds=KINDS, owners=config.owners, partitions_def=partitions_def)
     outputs = cdc_outputs(config)
     keys = {name: asset_key(config, name) for name in outputs}
     hashed_key = asset_key(config, HASHED_INCOMING)
@@ -206,7 +207,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
     columns = columns_metadata(config)
     specs = [AssetSpec(keys[CLASSIFICATION], deps=[hashed_key], description=ASSET_DESCRIPTIONS[CLASSIFICATION], metadata=columns, **common)]
     for name in outputs[1:]:
-        deps = [keys[CLASSIFICATION]]
+        deps: list[AssetKey | AssetDep] = [keys[CLASSIFICATION]]
         if name in (CURRENT, APPLIED_SEQUENCES):
             deps.append(AssetDep(keys[name], partition_mapping=previous_day))
         is_state = name in (CURRENT, APPLIED_SEQUENCES)
@@ -269,7 +270,7 @@ def _apply_changes(
     )
     try:
         logged.counts = capture.counts
-        if capture.schema_changed and capture.evolution.rebaseline:
+        if capture.rebaselined:
             context.instance.add_run_tags(context.run_id, {REBASELINE_TAG: "true"})
         capture.guard()  # nothing is written until every date of the range has passed its guards
         if capture.mass_deletes_accepted:
@@ -284,7 +285,7 @@ def _apply_changes(
         if schema_change is not None:
             for name in (CLASSIFICATION, CURRENT, HISTORY):
                 context.add_asset_metadata({"schema_change": MetadataValue.json(schema_change)}, asset_key=keys[name], partition_key=days[0])
-            logged.schema_change = {days[0]: schema_change_json(capture)}
+            logged.schema_change = {days[0]: json.dumps(schema_change, sort_keys=True)}
         for name, rows in capture.outputs():
             with timed(context.log, table.name, f"write {name}", span(days)):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))

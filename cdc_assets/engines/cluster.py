@@ -308,14 +308,14 @@ def main(argv: list[str] | None = None) -> int:
             layout = layout_for(args.port, args.webui_port, args.workers, args.worker_cores, args.worker_memory, args.worker_webui_port)
             began = time.monotonic()
             already = running_cluster(args.state_dir)
-            handle = start_cluster(layout, args.state_dir, timeout=args.timeout or 120)
+            started = start_cluster(layout, args.state_dir, timeout=args.timeout or 120)
         except (RuntimeError, TimeoutError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
-        how = "already running" if already is not None and already.pids == handle.pids else f"ready in {time.monotonic() - began:.1f} s"
+        how = "already running" if already is not None and already.pids == started.pids else f"ready in {time.monotonic() - began:.1f} s"
         print(f"Spark cluster {how}: {len(layout.workers)} workers of {layout.worker_cores} core(s) and {layout.worker_memory}; "
-              f"web UI {handle.webui_url}; logs in {handle.state_dir}", file=sys.stderr)
-        print(handle.master_url)
+              f"web UI {started.webui_url}; logs in {started.state_dir}", file=sys.stderr)
+        print(started.master_url)
         return 0
     if args.command == "stop":
         stopped = stop_cluster(args.state_dir, timeout=args.timeout or 30)

@@ -34,6 +34,7 @@ import os
 import sys
 import time
 import uuid
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,7 +280,9 @@ def probe(port: int, timeout: float = 10) -> dict[str, str]:
     from pyspark.sql.connect.proto import base_pb2, base_pb2_grpc
 
     session_id = str(uuid.uuid4())
-    common = {"session_id": session_id, "client_type": "cdc_assets.connect_server", "user_context": base_pb2.UserContext(user_id="cdc_assets_probe")}
+    common: dict[str, Any] = {
+        "session_id": session_id, "client_type": "cdc_assets.connect_server", "user_context": base_pb2.UserContext(user_id="cdc_assets_probe"),
+    }
     with grpc.insecure_channel(f"{HOST}:{port}") as channel:
         stub = base_pb2_grpc.SparkConnectServiceStub(channel)
         request = base_pb2.ExecutePlanRequest(**common)
@@ -347,10 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         port = args.port or configured_port()
         began = time.monotonic()
         already = running_server(args.state_dir)
-        handle = start_server(port=port, state_dir=args.state_dir, master=args.master, timeout=args.timeout or 120, owner="make spark-server")
-        how = "already running" if already is not None and already.pid == handle.pid else f"ready in {time.monotonic() - began:.1f} s"
-        print(f"Spark Connect server {how}: pid {handle.pid}, log {handle.log_path}", file=sys.stderr)
-        print(handle.url)
+        started = start_server(port=port, state_dir=args.state_dir, master=args.master, timeout=args.timeout or 120, owner="make spark-server")
+        how = "already running" if already is not None and already.pid == started.pid else f"ready in {time.monotonic() - began:.1f} s"
+        print(f"Spark Connect server {how}: pid {started.pid}, log {started.log_path}", file=sys.stderr)
+        print(started.url)
         return 0
     if args.command == "stop":
         stopped = stop_server(args.state_dir, timeout=args.timeout or 30)

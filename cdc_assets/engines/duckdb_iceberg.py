@@ -45,7 +45,7 @@ def extension_file(name: str) -> Path:
     shipped = [file for file in distribution.files or [] if file.name == f"{name}.duckdb_extension"]
     for file in shipped:
         if file.parent.parent.name == version and file.parent.name == platform:
-            return Path(distribution.locate_file(file))
+            return Path(str(distribution.locate_file(file)))
     found = ", ".join(f"{file.parent.parent.name}/{file.parent.name}" for file in shipped) or "none"
     raise DuckDBExtensionMissing(
         f"{package} {distribution.version} has no {name} extension for DuckDB {version} on {platform} (it has: {found}): "
@@ -66,7 +66,7 @@ def duckdb_connection(database: str = ":memory:", read_only: bool = False) -> du
     """
     for name in LOADED_EXTENSIONS:
         extension_file(name)  # a missing one is named here, not as DuckDB's failed download
-    config = {
+    config: dict[str, str | bool | int | float | list[str]] = {
         "extension_directory": str(extension_directory()),
         # Never download: what is not in the folder fails rather than reaching for the internet.
         "autoinstall_known_extensions": "false",
@@ -99,4 +99,6 @@ def load_extensions(connection: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyCon
 
 def _platform() -> str:
     with duckdb.connect() as connection:
-        return connection.execute("PRAGMA platform").fetchone()[0]
+        row = connection.execute("PRAGMA platform").fetchone()
+    assert row is not None  # a PRAGMA returns its row
+    return row[0]

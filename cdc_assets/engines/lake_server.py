@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
-            handle = start(args.state_dir, args.s3_port, args.catalog_port)
-            print(f"lake: S3 {handle.s3_endpoint}, Iceberg REST catalog {handle.catalog_uri} (pid {handle.pid}, data in {handle.state_dir / 'data'})")
+            started = start(args.state_dir, args.s3_port, args.catalog_port)
+            print(f"lake: S3 {started.s3_endpoint}, Iceberg REST catalog {started.catalog_uri} (pid {started.pid}, data in {started.state_dir / 'data'})")
             print("point the project at it: eval \"$(make -s lake-env)\"")
         elif args.command == "stop":
             print("lake stopped" if stop(args.state_dir) else "no lake running")

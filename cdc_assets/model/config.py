@@ -530,6 +530,14 @@ class TableConfig(BaseModel):
     _source_file: Path | None = PrivateAttr(default=None)
 
     @property
+    def change_set(self) -> Changes:
+        """The ``changes:`` section of a table whose extracts are change sets (``load_type: changeset``, and
+        every Debezium table); raises for a table without one, which no change set code path reaches."""
+        if self.changes is None:
+            raise ValueError(f"{self.source_file}: table {self.name} has no `changes:` section")
+        return self.changes
+
+    @property
     def source_file(self) -> str:
         """The config's file, or a description of where it came from, for error messages."""
         return str(self._source_file) if self._source_file is not None else f"the table config of {self.name}"

@@ -9,11 +9,10 @@ to the IO manager. A script or a test calls the same two functions with a ``logg
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -53,6 +52,16 @@ from resources.storage.state import (
     state_since_full,
 )
 from resources.storage.writes import DatedRows, StateRows
+
+
+T = TypeVar("T")
+
+
+def _planned(value: T | None, what: str) -> T:
+    """A part of the plan that its kind of table always has (a change set's sequences, an incremental state's changes)."""
+    if value is None:
+        raise RuntimeError(f"the plan has no {what}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -114,9 +123,14 @@ class Capture:
     def schema_changed(self) -> bool:
         return self.evolution is not None and self.evolution.applies
 
+    @property
+    def rebaselined(self) -> bool:
+        """Whether the first date applies a re-baseline the run declared."""
+        return self.evolution is not None and self.evolution.applies and self.evolution.rebaseline
+
     def schema_change(self) -> dict[str, Any] | None:
         """The first date's change of columns (and whether it was a declared re-baseline), or None."""
-        if not self.schema_changed:
+        if self.evolution is None or not self.evolution.applies:
             return None
         return {**self.evolution.change.describe(), "rebaseline": self.evolution.rebaseline}
 
@@ -144,7 +158,7 @@ class Capture:
         self.guard()
         table, plan, drop_after = self.table, self.plan, self.drop_stored_after
         spec = configured_spec(table)
-        frames = {
+        frames: dict[str, DataFrame | None] = {
             CLASSIFICATION: plan.classification,
             INSERTS: plan.inserts,
             UPDATES: plan.updates,
@@ -158,22 +172,25 @@ class Capture:
         # are a whole state per date, read as of the day before); retention.staging_days the classification
         # and late_changes, which no later date reads. History is never dropped, nor inserts/updates/deletes.
         kept = table.retention or Retention()
-        state = None
+        state: StateRows | None = None
         for name in cdc_outputs(table):
             dropped = kept.current_days if name in (CURRENT, APPLIED_SEQUENCES) else None
             if name == CURRENT and table.storage.incremental:
                 state = self._incremental_state(spec, dropped, kept.snapshot_days)
                 yield name, state
             elif name == APPLIED_SEQUENCES and table.storage.incremental:
-                # Compacted together with current_table: full copies on the same dates.
-                full = plan.sequences.filter(F.col(BUSINESS_DATE).isin(*state.full_dates)) if state.full_dates else None
+                # Compacted together with current_table (written before it): full copies on the same dates.
+                state = _planned(state, CURRENT)
+                sequences = _planned(plan.sequences, APPLIED_SEQUENCES)
+                full = sequences.filter(F.col(BUSINESS_DATE).isin(*state.full_dates)) if state.full_dates else None
                 yield name, StateRows(
-                    plan.sequence_changes, full, state.full_dates, untouched=state.untouched, retention_current_days=dropped,
+                    _planned(plan.sequence_changes, "sequence changes"), full, state.full_dates, untouched=state.untouched, retention_current_days=dropped,
                     retention_snapshot_days=kept.snapshot_days, drop_stored_after=drop_after,
                 )
             else:
                 # current_table carries the columns its hashes cover, for the next date to compare with.
-                frame = with_hash_spec(frames[name], spec) if name == CURRENT else frames[name]
+                planned = _planned(frames[name], name)
+                frame = with_hash_spec(planned, spec) if name == CURRENT else planned
                 staging = kept.staging_days if name in (CLASSIFICATION, LATE_CHANGES) else None
                 yield name, DatedRows(
                     frame, retention_current_days=dropped, retention_staging_days=staging,
@@ -196,7 +213,7 @@ class Capture:
             # A truncate changes the whole state (and a change set's floor): stored as a full copy.
             truncated = plan.figures.get(date.fromisoformat(day), {}).get("truncates", 0) > 0
             new_schema = self.schema_changed and day == days[0]
-            if compaction_due(grown, table.storage) or truncated or new_schema:
+            if grown is None or compaction_due(grown, table.storage) or truncated or new_schema:
                 full_dates.append(day)
                 reason = "no earlier state" if grown is None else "a truncate" if truncated else "a schema change" if new_schema else (
                     f"{grown.change_rows} change rows over {grown.change_dates} date(s) since the last full copy "
@@ -219,9 +236,9 @@ class Capture:
             }
         if notes:
             self.log.info("\n".join(notes))
-        full = plan.full_states([date.fromisoformat(day) for day in full_dates]) if full_dates else None
+        full = _planned(plan.full_states, "full states")([date.fromisoformat(day) for day in full_dates]) if full_dates else None
         return StateRows(
-            changes=with_hash_spec(plan.state_changes, spec),
+            changes=with_hash_spec(_planned(plan.state_changes, "state changes"), spec),
             full=None if full is None else with_hash_spec(full, spec),
             full_dates=tuple(full_dates),
             untouched=untouched_operation(table.load_type),
@@ -271,7 +288,7 @@ def capture_changes(
     spark.conf.set(SCHEDULER_POOL, pool_name(table))
     incremental = table.storage.incremental
     evolution = evolution_since(storage, table, first_previous, rebaseline=run.rebaseline) if previous_state is not None else None
-    if evolution is not None and evolution.applies:
+    if previous_state is not None and evolution is not None and evolution.applies:
         previous_state = _in_new_schema(log, table, previous_state, incoming, evolution, days[0])
     # An incremental state's rows are counted from what is stored, not by reading the state.
     previous_rows = state_rows(storage, table.name, CURRENT, first_previous) if incremental and previous_state is not None else 0
@@ -282,7 +299,7 @@ def capture_changes(
             [date.fromisoformat(day) for day in days],
             table.load_type,
             [column.name for column in table.columns],
-            max_write_tasks=int(spark.conf.get("spark.sql.shuffle.partitions")),
+            max_write_tasks=int(cast(str, spark.conf.get("spark.sql.shuffle.partitions"))),
             previous_sequences=previous_sequences,
             change_set_rules=change_set_rules(table),
             audit=cdc.RunAudit(run.run_id, run.started_at),
@@ -303,12 +320,6 @@ def capture_changes(
         capture.release()
         raise
     return capture
-
-
-def schema_change_json(capture: Capture) -> str | None:
-    """The first date's schema change as the runs log stores it (sorted JSON), or None."""
-    change = capture.schema_change()
-    return None if change is None else json.dumps(change, sort_keys=True)
 
 
 def _in_new_schema(log: StepLog, table: TableConfig, previous_state: DataFrame, incoming: DataFrame, evolution, first_day: str) -> DataFrame:

@@ -138,8 +138,8 @@ def apply_change_set(
     if previous_state is not None:
         applied = previous_state.filter(F.col(KEY_HASH).isNotNull()).select(KEY_HASH, F.col(SEQUENCE).alias(_APPLIED))
         distinct = distinct.join(applied, on=KEY_HASH, how="left")
-        floor = previous_state.filter(F.col(KEY_HASH).isNull()).agg(F.max(SEQUENCE).alias(_FLOOR))
-        bounds = bounds.crossJoin(floor)
+        stored_floor = previous_state.filter(F.col(KEY_HASH).isNull()).agg(F.max(SEQUENCE).alias(_FLOOR))
+        bounds = bounds.crossJoin(stored_floor)
     else:
         distinct = distinct.withColumn(_APPLIED, F.lit(None).cast(sequence_type))
         bounds = bounds.withColumn(_FLOOR, F.lit(None).cast(sequence_type))

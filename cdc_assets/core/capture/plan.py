@@ -210,7 +210,11 @@ def _deltas_by_touched_keys(incoming, previous, dates: list[date], payload_colum
     """
     day_before_range = F.lit(dates[0] - timedelta(days=1)).cast("date")
     before = None if previous is None else previous.withColumn(BUSINESS_DATE, day_before_range)
-    classified, changed, counts, cached, earlier = [], [], {}, [], []
+    classified: list[DataFrame] = []
+    changed: list[DataFrame] = []
+    counts: dict[date, dict[str, int]] = {}
+    cached: list[DataFrame] = []
+    earlier: list[DataFrame] = []
     rows_before = previous_rows
     for day in dates:
         rows = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
@@ -314,8 +318,14 @@ def _change_sets_date_by_date(
     incoming, previous, previous_sequences, dates: list[date], payload_columns, max_partitions: int, rules, annotations
 ) -> ChangePlan:
     """Change sets go date by date, oldest first: a date's late records depend on every earlier date."""
-    classified, changed, late, sequences, counts, figures, cached = [], [], [], [], {}, {}, []
-    sequence_changes = []
+    classified: list[DataFrame] = []
+    changed: list[DataFrame] = []
+    late: list[DataFrame] = []
+    sequences: list[DataFrame] = []
+    counts: dict[date, dict[str, int]] = {}
+    figures: dict[date, dict[str, int]] = {}
+    cached: list[DataFrame] = []
+    sequence_changes: list[DataFrame] = []
     for day in dates:
         records = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
         try:

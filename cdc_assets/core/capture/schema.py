@@ -316,16 +316,19 @@ def equal_across(before: SparkColumn, after: SparkColumn, old_type: str, new_typ
 
 
 def spec_of(keys: Sequence[Typed], non_keys: Sequence[Typed], untracked: Sequence[Typed]) -> HashSpec:
-    return HashSpec(tuple(map(tuple, keys)), tuple(map(tuple, non_keys)), tuple(map(tuple, untracked)))
+    def pairs(columns: Sequence[Typed]) -> tuple[tuple[str, str], ...]:
+        return tuple((name, kind) for name, kind in columns)
+
+    return HashSpec(pairs(keys), pairs(non_keys), pairs(untracked))
 
 
 def shared_tracked_columns(stored: HashSpec, configured: HashSpec, change: SchemaChange) -> list[tuple[str, str, str, str]]:
     """(name now, stored name, stored type, type now) of each tracked column whose stored value exists."""
     stored_types = dict(stored.payload)
     return [
-        (name, change.sources[name], stored_types[change.sources[name]], kind)
+        (name, source, stored_types[source], kind)
         for name, kind in configured.non_keys
-        if change.sources.get(name) is not None
+        if (source := change.sources.get(name)) is not None
     ]
 
 

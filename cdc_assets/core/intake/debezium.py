@@ -537,7 +537,7 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
     located: dict[str, SparkColumn] = {}
     # An unchanged large column (PostgreSQL TOAST) comes as the placeholder: no value, but a name in
     # UNAVAILABLE, for the CDC step to keep the column's previous value.
-    placeholder = config.changes.unavailable_value_placeholder
+    placeholder = config.change_set.unavailable_value_placeholder
     fillable = {column.name for column in (*config.non_keys, *config.untracked_columns)}
     unavailable: list[SparkColumn] = []
     missing: list[SparkColumn] = []

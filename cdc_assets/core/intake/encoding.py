@@ -61,8 +61,8 @@ class SourceEncoding:
 
     def undecodable(self, text: SparkColumn, prepared: SparkColumn | None) -> SparkColumn:
         """Whether the value has bytes that are not valid in the encoding (false for NULL)."""
-        if self.is_utf8:
-            return F.coalesce(~F.is_valid_utf8(prepared), F.lit(False))
+        if self._bytes is None:  # UTF-8
+            return F.coalesce(~F.is_valid_utf8(_utf8_prepared(prepared)), F.lit(False))
         undefined = [chr(0x80 + index) for index, character in enumerate(self._bytes) if character == ""]
         if not undefined:
             return F.lit(False)
@@ -70,8 +70,8 @@ class SourceEncoding:
 
     def decoded(self, text: SparkColumn, prepared: SparkColumn | None) -> SparkColumn:
         """The value in the encoding; meaningless where :meth:`undecodable` holds."""
-        if self.is_utf8:
-            return F.coalesce(prepared, text)
+        if self._bytes is None:  # UTF-8
+            return F.coalesce(_utf8_prepared(prepared), text)
         if self.is_lossless:
             return text
         pairs = [(chr(0x80 + index), character) for index, character in enumerate(self._bytes) if character != chr(0x80 + index)]
@@ -101,3 +101,10 @@ class SourceEncoding:
 
 def reason(what: str, encoding: SourceEncoding) -> str:
     return f"{INVALID_ENCODING}: {what} has bytes that are not valid {encoding.name} (raw_record: its bytes as {LOSSLESS})"
+
+
+def _utf8_prepared(prepared: SparkColumn | None) -> SparkColumn:
+    """UTF-8 text is checked and decoded from what :meth:`SourceEncoding.prepared` made of it."""
+    if prepared is None:
+        raise ValueError("a UTF-8 value is read through SourceEncoding.prepared")
+    return prepared

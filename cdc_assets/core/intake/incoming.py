@@ -281,7 +281,7 @@ def prepare_incoming_dates(
     if duplicated_day:
         duplicates = accepted.groupBy(BUSINESS_DATE, KEY_HASH).count().filter(F.col("count") > 1)
         if config.duplicate_keys is DuplicateKeyPolicy.fail:
-            error = _duplicate_keys_error(
+            duplicate_error = _duplicate_keys_error(
                 duplicates.filter(on(duplicated_day)).drop(BUSINESS_DATE),
                 accepted.filter(on(duplicated_day)),
                 config,
@@ -289,7 +289,7 @@ def prepare_incoming_dates(
                 figures[duplicated_day].duplicate_keys,
             )
             cached.unpersist()
-            raise error
+            raise duplicate_error
         duplicate_ids = duplicates.select(BUSINESS_DATE, KEY_HASH)
         duplicated = dated.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_semi")
         rejected = rejected.unionByName(

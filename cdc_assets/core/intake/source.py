@@ -7,6 +7,7 @@ values) or rejected (raw record, reason, source file), so rows read = accepted +
 from __future__ import annotations
 
 import re
+from typing import cast
 from urllib.parse import unquote
 
 from pyspark.errors import AnalysisException
@@ -150,8 +151,8 @@ def header_mismatch(config: TableConfig, error: BaseException) -> SourceError | 
 def _source_columns(config: TableConfig) -> list[str]:
     """The columns the extract must have: the configured ones, and a flagged changeset's flag column."""
     names = [column.name for column in config.columns]
-    if config.changes is not None and config.changes.operation_column:
-        names.append(config.changes.operation_column)
+    if config.changes is not None and config.change_set.operation_column:
+        names.append(config.change_set.operation_column)
     return names
 
 
@@ -221,8 +222,8 @@ def read_source(spark: SparkSession, config: TableConfig, business_date: str) ->
     # extracts line up by name even when their headers' case differs. A changeset's flag column
     # comes out as the working column FLAG.
     as_configured = {column.name.lower(): column.name for column in config.columns}
-    if config.changes is not None and config.changes.operation_column:
-        as_configured[config.changes.operation_column.lower()] = FLAG
+    if config.changes is not None and config.change_set.operation_column:
+        as_configured[config.change_set.operation_column.lower()] = FLAG
     if config.source.format is SourceFormat.csv:
         reader = _reader(spark, config).option("columnNameOfCorruptRecord", _CORRUPT)
         if _has_header(config):
@@ -272,13 +273,14 @@ def _decoded(frame: DataFrame, config: TableConfig, names: list[str], encoding: 
     prepared = {name: f"{INTERNAL_PREFIX}prepared_{index}" for index, name in enumerate(texts)}
     undecodable = {name: f"{INTERNAL_PREFIX}undecodable_{index}" for index, name in enumerate(texts)}
     if encoding.is_utf8:
-        frame = frame.withColumns({prepared[name]: encoding.prepared(F.col(name)) for name in texts})
+        # UTF-8: prepared() gives a column (None is for other encodings).
+        frame = frame.withColumns({prepared[name]: cast(F.Column, encoding.prepared(F.col(name))) for name in texts})
 
     def prepared_of(name: str) -> F.Column | None:
         return F.col(prepared[name]) if encoding.is_utf8 else None
 
     frame = frame.withColumns({undecodable[name]: encoding.undecodable(F.col(name), prepared_of(name)) for name in texts})
-    shown = {FLAG: config.changes.operation_column} if config.changes is not None and config.changes.operation_column else {}
+    shown = {FLAG: config.change_set.operation_column} if config.changes is not None and config.change_set.operation_column else {}
     as_read = F.coalesce(F.col(_CORRUPT), F.to_json(F.struct(*(F.col(name).alias(shown.get(name, name)) for name in names))))
     what = {name: f"column {shown.get(name, name)}" for name in names}
     problem = F.lit(None).cast("string")
@@ -377,8 +379,8 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
     flagged = typed.withColumn(bad_alias, is_bad)
     raw_record = F.col(RAW_LINE) if RAW_LINE in raw.columns else F.col(_CORRUPT) if has_corrupt else F.lit(None).cast("string")
     raw_fields = [F.col(f"`{name}`") for name in raw_columns]
-    if FLAG in raw.columns and config.changes.operation_column:
-        raw_fields.insert(0, F.col(FLAG).alias(config.changes.operation_column))
+    if FLAG in raw.columns and config.change_set.operation_column:
+        raw_fields.insert(0, F.col(FLAG).alias(config.change_set.operation_column))
     raw_json = F.to_json(F.struct(*raw_fields))
     return flagged.select(
         *(F.col(typed_alias[name]).alias(name) for name in typed_alias),
@@ -395,9 +397,9 @@ def change_columns(config: TableConfig, raw: DataFrame, typed_alias: dict[str, s
     """``change_flag`` (I/U/D/T, NULL for a value the config does not list) and ``change_sequence``."""
     flag = F.col(FLAG).cast("string")
     if config.source.format is SourceFormat.debezium:
-        pairs = DEBEZIUM_OPERATIONS.items()
+        pairs: list[tuple[str, str]] = list(DEBEZIUM_OPERATIONS.items())
     else:
-        changes = config.changes
+        changes = config.change_set
         pairs = [
             *((value, "I") for value in changes.insert_values),
             *((value, "U") for value in changes.update_values),
@@ -410,7 +412,7 @@ def change_columns(config: TableConfig, raw: DataFrame, typed_alias: dict[str, s
         # Envelope fields are integers (LSN, ts_ms, pos, SCN) or text (a binlog file name): each is
         # kept as a number when it is one, else as text, so integers compare as numbers.
         fields = []
-        for index, path in enumerate(config.changes.sequence_columns):
+        for index, path in enumerate(config.change_set.sequence_columns):
             text = F.col(sequence_text_column(index)).cast("string")
             number = F.expr(f"try_cast({sequence_text_column(index)} AS decimal(38,0))")
             fields.append(
@@ -431,7 +433,7 @@ def change_problems(config: TableConfig, raw: DataFrame, normalized_flag: F.Colu
         allowed = ", ".join(DEBEZIUM_OPERATIONS)
         what = "op"
     else:
-        changes = config.changes
+        changes = config.change_set
         allowed = ", ".join([*changes.insert_values, *changes.update_values, *changes.delete_values])
         what = f"flag column {changes.operation_column}"
     found = F.coalesce(F.col(FLAG).cast("string"), F.lit("NULL"))
@@ -442,7 +444,7 @@ def sequence_problems(config: TableConfig, raw: DataFrame, typed_alias: dict[str
     if config.source.format is SourceFormat.debezium:
         return [
             (F.col(sequence_text_column(index)).isNull(), F.lit(f"sequence field {path} is missing or NULL"))
-            for index, path in enumerate(config.changes.sequence_columns)
+            for index, path in enumerate(config.change_set.sequence_columns)
         ]
     return [
         (F.col(typed_alias[name]).isNull(), F.lit(f"sequence column {name} is NULL"))
