@@ -113,9 +113,10 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 test: install browser lint
 	$(BIN)/python -m pytest
 
-# Ruff's rules are pyproject.toml's [tool.ruff]; `make test` runs this first.
+# Ruff's rules and mypy's settings are pyproject.toml's [tool.ruff] and [tool.mypy]; `make test` runs this first.
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"

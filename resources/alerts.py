@@ -232,7 +232,7 @@ class _Attempt:
     def connection_class(self, base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
         attempt = self
 
-        class Connection(base):
+        class Connection(base):  # type: ignore[valid-type, misc]  # over the connection class given: HTTP or HTTPS
             def connect(self):
                 super().connect()
                 with attempt._lock:

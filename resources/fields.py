@@ -19,7 +19,7 @@ def env_or_default(name: str, default: str) -> EnvVar | str:
 def resolved_field(value: str) -> str:
     """A resource field's value; an ``EnvVar`` not resolved by a run (a resource used outside one) is
     read here, as empty when unset."""
-    return value.get_value("") if isinstance(value, EnvVar) else value
+    return (value.get_value("") or "") if isinstance(value, EnvVar) else value
 
 
 def seconds_field(value: str, field: str, env: str, default: float) -> float:

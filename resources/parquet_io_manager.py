@@ -10,7 +10,8 @@ import json
 import os
 import uuid
 from contextlib import nullcontext
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from dagster import (
     ConfigurableIOManager,
@@ -318,7 +319,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         described = {}
         for day in dates:
             whole = day in obj.full_dates
-            frame = (obj.full if whole else obj.changes).filter(F.col(BUSINESS_DATE) == F.lit(day).cast("date"))
+            rows_of = obj.full if whole else obj.changes
+            if rows_of is None:
+                raise ValueError(f"{table}/{asset} {day}: a full copy without its rows")
+            frame = rows_of.filter(F.col(BUSINESS_DATE) == F.lit(day).cast("date"))
             rows = self.storage.write_state(
                 frame, table, asset, day, whole, obj.untouched, properties=dict(obj.properties.get(day, {})),
                 rerun_of=dates, dropped=later if day == dates[0] else (),
@@ -344,7 +348,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             }
         retention.update(self._expire_snapshots(context, table, [asset], obj.retention_snapshot_days))
         for day in dates:
-            metadata = {**described[day], **retention, **obj.metadata.get(day, {})}
+            metadata: dict[str, Any] = {**described[day], **retention, **obj.metadata.get(day, {})}
             metadata["stored_as"] = MetadataValue.text("full copy" if day in obj.full_dates else "changes")
             if len(dates) == 1:
                 context.add_output_metadata(metadata)
@@ -443,7 +447,7 @@ def _plain(value) -> str:
     return str(getattr(value, "value", value))
 
 
-def _table_and_asset(path: list[str]) -> tuple[str, str]:
+def _table_and_asset(path: Sequence[str]) -> tuple[str, str]:
     if len(path) != 2:
         raise ValueError(f"asset key {path} must be [table, asset] to map onto the warehouse layout")
     return path[0], path[1]

@@ -106,11 +106,12 @@ class PipelineSparkResource(LazyPySparkResource):
     def _init_session(self) -> None:
         if self._spark_session is None:
             started = time.perf_counter()
-            self._spark_session = start_session(self.spark_target, self.session_config())
+            session = start_session(self.spark_target, self.session_config())
+            self._spark_session = session  # type: ignore[assignment]  # dagster-pyspark declares it None
             if self._log is not None and self._run_id not in _RUN_SESSIONS_LOGGED:
                 _RUN_SESSIONS_LOGGED.add(self._run_id)
                 # The application id names the JVM: runs on one warm server share it.
-                application = self._spark_session.conf.get("spark.app.id", "unknown")
+                application = session.conf.get("spark.app.id", "unknown")
                 self._log.info(f"Spark session ready in {time.perf_counter() - started:.1f} s on application {application}")
 
     def server_loss_explained(self):

@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -424,7 +425,7 @@ def request_sync(storage: WarehouseStorage, server_pid: int, configs_dir: Path, 
             from pyspark.sql.connect.session import SparkSession as ConnectSession
 
             try:
-                spark = ConnectSession.builder.remote(f"sc://{HOST}:{connect_port}").create()
+                spark: Any = ConnectSession.builder.remote(f"sc://{HOST}:{connect_port}").create()  # serves as a SparkSession
             except Exception as error:  # noqa: BLE001 - the server is gone or not reachable: say so, with its log
                 raise server_lost(f"could not be reached on {HOST}:{connect_port} ({str(error).strip()[:300]})") from None
             try:

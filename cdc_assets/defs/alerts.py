@@ -134,8 +134,8 @@ def build_alert_sensor(tables: list[WatchedTable], clock: Clock = utc_now) -> Se
             elif queued.setdefault(event.key, group) == group:  # a key goes in one alert (two failed runs of a date: the newest)
                 pending.setdefault(group, []).append(event)
         delivered = 0
-        for group in pending.values():
-            payload = _payload(context.instance, webhook, group)
+        for grouped in pending.values():
+            payload = _payload(context.instance, webhook, grouped)
             if webhook.target:
                 try:
                     webhook.send(payload)
@@ -149,7 +149,7 @@ def build_alert_sensor(tables: list[WatchedTable], clock: Clock = utc_now) -> Se
                     break
             else:
                 context.log.warning(f"ALERT {json.dumps(payload)}")
-            for event in group:
+            for event in grouped:
                 sent[event.key] = max(sent.get(event.key, event.at), event.at)
             delivered += 1
         context.update_cursor(json.dumps({key: at for key, at in sorted(sent.items()) if at >= since.timestamp()}))
@@ -218,7 +218,9 @@ def _run_failure(instance: DagsterInstance, run_id: str | None) -> str:
     if run_id is None:
         return ""
     for entry in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
-        return f"step {entry.dagster_event.step_key} failed: {failure_summary(entry.dagster_event.step_failure_data.error)}"
+        failure = entry.dagster_event
+        if failure is not None and failure.step_failure_data is not None:
+            return f"step {failure.step_key} failed: {failure_summary(failure.step_failure_data.error)}"
     return "the run failed before any step did (the reason is in the run's log)"
 
 

@@ -206,7 +206,8 @@ def dates_to_request(
     day = date.fromisoformat(latest) + timedelta(days=1) if latest else config.start_date
     end = date.fromisoformat(last_date)
     pending: dict[str, Fingerprint] = {}
-    waiting, looked_at, complete = None, [], True
+    waiting, complete = None, True
+    looked_at: list[str] = []
     while day <= end and len(looked_at) < limit:
         key = day.isoformat()
         landing = input_has_landed(config, key, cursor, now)

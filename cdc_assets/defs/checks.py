@@ -11,6 +11,7 @@ equation in the metadata. A range is measured in one aggregation per dataset, gr
 from collections.abc import Iterator
 from datetime import date
 from functools import reduce
+from typing import Any, cast
 
 from dagster import (
     AssetCheckEvaluation,
@@ -152,8 +153,9 @@ def _recorded(instance: DagsterInstance, key: AssetKey, day: str, names: tuple[s
     ).records
     if not records:
         raise RuntimeError(f"{key.to_user_string()} has no materialization for {day} to reconcile against")
-    metadata = records[0].asset_materialization.metadata
-    return {name: int(metadata[name].value) if name in metadata else 0 for name in names}
+    materialization = records[0].asset_materialization
+    metadata = {} if materialization is None else materialization.metadata
+    return {name: int(cast(int, metadata[name].value)) if name in metadata else 0 for name in names}
 
 
 def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> list:
@@ -202,7 +204,7 @@ def cdc_outcomes(
     for day in days:
         on, before = date.fromisoformat(day), date.fromisoformat(day_before(day))
         by_operation = _with_not_supplied(instance, config, day, operations.get(on, no_operations()))
-        stored = dict(
+        stored: dict[str, Any] = dict(
             operations=by_operation,
             incoming_rows=incoming[day],
             previous_rows=current[before].rows if before in current else _previous_rows(parquet_io_manager, config, day),
@@ -210,7 +212,7 @@ def cdc_outcomes(
             history_rows=history[day],
         )
         if change_set:
-            recorded = _recorded(instance, asset_key(config, CLASSIFICATION), day, ("winners", "superseded", "duplicate_events"))
+            recorded: dict[str, Any] = _recorded(instance, asset_key(config, CLASSIFICATION), day, ("winners", "superseded", "duplicate_events"))
             outcomes = reconcile_change_set(**stored, **recorded, late_rows=late[day])
         else:
             outcomes = reconcile_changes(**stored)
@@ -239,8 +241,8 @@ def intake_outcomes(
     keyed = keyed_figures_by_date(io_manager.read_partitions(table, HASHED_INCOMING, days), BUSINESS_DATE)
     for day in days:
         read = _recorded(instance, key, day, names)
-        accepted = keyed.get(date.fromisoformat(day), KeyedFigures())
-        for outcome in reconcile_incoming(read["rows_read"], accepted, rejected[day], read["erased_records_set_aside"]):
+        distinct = keyed.get(date.fromisoformat(day), KeyedFigures())
+        for outcome in reconcile_incoming(read["rows_read"], distinct, rejected[day], read["erased_records_set_aside"]):
             yield day, outcome
         yield day, reconcile_erased_keys(read["erased_keys_in_extract"], config.erased_keys.value)
 

@@ -139,7 +139,8 @@ def _adjusted_figures(config: TableConfig, asset: str, day: str, latest: dict, r
 
 def _latest_metadata(instance: DagsterInstance, key, day: str) -> dict | None:
     records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[day]), limit=1).records
-    return dict(records[0].asset_materialization.metadata) if records else None
+    materialization = records[0].asset_materialization if records else None
+    return None if materialization is None else dict(materialization.metadata)
 
 
 class EraseConfig(Config):
@@ -179,7 +180,7 @@ def build_erase_job(table: TableConfig):
 
 def describe(config: TableConfig, result: ErasureResult) -> str:
     """One paragraph for the log and the command line."""
-    assets = defaultdict(int)
+    assets: defaultdict[str, int] = defaultdict(int)
     for (asset, _), rows in result.removed.items():
         assets[asset] += rows
     unverifiable = sum(result.unverifiable_rejects.values())

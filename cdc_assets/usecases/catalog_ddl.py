@@ -40,6 +40,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -358,7 +359,7 @@ def sync_in_place(spark: SparkSession, configs: Sequence[TableConfig], storage: 
     report = SyncReport()
     report.run(spark, _create_database(storage, database))
     for config in configs:
-        report.attempt(config.name, lambda config=config: _sync_table_in_place(spark, report, config, storage, database))
+        report.attempt(config.name, partial(_sync_table_in_place, spark, report, config, storage, database))
     report.attempt(RUNS_LOG, lambda: _sync_runs_log_in_place(spark, report, storage, database))
     return report
 

@@ -122,9 +122,9 @@ def erase_keys(
     spark = storage.tables.session_for(spark)  # the warehouse's session: it reaches the lake's files
     table = config.name
     hashes = read_keys_file(spark, config, keys_path)
-    fingerprint, count = hashes.agg(
-        F.md5(F.concat_ws(",", F.array_sort(F.collect_list(KEY_HASH)))), F.count(F.lit(1))
-    ).first()
+    summary = hashes.agg(F.md5(F.concat_ws(",", F.array_sort(F.collect_list(KEY_HASH)))), F.count(F.lit(1))).first()
+    assert summary is not None  # an aggregate without grouping returns one row
+    fingerprint, count = summary
     storage.hold_writer_lock(table)
     # A request of the same keys not finished, or torn (its key hashes lost or damaged): this erase completes it.
     unfinished = [

@@ -110,7 +110,7 @@ def session_conf(conf: dict[str, str], remote: bool) -> dict[str, str]:
 
 def start_session(target: SparkTarget, conf: dict[str, str]) -> SparkSession:
     """The session ``conf`` describes, on ``target``: a Connect client, or a session of the process's own."""
-    if target.is_remote:
+    if target.url is not None:  # a Connect server's
         return connect_session(target.url, session_conf(conf, remote=True))
     _launch_jvm(conf)
     builder = SparkSession.builder

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from cdc_assets.model import settings
@@ -136,7 +137,8 @@ def connect_session(url: str, conf: dict[str, str]):
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     _fail_if_nothing_listens(url)
-    session = SparkSession.builder.remote(url).getOrCreate()
+    # pyspark's hints make `builder` a property, and a Connect session's client unknown to SparkSession.
+    session: Any = SparkSession.builder.remote(url).getOrCreate()  # type: ignore[operator]
     session.client.set_retry_policies([bounded_retry_policy(DefaultPolicy, connect_timeout())])
     for key, value in conf.items():
         session.conf.set(key, value)
@@ -160,7 +162,7 @@ def bounded_retry_policy(policy_class, timeout: float):
 
 def server_is_gone(target: SparkTarget) -> bool:
     """Whether the run's server no longer answers: its process is dead, or nothing listens on its port."""
-    if not target.is_remote:
+    if target.url is None:  # a session of the run's own
         return False
     if target.server_pid is not None:
         from cdc_assets.engines.process import process_alive

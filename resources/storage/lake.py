@@ -119,7 +119,7 @@ def catalog_ready(root: str) -> bool:
     return all(name in tables for name in _CATALOG_TABLES) and _V1_COLUMN in columns
 
 
-def open_catalog_once(root: str, open_catalog: Callable[[], None]) -> None:
+def open_catalog_once(root: str, open_catalog: Callable[[], object]) -> None:
     """Run ``open_catalog`` (the first use of the catalog by Spark) under a lock on the warehouse when
     the catalog's tables are not all there yet.
 
@@ -256,7 +256,7 @@ class LakeCatalog:
             self.embedded or spark.conf.get(f"{_SPARK_PREFIX}.warehouse", None) == self.warehouse
         )
 
-    def open_once(self, open_catalog: Callable[[], None]) -> None:
+    def open_once(self, open_catalog: Callable[[], object]) -> None:
         """Run ``open_catalog`` (the catalog's first use) so that two processes never create the embedded
         catalog's tables at once (:func:`open_catalog_once`); a REST catalog needs no such care."""
         if self.embedded:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date
 from functools import reduce
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -118,7 +119,8 @@ class MergedStates:
         records = int(summary.get("total-records", 0))
         if not int(summary.get("total-position-deletes", 0)):
             return records
-        live, deletes = set(), set()
+        live: set[str] = set()
+        deletes: set[str] = set()
         for task in loaded.scan(snapshot_id=snapshot).plan_files():
             live.add(task.file.file_path)
             deletes.update(delete.file_path for delete in task.delete_files)
@@ -320,7 +322,7 @@ class MergedStates:
 
         def erase_on(ref: str | None) -> int:
             target = identifier if ref is None else f"{identifier}.`branch_{ref}`"
-            held = spark.sql(f"SELECT count(*) FROM {target} WHERE {where}").first()[0]
+            held = _first_value(spark.sql(f"SELECT count(*) FROM {target} WHERE {where}"))
             self._with_snapshot_properties(spark, properties, lambda: spark.sql(f"DELETE FROM {target} WHERE {where}").collect())
             branch = "" if ref is None else f", branch => '{ref}'"
             # The filter is a string argument holding quoted hashes: a double-quoted literal.
@@ -335,7 +337,7 @@ class MergedStates:
             spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE BRANCH `{branch}` AS OF VERSION {snapshot}")
             try:
                 removed[day] = erase_on(branch)
-                head = spark.sql(f"SELECT snapshot_id FROM {identifier}.refs WHERE name = '{branch}'").first()[0]
+                head = _first_value(spark.sql(f"SELECT snapshot_id FROM {identifier}.refs WHERE name = '{branch}'"))
                 spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{day}` AS OF VERSION {head}")
             finally:
                 spark.sql(f"ALTER TABLE {identifier} DROP BRANCH IF EXISTS `{branch}`")
@@ -360,17 +362,17 @@ class MergedStates:
         keys a MERGE's deletes reach every bucket, so this is a copy of the table); returns the data files
         rewritten. Tags keep the files they read until they are dropped and expired."""
         spark = self.tables.session_for(spark)
-        result = spark.sql(
+        rewritten = _first_value(spark.sql(
             f"CALL {CATALOG_NAME}.system.rewrite_data_files(table => '{table_identifier(table, asset)}', "
             "options => map('delete-file-threshold', '1', 'remove-dangling-deletes', 'true'))"
-        ).first()
+        ), "rewritten_data_files_count")
         # The rewrite leaves a delete file whose data file it replaced (a dangling delete, seen with the
         # 1.11 runtime despite ``remove-dangling-deletes``): this removes it, so readers skip no deletes.
         spark.sql(
             f"CALL {CATALOG_NAME}.system.rewrite_position_delete_files(table => '{table_identifier(table, asset)}', "
             "options => map('rewrite-all', 'true'))"
         ).collect()
-        return int(result["rewritten_data_files_count"])
+        return int(rewritten)
 
     def duckdb_sql(self, table: str, asset: str, day: str, untouched: str) -> str:
         """A DuckDB query of :meth:`state` (the state as of ``day`` with its labels, without
@@ -467,3 +469,11 @@ def _is_date(name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _first_value(frame: DataFrame, column: int | str = 0) -> Any:
+    """The first row's ``column`` of a query that always returns a row (a count, a ref, a procedure's result)."""
+    row = frame.first()
+    if row is None:
+        raise RuntimeError("the query returned no row")
+    return row[column]

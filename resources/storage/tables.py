@@ -28,6 +28,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Iterable
+from typing import Any
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 
@@ -117,7 +118,7 @@ class LakeTables:
     beside a REST catalog), in ``lake``'s catalog (default: the embedded one in ``root``)."""
 
     root: str
-    lake: LakeCatalog | None = None
+    lake: LakeCatalog = None  # type: ignore[assignment]  # None: the default catalog, set in __post_init__
     _catalog: object | None = field(default=None, repr=False)
     _schemas: dict[str, StructType] = field(default_factory=dict, repr=False)
     # Sessions of this warehouse derived from sessions that opened another one (see :meth:`session_for`).
@@ -137,11 +138,12 @@ class LakeTables:
             self.lake.use(spark)
             session = spark
         else:
-            session = self._derived.get(id(spark))
-            if session is None:
-                session = _another_session(spark)
-                self.lake.use(session)
-                self._derived[id(spark)] = session
+            derived = self._derived.get(id(spark))
+            if derived is None:
+                derived = _another_session(spark)
+                self.lake.use(derived)
+                self._derived[id(spark)] = derived
+            session = derived
         if not self._catalog_ready:
             self.lake.open_once(lambda: session.sql(f"SHOW NAMESPACES IN {CATALOG_NAME}").collect())
             self._catalog_ready = True
@@ -229,9 +231,7 @@ class LakeTables:
         loaded = self.load(table, asset)
         if loaded is None or loaded.current_snapshot() is None or not wanted:
             return counts
-        from pyiceberg.expressions import In
-
-        for task in loaded.scan(row_filter=In(BUSINESS_DATE, set(wanted))).plan_files():
+        for task in loaded.scan(row_filter=_on_dates(wanted)).plan_files():
             key = _partition_date(task.file.partition[0])
             if key in counts:
                 deleted = sum(delete.record_count for delete in task.delete_files)
@@ -240,14 +240,12 @@ class LakeTables:
 
     def column(self, table: str, asset: str, days: list[str], name: str):
         """One column of the dates' rows as an Arrow array, read in this process (a small table's only)."""
-        from pyiceberg.expressions import In
-
         import pyarrow as pa
 
         loaded = self.load(table, asset)
         if loaded is None or loaded.current_snapshot() is None:
             return pa.array([], pa.string())
-        rows = loaded.scan(row_filter=In(BUSINESS_DATE, set(days)), selected_fields=(name,)).to_arrow()
+        rows = loaded.scan(row_filter=_on_dates(days), selected_fields=(name,)).to_arrow()
         return rows.column(name).combine_chunks() if rows.num_rows else pa.array([], pa.string())
 
     def live_files(self, table: str, asset: str, days: Iterable[str] | None = None) -> dict[str, tuple[str, int]]:
@@ -255,9 +253,9 @@ class LakeTables:
         loaded = self.load(table, asset)
         if loaded is None or loaded.current_snapshot() is None:
             return {}
-        from pyiceberg.expressions import AlwaysTrue, In
+        from pyiceberg.expressions import AlwaysTrue
 
-        row_filter = AlwaysTrue() if days is None else In(BUSINESS_DATE, set(days))
+        row_filter = AlwaysTrue() if days is None else _on_dates(days)
         found = {}
         for task in loaded.scan(row_filter=row_filter).plan_files():
             day = _partition_date(task.file.partition[0])
@@ -291,7 +289,7 @@ class LakeTables:
         metadata = loaded.metadata
         named = {loaded.metadata_location, *(entry.metadata_file for entry in metadata.metadata_log)}
         named |= {stats.statistics_path for stats in (*metadata.statistics, *metadata.partition_statistics)}
-        manifests = {}
+        manifests: dict[str, Any] = {}
         for snapshot in loaded.snapshots():
             named.add(snapshot.manifest_list)
             manifests.update((manifest.manifest_path, manifest) for manifest in snapshot.manifests(loaded.io))
@@ -466,7 +464,7 @@ class LakeTables:
         so no data file is rewritten and no engine shows the column any more (time travel to an earlier
         snapshot still does). Returns the columns dropped. The caller holds the table's writer lock."""
         loaded = self.load(table, asset)
-        present = set() if loaded is None else {f.name.lower(): f.name for f in loaded.schema().fields}
+        present: dict[str, str] = {} if loaded is None else {f.name.lower(): f.name for f in loaded.schema().fields}
         dropped = [present[name.lower()] for name in names if name.lower() in present]
         for name in dropped:
             self.session_for(spark).sql(f"ALTER TABLE {table_identifier(table, asset)} DROP COLUMN `{name}`")
@@ -480,7 +478,7 @@ class LakeTables:
         return {} if loaded is None else renamed_columns(loaded)
 
     # -- reading ---------------------------------------------------------------------------------------
-    def read(self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType | None) -> DataFrame:
+    def read(self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType) -> DataFrame:
         """The dates' rows as one DataFrame with a ``business_date`` column, at the snapshot committed now
         (pinned: a commit meanwhile changes nothing under the reader), with ``schema``'s columns."""
         from pyspark.sql import functions as F
@@ -491,6 +489,13 @@ class LakeTables:
         frame = spark.read.option("snapshot-id", str(snapshot.snapshot_id)).table(table_identifier(table, asset))
         frame = frame.where(F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in business_dates]))
         return frame.select(*project_columns(frame, schema), F.col(BUSINESS_DATE))
+
+
+def _on_dates(days: Iterable[str]):
+    """A pyiceberg row filter: the rows of these dates."""
+    from pyiceberg.expressions import In
+
+    return In(BUSINESS_DATE, set(days))  # type: ignore[misc, call-arg, arg-type]  # pyiceberg's hints are its model's fields, not In(name, values)
 
 
 def renamed_columns(loaded) -> dict[str, str]:
@@ -599,9 +604,12 @@ def _another_session(spark: SparkSession) -> SparkSession:
     if type(spark).__module__.startswith("pyspark.sql.connect"):
         from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-        url = getattr(spark.client._builder, "url", None) or settings.SPARK_REMOTE.value()
-        created = ConnectSession.builder.remote(url).create()
-        ConnectSession._set_default_and_active_session(spark)
+        # pyspark's hints: `builder` is a property, and a Connect session (with its client) is no SparkSession.
+        connect: Any = ConnectSession
+        client: Any = getattr(spark, "client")
+        url = getattr(client._builder, "url", None) or settings.SPARK_REMOTE.value()
+        created = connect.builder.remote(url).create()
+        connect._set_default_and_active_session(spark)
     else:
         created = spark.newSession()
     for key, value in spark.conf.getAll.items():

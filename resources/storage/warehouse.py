@@ -11,7 +11,8 @@ code runs through a classic session and through Spark Connect. Readers take no l
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import cast
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 
@@ -57,7 +58,7 @@ class WarehouseStorage:
     # A warehouse in a bucket: how long a writer lease lasts unrenewed (lease.py); the holder renews it every third.
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     # The catalog; None: from the environment (LakeCatalog.from_environment), the embedded one by default.
-    lake: LakeCatalog | None = None
+    lake: LakeCatalog = None  # type: ignore[assignment]  # None: the default catalog, set in __post_init__
     # Partitions this run has read or committed, as (table, asset, date): retention leaves them alone,
     # since the run's later writes and checks may still scan them (DataFrames are read lazily).
     _in_use: set[tuple[str, str, str]] = field(default_factory=set)
@@ -224,7 +225,7 @@ class WarehouseStorage:
         whole: bool,
         untouched: str,
         properties: dict[str, str] | None = None,
-        rerun_of: list[str] = (),
+        rerun_of: Sequence[str] = (),
         dropped: Iterable[str] = (),
     ) -> int:
         """Store the state of ``business_date`` in the asset's merged state (``merged.py``): ``frame`` is
@@ -496,15 +497,18 @@ class WarehouseStorage:
         for day in business_dates:
             if day not in stored:
                 raise missing_partition_error(self.dropped_partition(table, asset, day), table, asset, day)
+        read_as: StructType
         if isinstance(schema, str):
-            schema = StructType.fromDDL(schema) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], schema).schema
-        if schema is None:
-            schema = self._recorded_schema(table, asset, stored[max(business_dates)])
+            read_as = cast(StructType, StructType.fromDDL(schema)) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], schema).schema
+        elif schema is None:
+            read_as = self._recorded_schema(table, asset, stored[max(business_dates)])
+        else:
+            read_as = schema
         self._spark = spark
         if self.merged.holds(table, asset):
-            frame = self.merged.read(spark, table, asset, business_dates, as_stored(schema))
+            frame = self.merged.read(spark, table, asset, business_dates, as_stored(read_as))
         else:
-            frame = self.tables.read(spark, table, asset, business_dates, schema)
+            frame = self.tables.read(spark, table, asset, business_dates, read_as)
         self._in_use.update((table, asset, day) for day in business_dates)
         return frame
 
