@@ -37,7 +37,7 @@ def local_frame(spark, rows, columns):
 
 
 def incoming_frame(spark, rows):
-    """Accepted incoming rows as prepare_incoming produces them: configured columns + hashes."""
+    """Accepted incoming rows as the intake produces them: configured columns + hashes."""
     frame = local_frame(spark, rows, [("id", "int"), ("val", "string"), ("note", "string")])
     return add_hashes(frame, KEYS, NON_KEYS)
 

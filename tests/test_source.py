@@ -8,19 +8,21 @@ import os
 import subprocess
 import sys
 from datetime import date, datetime, timedelta, timezone
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_assets.model.config import TableConfig
+from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH
 from cdc_assets.core.intake.incoming import (
     BadRecordsError,
     DateFigures,
     DuplicateKeysError,
-    prepare_incoming,
     prepare_incoming_dates,
 )
 from cdc_assets.core.intake.source import (
@@ -36,6 +38,41 @@ from cdc_assets.core.intake.source import (
 
 DAY = date(2024, 1, 2)
 DAY_TEXT = DAY.isoformat()
+
+
+@dataclass
+class IncomingBatch:
+    """One date's input after validation, as these tests look at it. ``release()`` frees the cached rows."""
+
+    accepted: DataFrame  # configured columns (typed) + key_hash + non_key_hash
+    rejected: DataFrame  # raw_record, reason, source_file
+    rows_read: int
+    rows_rejected: int
+    duplicate_keys: int
+    _cached: DataFrame
+
+    @property
+    def rows_accepted(self) -> int:
+        return self.rows_read - self.rows_rejected
+
+    def release(self) -> None:
+        self._cached.unpersist()
+
+
+def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: date) -> IncomingBatch:
+    """Read one date's extract and split it into accepted (typed, hashed) and rejected rows:
+    :func:`prepare_incoming_dates` for a single date, without the date column; raises as it does."""
+    day = business_date.isoformat()
+    prepared = prepare_incoming_dates(config, {day: read_source(spark, config, day)})
+    figures = prepared.figures[day]
+    return IncomingBatch(
+        accepted=prepared.accepted.drop(BUSINESS_DATE),
+        rejected=prepared.rejected.drop(BUSINESS_DATE),
+        rows_read=figures.rows_read,
+        rows_rejected=figures.rows_rejected,
+        duplicate_keys=figures.duplicate_keys,
+        _cached=prepared._cached,
+    )
 
 
 def make_config(tmp_path: Path, **overrides) -> TableConfig:

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from datetime import date
 
 from pyspark.sql import Column as SparkColumn
-from pyspark.sql import DataFrame, Window, WindowSpec
+from pyspark.sql import DataFrame, Row, Window, WindowSpec
 from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
 
 from cdc_assets.core.caching import persist
 from cdc_assets.core.capture.changes import (
@@ -124,61 +125,21 @@ def apply_change_set(
     Runs small jobs (the figures, and the outcome's counts); nothing is written. Raises
     :class:`DuplicateKeysError` for a tie unless ``rules.quarantine_ties``.
     """
-    day = F.lit(business_date).cast("date")
     sequence_type = records.schema[CHANGE_SEQUENCE].dataType
     fills = UNAVAILABLE_COLUMNS in records.columns  # Debezium
     record_columns = [*payload_columns, KEY_HASH, NON_KEY_HASH, CHANGE_FLAG, CHANGE_SEQUENCE]
     if fills:
         record_columns.append(UNAVAILABLE_COLUMNS)
-    is_truncate = F.col(CHANGE_FLAG) == TRUNCATE
-    # An exactly repeated record (at-least-once delivery) counts once.
-    distinct = records.groupBy(*record_columns).agg(F.count(F.lit(1)).alias(_COPIES))
-    # One row: the day's last truncate, and the floor the earlier truncates left.
-    bounds = records.agg(F.max(F.when(is_truncate, F.col(CHANGE_SEQUENCE))).alias(_TRUNCATED_AT))
-    if previous_state is not None:
-        applied = previous_state.filter(F.col(KEY_HASH).isNotNull()).select(KEY_HASH, F.col(SEQUENCE).alias(_APPLIED))
-        distinct = distinct.join(applied, on=KEY_HASH, how="left")
-        stored_floor = previous_state.filter(F.col(KEY_HASH).isNull()).agg(F.max(SEQUENCE).alias(_FLOOR))
-        bounds = bounds.crossJoin(stored_floor)
-    else:
-        distinct = distinct.withColumn(_APPLIED, F.lit(None).cast(sequence_type))
-        bounds = bounds.withColumn(_FLOOR, F.lit(None).cast(sequence_type))
-    distinct = distinct.crossJoin(F.broadcast(bounds))
-    sequence, applied_sequence = F.col(CHANGE_SEQUENCE), F.col(_APPLIED)
-    floor, truncated_at = F.col(_FLOOR), F.col(_TRUNCATED_AT)
-    behind_key = applied_sequence.isNotNull() & (sequence <= applied_sequence)
-    is_late = ~is_truncate & (behind_key | (floor.isNotNull() & (sequence < floor)))
-    # The key's entry is never below the floor (the state drops such entries), so it is what was lost to.
-    lost_to = F.when(behind_key, applied_sequence).otherwise(floor)
-    before_truncate = ~is_truncate & ~is_late & truncated_at.isNotNull() & (sequence < truncated_at)
-    by_key = Window.partitionBy(KEY_HASH).orderBy(sequence.desc())
-    # A tie: the key's second record by sequence still ranks first. Lateness is decided before,
-    # so a late record never ties (nor one the day's truncate supersedes).
+    distinct, bounds = _against_previous(records, previous_state, record_columns, sequence_type)
     fillable = [name for name in payload_columns if name not in rules.key_columns] if fills else []
-    ranked = persist(
-        distinct.filter(~is_truncate & ~is_late & ~before_truncate)
-        .withColumns(
-            {
-                _RANK: F.row_number().over(by_key),
-                _TOP: F.rank().over(by_key),
-                **{_earlier(name): _earlier_value(name, by_key) for name in fillable},
-            }
-        )
-        .withColumn(
-            _TIED, F.max((F.col(_RANK) == 2) & (F.col(_TOP) == 1)).over(Window.partitionBy(KEY_HASH))
-        )
-    )
-    late = distinct.filter(is_late)
-
-    figures_row = (
-        distinct.agg(
-            F.sum(F.col(_COPIES) - 1).alias("duplicate_events"),
-            F.count(F.when(is_late, F.lit(1))).alias("late"),
-            F.count(F.when(is_truncate, F.lit(1))).alias("truncates"),
-            F.count(F.when(before_truncate, F.lit(1))).alias("before_truncate"),
-            F.max(truncated_at.isNotNull() & (floor.isNull() | (truncated_at > floor))).alias("raises_floor"),
-        ).collect()[0]
-    )
+    ranked = persist(_ranked_candidates(distinct, fillable))
+    figures_row = distinct.agg(
+        F.sum(F.col(_COPIES) - 1).alias("duplicate_events"),
+        F.count(F.when(_is_late(), F.lit(1))).alias("late"),
+        F.count(F.when(_is_truncate(), F.lit(1))).alias("truncates"),
+        F.count(F.when(_before_truncate(), F.lit(1))).alias("before_truncate"),
+        F.max(F.col(_TRUNCATED_AT).isNotNull() & (F.col(_FLOOR).isNull() | (F.col(_TRUNCATED_AT) > F.col(_FLOOR)))).alias("raises_floor"),
+    ).collect()[0]
     tied = F.col(_TIED)
     keyed_counts = ranked.agg(
         F.count(F.when(~tied & (F.col(_RANK) == 1), F.lit(1))).alias("winners"),
@@ -190,27 +151,109 @@ def apply_change_set(
         error = _tie_error(ranked, rules, business_date, keyed_counts["tied_keys"])
         ranked.unpersist()
         raise error
+    figures = _ranking_figures(figures_row, keyed_counts)
     truncated = figures_row["truncates"] > 0
-    figures = {
-        "winners": keyed_counts["winners"] + (1 if truncated else 0),
-        "superseded": keyed_counts["candidates"]
-        - keyed_counts["winners"]
-        + figures_row["before_truncate"]
-        + max(0, figures_row["truncates"] - 1),
-        "late": figures_row["late"],
-        "tied_keys": keyed_counts["tied_keys"],
-        "tied_records": keyed_counts["tied_records"],
-        "duplicate_events": figures_row["duplicate_events"] or 0,
-        "truncates": figures_row["truncates"],
-    }
 
     winners = ranked.filter(~tied & (F.col(_RANK) == 1)).drop(_RANK, _TOP, _TIED, _COPIES, _TRUNCATED_AT, _FLOOR)
     last_truncate = bounds.select(_TRUNCATED_AT) if truncated else None
     resolved = _resolve(
-        winners, previous_current, previous_state, last_truncate, day, payload_columns, audit, non_key_columns,
-        fillable, rules.hashed_non_keys,
+        winners, previous_current, previous_state, last_truncate, F.lit(business_date).cast("date"), payload_columns,
+        audit, non_key_columns, fillable, rules.hashed_non_keys,
     )
     resolved = persist(resolved)
+    counts = _outcome_counts(resolved, figures)
+    changes = resolved.filter(~F.col(OPERATION).isin(_DELETE_OF_UNKNOWN_KEY, _UPSERT_UNFILLABLE)).select(
+        *payload_columns, *CLASSIFICATION_COLUMNS, *extra_columns(audit, non_key_columns)
+    )
+    state = _next_state(
+        resolved, previous_state, last_truncate if figures_row["raises_floor"] else None, business_date,
+        rules.tombstone_retention_days,
+    )
+    return ChangeSetDay(
+        changes=changes, late=_set_aside(distinct, ranked, resolved, record_columns, fills, sequence_type), state=state,
+        counts=counts, figures=figures, cached=[ranked, resolved],
+    )
+
+
+# What a record is, once _against_previous has put beside it its key's applied sequence (_APPLIED),
+# the day's last truncate (_TRUNCATED_AT) and the floor the earlier truncates left (_FLOOR).
+def _is_truncate() -> SparkColumn:
+    return F.col(CHANGE_FLAG) == TRUNCATE
+
+
+def _behind_key() -> SparkColumn:
+    """At or below the sequence its key's current entry was applied at."""
+    return F.col(_APPLIED).isNotNull() & (F.col(CHANGE_SEQUENCE) <= F.col(_APPLIED))
+
+
+def _is_late() -> SparkColumn:
+    return ~_is_truncate() & (_behind_key() | (F.col(_FLOOR).isNotNull() & (F.col(CHANGE_SEQUENCE) < F.col(_FLOOR))))
+
+
+def _before_truncate() -> SparkColumn:
+    """Superseded by the day's truncate (and not late)."""
+    truncated_at = F.col(_TRUNCATED_AT)
+    return ~_is_truncate() & ~_is_late() & truncated_at.isNotNull() & (F.col(CHANGE_SEQUENCE) < truncated_at)
+
+
+def _against_previous(
+    records: DataFrame, previous_state: DataFrame | None, record_columns: list[str], sequence_type: DataType
+) -> tuple[DataFrame, DataFrame]:
+    """The day's distinct records (an exactly repeated one, at-least-once delivery, counts once: _COPIES),
+    each with its key's applied sequence and the day's bounds; and the bounds, one row: the day's last
+    truncate and the floor the earlier truncates left."""
+    distinct = records.groupBy(*record_columns).agg(F.count(F.lit(1)).alias(_COPIES))
+    bounds = records.agg(F.max(F.when(_is_truncate(), F.col(CHANGE_SEQUENCE))).alias(_TRUNCATED_AT))
+    if previous_state is not None:
+        applied = previous_state.filter(F.col(KEY_HASH).isNotNull()).select(KEY_HASH, F.col(SEQUENCE).alias(_APPLIED))
+        distinct = distinct.join(applied, on=KEY_HASH, how="left")
+        stored_floor = previous_state.filter(F.col(KEY_HASH).isNull()).agg(F.max(SEQUENCE).alias(_FLOOR))
+        bounds = bounds.crossJoin(stored_floor)
+    else:
+        distinct = distinct.withColumn(_APPLIED, F.lit(None).cast(sequence_type))
+        bounds = bounds.withColumn(_FLOOR, F.lit(None).cast(sequence_type))
+    return distinct.crossJoin(F.broadcast(bounds)), bounds
+
+
+def _ranked_candidates(distinct: DataFrame, fillable: list[str]) -> DataFrame:
+    """The records that may win their key (not a truncate, not late, not before the day's truncate),
+    ranked by sequence, newest first; ``_TIED`` when the key's second record still ranks first (lateness
+    is decided before, so a late record never ties, nor one the day's truncate supersedes). With
+    ``fillable`` columns, each one's value in the key's latest earlier record of the day that has it."""
+    by_key = Window.partitionBy(KEY_HASH).orderBy(F.col(CHANGE_SEQUENCE).desc())
+    return (
+        distinct.filter(~_is_truncate() & ~_is_late() & ~_before_truncate())
+        .withColumns(
+            {
+                _RANK: F.row_number().over(by_key),
+                _TOP: F.rank().over(by_key),
+                **{_earlier(name): _earlier_value(name, by_key) for name in fillable},
+            }
+        )
+        .withColumn(
+            _TIED, F.max((F.col(_RANK) == 2) & (F.col(_TOP) == 1)).over(Window.partitionBy(KEY_HASH))
+        )
+    )
+
+
+def _ranking_figures(figures_row: Row, keyed_counts: Row) -> dict[str, int]:
+    """The day's figures before its records are applied: winners (a truncate is one), superseded, late,
+    tied and duplicate records, truncates."""
+    truncates = figures_row["truncates"]
+    return {
+        "winners": keyed_counts["winners"] + (1 if truncates > 0 else 0),
+        "superseded": keyed_counts["candidates"] - keyed_counts["winners"] + figures_row["before_truncate"] + max(0, truncates - 1),
+        "late": figures_row["late"],
+        "tied_keys": keyed_counts["tied_keys"],
+        "tied_records": keyed_counts["tied_records"],
+        "duplicate_events": figures_row["duplicate_events"] or 0,
+        "truncates": truncates,
+    }
+
+
+def _outcome_counts(resolved: DataFrame, figures: dict[str, int]) -> dict[str, int]:
+    """The day's counts by operation (one job); adds to ``figures`` the deletes of unknown keys and the
+    unavailable values filled or set aside (a record set aside is no winner: it goes to late_changes)."""
     counts = {operation: 0 for operation in OPERATIONS}
     by_operation = resolved.groupBy(OPERATION).agg(
         F.count(F.lit(1)).alias("count"), F.count(F.when(F.col(_FILLED), F.lit(1))).alias("filled")
@@ -221,34 +264,33 @@ def apply_change_set(
         (counts if row[OPERATION] in counts else others)[row[OPERATION]] = row["count"]
         filled += row["filled"]
     figures["deletes_of_unknown_keys"] = others[_DELETE_OF_UNKNOWN_KEY]
-    figures["winners"] -= others[_UPSERT_UNFILLABLE]  # set aside, in late_changes
+    figures["winners"] -= others[_UPSERT_UNFILLABLE]
     figures["unavailable_filled"], figures["unavailable_set_aside"] = filled, others[_UPSERT_UNFILLABLE]
+    return counts
 
-    changes = resolved.filter(~F.col(OPERATION).isin(_DELETE_OF_UNKNOWN_KEY, _UPSERT_UNFILLABLE)).select(
-        *payload_columns, *CLASSIFICATION_COLUMNS, *extra_columns(audit, non_key_columns)
+
+def _set_aside(
+    distinct: DataFrame, ranked: DataFrame, resolved: DataFrame, record_columns: list[str], fills: bool, sequence_type: DataType
+) -> DataFrame:
+    """The day's late_changes: late records (with the sequence they lost to: the key's entry, never below
+    the floor, or else the floor), tied ones, and, for Debezium, upserts whose left-out values nothing holds."""
+    lost_to = F.when(_behind_key(), F.col(_APPLIED)).otherwise(F.col(_FLOOR))
+    late_records = distinct.filter(_is_late()).select(*record_columns, F.lit(LATE).alias(REASON), lost_to.alias(APPLIED_SEQUENCE)).unionByName(
+        ranked.filter(F.col(_TIED)).select(*record_columns, F.lit(TIED).alias(REASON), F.col(_APPLIED).alias(APPLIED_SEQUENCE))
     )
-    late_records = late.select(*record_columns, F.lit(LATE).alias(REASON), lost_to.alias(APPLIED_SEQUENCE)).unionByName(
-        ranked.filter(tied).select(*record_columns, F.lit(TIED).alias(REASON), F.col(_APPLIED).alias(APPLIED_SEQUENCE))
-    )
-    if fills:
-        late_records = late_records.unionByName(
-            resolved.filter(F.col(OPERATION) == _UPSERT_UNFILLABLE).select(
-                *(F.col(_as_came(name)).alias(name) for name in record_columns),
-                F.concat(
-                    F.lit(f"{NO_PREVIOUS_VALUE}: "),
-                    F.array_join(F.col(UNAVAILABLE_COLUMNS), ", "),
-                    F.lit(" left out as unchanged (Debezium's placeholder), and neither an earlier record of the day "
-                          "nor current_table holds the key"),
-                ).alias(REASON),
-                F.lit(None).cast(sequence_type).alias(APPLIED_SEQUENCE),
-            )
+    if not fills:
+        return late_records
+    return late_records.unionByName(
+        resolved.filter(F.col(OPERATION) == _UPSERT_UNFILLABLE).select(
+            *(F.col(_as_came(name)).alias(name) for name in record_columns),
+            F.concat(
+                F.lit(f"{NO_PREVIOUS_VALUE}: "),
+                F.array_join(F.col(UNAVAILABLE_COLUMNS), ", "),
+                F.lit(" left out as unchanged (Debezium's placeholder), and neither an earlier record of the day "
+                      "nor current_table holds the key"),
+            ).alias(REASON),
+            F.lit(None).cast(sequence_type).alias(APPLIED_SEQUENCE),
         )
-    state = _next_state(
-        resolved, previous_state, last_truncate if figures_row["raises_floor"] else None, business_date,
-        rules.tombstone_retention_days,
-    )
-    return ChangeSetDay(
-        changes=changes, late=late_records, state=state, counts=counts, figures=figures, cached=[ranked, resolved]
     )
 
 

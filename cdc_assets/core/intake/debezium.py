@@ -458,6 +458,20 @@ def _decoder(index: int, column: Column, config: TableConfig) -> _Decoder:
     return _PlainDecoder(index, column, config)
 
 
+# The intermediate columns of read_debezium's steps.
+_PARSED, _ROW, _ROW_SCHEMA = f"{_WORK}parsed", f"{_WORK}row", f"{_WORK}row_schema"
+_NAMES, _TEXTS, _SCHEMA_NAMES, _MISSING = f"{_WORK}names", f"{_WORK}texts", f"{_WORK}schema_names", f"{_WORK}missing"
+
+
+def _op() -> SparkColumn:
+    return F.col(FLAG)
+
+
+def _side() -> SparkColumn:
+    """The row the values come from: ``before`` for a delete, ``after`` otherwise (none for a truncate)."""
+    return F.when(_op() == "d", F.lit("before")).when(_op() != "t", F.lit("after"))
+
+
 def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) -> DataFrame:
     """One row per line of the date's Debezium events: every configured column as text (see the module
     docstring), ``__cdc_flag``, ``__cdc_sequence_<i>``, ``__cdc_unavailable``, ``__cdc_tombstone``, ``__cdc_bad``,
@@ -466,70 +480,95 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
     """
     path = config.source.path_for(business_date)
     lines = _decoded_lines(_read_lines(spark, config, path), SourceEncoding(config.source.encoding))
+    decoders = [_decoder(index, column, config) for index, column in enumerate(config.columns)]
+    events = _with_envelope(_parsed_events(lines, config), config)
+    frame = _decoded_columns(_located_columns(events, config, decoders), decoders)
+    return frame.select(
+        *(decoder.decoded().alias(decoder.column.name) for decoder in decoders),
+        _op(),
+        *sequence_columns(config),
+        F.col(UNAVAILABLE),
+        F.col(TOMBSTONE),
+        _bad_event(config, decoders).alias(BAD),
+        F.col(RAW_LINE),
+        F.col(SOURCE_FILE),
+        F.col(RECORD_ID),
+    )
+
+
+def _parsed_events(lines: DataFrame, config: TableConfig) -> DataFrame:
+    """Each decoded line parsed once, into only the fields used (``_PARSED``), beside the line as read
+    and whether it is a tombstone: Kafka's null value, which JsonConverter with schemas writes as
+    ``{"schema":null,"payload":null}``."""
     line, undecodable = F.col(_LINE), F.col(_UNDECODABLE)
-    # Kafka's tombstone: a null value, which JsonConverter with schemas writes as {"schema":null,"payload":null}.
     tombstone = ~undecodable & (line.rlike(r"^\s*(null)?\s*$") | line.rlike(_WRAPPED_NULL))
-    parsed_name = f"{_WORK}parsed"
-    frame = lines.select(
+    return lines.select(
         F.when(undecodable, F.col(_AS_READ)).otherwise(line).alias(RAW_LINE),
         tombstone.alias(TOMBSTONE),
-        # Each line is parsed once, into only the fields used.
         F.when(
             ~tombstone & ~undecodable, F.from_json(line, _line_schema(config), {"columnNameOfCorruptRecord": _CORRUPT})
-        ).alias(parsed_name),
+        ).alias(_PARSED),
         undecodable,
         F.col(SOURCE_FILE),
         F.col(RECORD_ID),
     )
-    parsed = F.col(parsed_name)
+
+
+def _envelope(*parts: str) -> SparkColumn:
+    """An envelope field of the parsed event, bare or wrapped in ``{"schema", "payload"}``."""
+    parsed = F.col(_PARSED)
+    bare, inside = parsed, parsed.getField("payload")
+    for part in parts:
+        bare, inside = bare.getField(part), inside.getField(part)
+    return F.when(F.col(_WRAPPED), inside).otherwise(bare)
+
+
+def _sequence_field(path: str) -> SparkColumn:
+    """A sequence column's value: an envelope field, or a column of the row (e.g. after.version: any case, as columns)."""
+    parts = path.split(".")
+    if parts[0] in _ENVELOPE_ROWS:
+        row = _envelope(parts[0])
+        names = F.transform(F.map_keys(row), F.lower)
+        return F.get(F.map_values(row), (F.array_position(names, F.lit(parts[1].lower())) - 1).cast("int"))
+    return _envelope(*parts)
+
+
+def _with_envelope(frame: DataFrame, config: TableConfig) -> DataFrame:
+    """The event's op (``FLAG``), whether it is wrapped, its row (before for a delete, after otherwise),
+    the embedded schema's entry for that row (its fields' logical types) and its sequence fields."""
+    parsed = F.col(_PARSED)
     # A wrapped event has a payload; the wrapper's NULL for a bare one (and for a non-event) reads as bare.
     wrapped = F.when(parsed.getField("payload").isNotNull(), F.lit(True))
-
-    def envelope(*parts: str) -> SparkColumn:
-        bare, inside = parsed, parsed.getField("payload")
-        for part in parts:
-            bare, inside = bare.getField(part), inside.getField(part)
-        return F.when(wrapped, inside).otherwise(bare)
-
-    def sequence(path: str) -> SparkColumn:
-        parts = path.split(".")
-        if parts[0] in _ENVELOPE_ROWS:  # a column of the row, e.g. after.version: any case, as columns
-            row = envelope(parts[0])
-            names = F.transform(F.map_keys(row), F.lower)
-            return F.get(F.map_values(row), (F.array_position(names, F.lit(parts[1].lower())) - 1).cast("int"))
-        return envelope(*parts)
-
-    op = F.col(FLAG)
-    side = F.when(op == "d", F.lit("before")).when(op != "t", F.lit("after"))
-    row_name, schema_name = f"{_WORK}row", f"{_WORK}row_schema"
-    sequence_names = sequence_columns(config)
+    frame = frame.withColumns({_WRAPPED: wrapped}).withColumns({FLAG: _envelope("op")})
     sequence_paths = config.changes.sequence_columns if config.changes else []
-    frame = frame.withColumns({FLAG: envelope("op"), _WRAPPED: wrapped})
-    frame = frame.withColumns(
+    return frame.withColumns(
         {
-            row_name: F.when(op == "d", envelope("before")).when(op != "t", envelope("after")),
-            # The embedded schema's entry for the row the values come from: its fields' logical types.
-            schema_name: F.when(
+            _ROW: F.when(_op() == "d", _envelope("before")).when(_op() != "t", _envelope("after")),
+            _ROW_SCHEMA: F.when(
                 F.col(_WRAPPED),
                 F.get(
-                    F.filter(parsed.getField("schema").getField("fields"), lambda entry: entry.getField("field") == side),
+                    F.filter(parsed.getField("schema").getField("fields"), lambda entry: entry.getField("field") == _side()),
                     0,
                 ).getField("fields"),
             ),
-            **{name: sequence(path) for name, path in zip(sequence_names, sequence_paths)},
+            **{name: _sequence_field(path) for name, path in zip(sequence_columns(config), sequence_paths)},
         }
     )
-    row, row_schema = F.col(row_name), F.col(schema_name)
-    names_name, texts_name, schema_names_name = f"{_WORK}names", f"{_WORK}texts", f"{_WORK}schema_names"
+
+
+def _located_columns(frame: DataFrame, config: TableConfig, decoders: list[_Decoder]) -> DataFrame:
+    """Each configured column's text in the row (and, where its decoder needs them, its logical type and
+    scale from the embedded schema); the columns sent as the unavailable-value placeholder
+    (``UNAVAILABLE``); and those a c, u or r row lacks (``_MISSING``)."""
+    row, row_schema = F.col(_ROW), F.col(_ROW_SCHEMA)
     # Lower-cased once per row; each column is then one lookup in them.
     frame = frame.withColumns(
         {
-            names_name: F.transform(F.map_keys(row), F.lower),
-            texts_name: F.map_values(row),
-            schema_names_name: F.transform(row_schema, lambda field: F.lower(field.getField("field"))),
+            _NAMES: F.transform(F.map_keys(row), F.lower),
+            _TEXTS: F.map_values(row),
+            _SCHEMA_NAMES: F.transform(row_schema, lambda field: F.lower(field.getField("field"))),
         }
     )
-    decoders = [_decoder(index, column, config) for index, column in enumerate(config.columns)]
 
     def position(names: str, column: Column) -> SparkColumn:
         return (F.array_position(F.col(names), column.name.lower()) - 1).cast("int")
@@ -542,60 +581,57 @@ def read_debezium(spark: SparkSession, config: TableConfig, business_date: str) 
     unavailable: list[SparkColumn] = []
     missing: list[SparkColumn] = []
     for decoder in decoders:
-        found = F.get(F.col(texts_name), position(names_name, decoder.column))
+        found = F.get(F.col(_TEXTS), position(_NAMES, decoder.column))
         # A c, u or r row lists every column (NULL or not): one it lacks was renamed or dropped at the source.
-        absent = F.array_position(F.col(names_name), decoder.column.name.lower()) == 0
-        missing.append(F.when(op.isin("c", "u", "r") & absent, F.lit(decoder.column.name)))
+        absent = F.array_position(F.col(_NAMES), decoder.column.name.lower()) == 0
+        missing.append(F.when(_op().isin("c", "u", "r") & absent, F.lit(decoder.column.name)))
         if decoder.column.name in fillable:
-            left_out = op.isin("c", "u", "r") & (found == F.lit(placeholder))
+            left_out = _op().isin("c", "u", "r") & (found == F.lit(placeholder))
             unavailable.append(F.when(left_out, F.lit(decoder.column.name)))
             found = F.when(~F.coalesce(left_out, F.lit(False)), found)
         located[decoder.name("text")] = found
         if decoder.needs_logical_type:
-            entry = F.get(row_schema, position(schema_names_name, decoder.column))
+            entry = F.get(row_schema, position(_SCHEMA_NAMES, decoder.column))
             located[decoder.name("logical")] = entry.getField("name")
             located[decoder.name("scale")] = F.try_element_at(entry.getField("parameters"), F.lit("scale"))
     names = F.array_compact(F.array(*unavailable)) if unavailable else F.array().cast("array<string>")
     located[UNAVAILABLE] = F.when(F.size(names) > 0, names)
-    missing_name = f"{_WORK}missing"
-    located[missing_name] = F.array_join(F.array_compact(F.array(*missing)), ", ")
-    frame = frame.withColumns(located)
+    located[_MISSING] = F.array_join(F.array_compact(F.array(*missing)), ", ")
+    return frame.withColumns(located)
+
+
+def _decoded_columns(frame: DataFrame, decoders: list[_Decoder]) -> DataFrame:
+    """Each decoder's stages, one ``withColumns`` per depth: each column's typed value from its text."""
     staged = [decoder.stages() for decoder in decoders]
     for depth in range(max(map(len, staged), default=0)):
         frame = frame.withColumns(
             {name: value for stages in staged if depth < len(stages) for name, value in stages[depth].items()}
         )
+    return frame
 
+
+def _bad_event(config: TableConfig, decoders: list[_Decoder]) -> SparkColumn:
+    """Why a line is rejected (NULL for a good one, and for a tombstone): the first of the line's own
+    problems, else the first column's."""
     row_reasons: list[tuple[SparkColumn, SparkColumn]] = [
-        (undecodable, F.lit(reason("the line", SourceEncoding(config.source.encoding)))),
+        (F.col(_UNDECODABLE), F.lit(reason("the line", SourceEncoding(config.source.encoding)))),
         (
-            parsed.getField(_CORRUPT).isNotNull(),
+            F.col(_PARSED).getField(_CORRUPT).isNotNull(),
             F.lit("not a Debezium event: not a JSON object, or an envelope field of an unexpected JSON type"),
         ),
-        (op.isNull(), F.lit("not a Debezium event: no op")),
+        (_op().isNull(), F.lit("not a Debezium event: no op")),
         (
-            op.isin("c", "u", "r", "d") & row.isNull(),
-            F.concat(F.lit("op "), _quoted(op), F.lit(" event has no "), side, F.lit(" row")),
+            _op().isin("c", "u", "r", "d") & F.col(_ROW).isNull(),
+            F.concat(F.lit("op "), _quoted(_op()), F.lit(" event has no "), _side(), F.lit(" row")),
         ),
         (
-            F.length(F.col(missing_name)) > 0,
+            F.length(F.col(_MISSING)) > 0,
             F.concat(
-                F.lit("op "), _quoted(op), F.lit(" event's "), side, F.lit(" row has no configured column(s) "),
-                F.col(missing_name), F.lit(" (renamed or dropped at the source?)"),
+                F.lit("op "), _quoted(_op()), F.lit(" event's "), _side(), F.lit(" row has no configured column(s) "),
+                F.col(_MISSING), F.lit(" (renamed or dropped at the source?)"),
             ),
         ),
     ]
     problems = [problem for problem in (decoder.problem() for decoder in decoders) if problem is not None]
     column_problem = F.coalesce(*problems) if problems else F.lit(None).cast("string")
-    bad = F.when(~F.col(TOMBSTONE), F.coalesce(_first_reason(row_reasons), column_problem))
-    return frame.select(
-        *(decoder.decoded().alias(decoder.column.name) for decoder in decoders),
-        F.col(FLAG),
-        *sequence_names,
-        F.col(UNAVAILABLE),
-        F.col(TOMBSTONE),
-        bad.alias(BAD),
-        F.col(RAW_LINE),
-        F.col(SOURCE_FILE),
-        F.col(RECORD_ID),
-    )
+    return F.when(~F.col(TOMBSTONE), F.coalesce(_first_reason(row_reasons), column_problem))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import date
 from functools import reduce
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Row, Window
 from pyspark.sql import functions as F
 
 from cdc_assets.model.config import INTERNAL_PREFIX, BadRecordPolicy, DuplicateKeyPolicy, ErasedKeys, LoadType, TableConfig
@@ -26,7 +26,6 @@ from cdc_assets.core.intake.source import (
     accepted_records,
     header_mismatch,
     is_tombstone,
-    read_source,
     rejected_records,
     validate_records,
 )
@@ -41,25 +40,6 @@ class BadRecordsError(SummarizedError, ValueError):
 class DuplicateKeysError(SummarizedError, ValueError):
     """Keys that occur more than once in one day's input, with ``duplicate_keys: fail`` (or a change
     set's ties); the summary gives their count and a ``key_hash``, the key values only the detail."""
-
-
-@dataclass
-class IncomingBatch:
-    """One date's input after validation. ``release()`` frees the cached rows once both are written."""
-
-    accepted: DataFrame  # configured columns (typed) + key_hash + non_key_hash
-    rejected: DataFrame  # raw_record, reason, source_file
-    rows_read: int
-    rows_rejected: int
-    duplicate_keys: int
-    _cached: DataFrame
-
-    @property
-    def rows_accepted(self) -> int:
-        return self.rows_read - self.rows_rejected
-
-    def release(self) -> None:
-        self._cached.unpersist()
 
 
 def _erased_records(validated: DataFrame, erased: DataFrame, drop: bool) -> tuple[DataFrame, dict[str, int]]:
@@ -175,22 +155,81 @@ class IncomingDates:
         self._cached.unpersist()
 
 
-def prepare_incoming(spark: SparkSession, config: TableConfig, business_date: date) -> IncomingBatch:
-    """Read one date's extract and split it into accepted (typed, hashed) and rejected rows.
+def _dates_in_one(sources: Mapping[str, DataFrame], days: list[str]) -> DataFrame:
+    """Every date's source rows in one DataFrame, each with its date as text in ``business_date``.
 
-    :func:`prepare_incoming_dates` for a single date; raises as it does.
+    Text up to the cache: Spark writes a date literal into the generated code, so each date's branch
+    of the union would compile a class of its own (a cold compile is about 0.1 s); a text literal is
+    passed by reference, and with spark.sql.codegen.useIdInClassName off (PIPELINE_DEFAULTS) every
+    branch shares one class.
     """
-    day = business_date.isoformat()
-    prepared = prepare_incoming_dates(config, {day: read_source(spark, config, day)})
-    figures = prepared.figures[day]
-    return IncomingBatch(
-        accepted=prepared.accepted.drop(BUSINESS_DATE),
-        rejected=prepared.rejected.drop(BUSINESS_DATE),
-        rows_read=figures.rows_read,
-        rows_rejected=figures.rows_rejected,
-        duplicate_keys=figures.duplicate_keys,
-        _cached=prepared._cached,
+    return reduce(
+        lambda left, right: left.unionByName(right, allowMissingColumns=True),  # extra columns may differ by date
+        (sources[day].withColumn(BUSINESS_DATE, F.lit(day)) for day in days),
     )
+
+
+def _figures_by_date(validated: DataFrame, changeset: bool) -> DataFrame:
+    """One row per date: rows read, rows rejected, and the keys that occur more than once among the
+    date's accepted rows (with their rows); for a change set, its tombstone lines instead (several
+    records per key are its point)."""
+    if changeset:
+        return validated.groupBy(BUSINESS_DATE).agg(
+            F.count(F.lit(1)).alias("read"),
+            F.count(F.when(F.col(REJECT_REASON).isNotNull(), F.lit(1))).alias("rejected"),
+            F.count(F.when(is_tombstone(validated), F.lit(1))).alias("tombstones"),
+            F.lit(0).alias("duplicate_keys"),
+            F.lit(0).alias("duplicate_rows"),
+        )
+    accepted_flag = F.col(REJECT_REASON).isNull()
+    per_key = validated.groupBy(BUSINESS_DATE, accepted_flag.alias("accepted"), KEY_HASH).count()
+    duplicated_group = F.col("accepted") & (F.col("count") > 1)
+    return per_key.groupBy(BUSINESS_DATE).agg(
+        F.sum("count").alias("read"),
+        F.sum(F.when(~F.col("accepted"), F.col("count"))).alias("rejected"),
+        F.lit(0).alias("tombstones"),
+        F.count(F.when(duplicated_group, F.lit(1))).alias("duplicate_keys"),
+        F.sum(F.when(duplicated_group, F.col("count"))).alias("duplicate_rows"),
+    )
+
+
+def _date_figures(
+    totals: list[Row], days: list[str], erased_by_date: Mapping[str, int], erased_keys: ErasedKeys
+) -> tuple[dict[str, DateFigures], dict[str, int]]:
+    """Each date's :class:`DateFigures` (every date of ``days``, with rows or not) from
+    :func:`_figures_by_date`'s rows and the erased keys' records found; and each date's rows of
+    duplicated keys."""
+    figures = {day: DateFigures() for day in days}
+    duplicate_rows: dict[str, int] = {}
+    for row in totals:
+        day = row[BUSINESS_DATE]
+        figures[day] = DateFigures(row["read"] or 0, row["rejected"] or 0, row["duplicate_keys"], row["tombstones"] or 0)
+        duplicate_rows[day] = row["duplicate_rows"] or 0
+    for day, found in erased_by_date.items():
+        set_aside = found if erased_keys is ErasedKeys.drop else 0
+        figures[day] = replace(figures[day], rows_read=figures[day].rows_read + set_aside, erased_records=found, set_aside=set_aside)
+    return figures, duplicate_rows
+
+
+def _quarantine_duplicates(
+    config: TableConfig, dated: DataFrame, accepted: DataFrame, rejected: DataFrame, duplicate_ids: DataFrame
+) -> tuple[DataFrame, DataFrame]:
+    """The accepted rows without the keys ``duplicate_ids`` names (``business_date``, ``key_hash``), and
+    the rejects with those keys' rows, each as its configured columns in JSON, given the reason."""
+    duplicated = dated.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_semi")
+    rejected = rejected.unionByName(
+        duplicated.filter(F.col(REJECT_REASON).isNull()).select(
+            F.to_json(
+                F.struct(*(F.col(column.name).cast("string").alias(column.name) for column in config.columns))
+            ).alias("raw_record"),
+            F.lit("duplicate key: the key occurs more than once in this date's input").alias("reason"),
+            F.col(SOURCE_FILE).alias("source_file"),
+            F.col(BUSINESS_DATE),
+        )
+    )
+    # A USING join puts its columns first; keep the accepted rows' column order.
+    accepted = accepted.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_anti").select(*accepted.columns)
+    return accepted, rejected
 
 
 def prepare_incoming_dates(
@@ -206,14 +245,7 @@ def prepare_incoming_dates(
     """
     days = sorted(sources)
     keys, non_keys = _hash_specs(config)
-    # Each date's rows carry their date as text up to the cache. Spark writes a date literal into
-    # the generated code, so each date's branch of the union would compile a class of its own (a
-    # cold compile is about 0.1 s); a text literal is passed by reference, and with
-    # spark.sql.codegen.useIdInClassName off (PIPELINE_DEFAULTS) every branch shares one class.
-    raw = reduce(
-        lambda left, right: left.unionByName(right, allowMissingColumns=True),  # extra columns may differ by date
-        (sources[day].withColumn(BUSINESS_DATE, F.lit(day)) for day in days),
-    )
+    raw = _dates_in_one(sources, days)
     # The cache spares a second parse of the source. The hashes are computed on top of it, not
     # cached with it: validation and hashing compiled into one whole-stage method of about 11 KB of
     # bytecode (15 columns), over HotSpot's 8,000-byte limit for JIT compilation
@@ -230,36 +262,9 @@ def prepare_incoming_dates(
     # that occur more than once among the date's accepted rows (with their rows); for a change set,
     # its tombstone lines instead (several records per key are its point).
     changeset = config.load_type is LoadType.changeset
-    if changeset:
-        totals_query = validated.groupBy(BUSINESS_DATE).agg(
-            F.count(F.lit(1)).alias("read"),
-            F.count(F.when(F.col(REJECT_REASON).isNotNull(), F.lit(1))).alias("rejected"),
-            F.count(F.when(is_tombstone(validated), F.lit(1))).alias("tombstones"),
-            F.lit(0).alias("duplicate_keys"),
-            F.lit(0).alias("duplicate_rows"),
-        )
-    else:
-        accepted_flag = F.col(REJECT_REASON).isNull()
-        per_key = validated.groupBy(BUSINESS_DATE, accepted_flag.alias("accepted"), KEY_HASH).count()
-        duplicated_group = F.col("accepted") & (F.col("count") > 1)
-        totals_query = per_key.groupBy(BUSINESS_DATE).agg(
-            F.sum("count").alias("read"),
-            F.sum(F.when(~F.col("accepted"), F.col("count"))).alias("rejected"),
-            F.lit(0).alias("tombstones"),
-            F.count(F.when(duplicated_group, F.lit(1))).alias("duplicate_keys"),
-            F.sum(F.when(duplicated_group, F.col("count"))).alias("duplicate_rows"),
-        )
     with _header_mismatch_explained(config, cached):
-        totals = totals_query.collect()  # a row per date
-    figures = {day: DateFigures() for day in days}
-    duplicate_rows: dict[str, int] = {}
-    for row in totals:
-        day = row[BUSINESS_DATE]
-        figures[day] = DateFigures(row["read"] or 0, row["rejected"] or 0, row["duplicate_keys"], row["tombstones"] or 0)
-        duplicate_rows[day] = row["duplicate_rows"] or 0
-    for day, found in erased_by_date.items():
-        set_aside = found if config.erased_keys is ErasedKeys.drop else 0
-        figures[day] = replace(figures[day], rows_read=figures[day].rows_read + set_aside, erased_records=found, set_aside=set_aside)
+        totals = _figures_by_date(validated, changeset).collect()  # a row per date
+    figures, duplicate_rows = _date_figures(totals, days, erased_by_date, config.erased_keys)
 
     def on(day: str):  # for the cached rows (date as text) and the ones derived from them alike
         return F.col(BUSINESS_DATE).cast("date") == F.lit(day).cast("date")
@@ -290,20 +295,7 @@ def prepare_incoming_dates(
             )
             cached.unpersist()
             raise duplicate_error
-        duplicate_ids = duplicates.select(BUSINESS_DATE, KEY_HASH)
-        duplicated = dated.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_semi")
-        rejected = rejected.unionByName(
-            duplicated.filter(F.col(REJECT_REASON).isNull()).select(
-                F.to_json(
-                    F.struct(*(F.col(column.name).cast("string").alias(column.name) for column in config.columns))
-                ).alias("raw_record"),
-                F.lit("duplicate key: the key occurs more than once in this date's input").alias("reason"),
-                F.col(SOURCE_FILE).alias("source_file"),
-                F.col(BUSINESS_DATE),
-            )
-        )
-        # A USING join puts its columns first; keep the accepted rows' column order.
-        accepted = accepted.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_anti").select(*accepted.columns)
+        accepted, rejected = _quarantine_duplicates(config, dated, accepted, rejected, duplicates.select(BUSINESS_DATE, KEY_HASH))
         figures = {
             day: replace(found, rows_rejected=found.rows_rejected + duplicate_rows.get(day, 0)) for day, found in figures.items()
         }
