@@ -342,6 +342,53 @@ def _non_key_hash(hashed_non_keys: Sequence[tuple[str, str]], value_of) -> Spark
     return F.md5(F.concat(*texts)) if texts else F.md5(F.lit(""))
 
 
+def _incoming_side(winners: DataFrame, payload_columns: Sequence[str], fillable: Sequence[str]) -> DataFrame:
+    """The winners as _resolve's join takes them: the payload as ``_in_<i>``, the hash, whether it deletes
+    and its sequence; with ``fillable`` columns, its flag, its left-out columns and their earlier values."""
+    index_of = {name: index for index, name in enumerate(payload_columns)}
+    return winners.select(
+        *(F.col(name).alias(f"_in_{index}") for index, name in enumerate(payload_columns)),
+        KEY_HASH,
+        F.col(NON_KEY_HASH).alias("_in_hash"),
+        (F.col(CHANGE_FLAG) == DELETE).alias("_in_deletes"),
+        F.col(CHANGE_SEQUENCE).alias("_in_sequence"),
+        *(
+            [F.col(CHANGE_FLAG).alias("_in_flag"), F.col(UNAVAILABLE_COLUMNS).alias("_in_unavailable")]
+            + [F.col(_earlier(name)).alias(f"_earlier_{index_of[name]}") for name in fillable]
+            if fillable
+            else []
+        ),
+    )
+
+
+def _held_side(
+    previous_current: DataFrame, previous_state: DataFrame | None, last_truncate: DataFrame | None,
+    payload_columns: Sequence[str], audit: RunAudit | None,
+) -> DataFrame:
+    """The previous current as _resolve's join takes it: the payload as ``_held_<i>``, the hash, the
+    version's start and audit columns; after a truncate, ``_held_truncated``: a held key the day does not
+    touch is deleted by the truncate unless its applied sequence is newer (the truncate is late for it)."""
+    held = previous_current.select(
+        *(F.col(name).alias(f"_held_{index}") for index, name in enumerate(payload_columns)),
+        KEY_HASH,
+        F.col(NON_KEY_HASH).alias("_held_hash"),
+        F.col(EFF_START_DATE).alias("_held_eff"),
+        *(stored_audit(previous_current, lambda name: f"_held_{name}") if audit else ()),
+    )
+    if last_truncate is None:
+        return held
+    if previous_state is not None:
+        applied = previous_state.filter(F.col(KEY_HASH).isNotNull()).select(KEY_HASH, F.col(SEQUENCE).alias("_held_applied"))
+        held = held.join(applied, on=KEY_HASH, how="left")
+    else:
+        held = held.withColumn("_held_applied", F.lit(None))
+    truncated_at = F.col(_TRUNCATED_AT)
+    return held.crossJoin(F.broadcast(last_truncate)).select(
+        *held.columns,
+        (F.col("_held_applied").isNull() | (F.col("_held_applied") < truncated_at)).alias("_held_truncated"),
+    )
+
+
 def _resolve(
     winners, previous_current, previous_state, last_truncate, day, payload_columns, audit, non_key_columns,
     fillable: Sequence[str] = (), hashed_non_keys: Sequence[tuple[str, str]] = (),
@@ -359,44 +406,12 @@ def _resolve(
     came in, in the ``_as_came`` columns).
     """
     index_of = {name: index for index, name in enumerate(payload_columns)}
-    incoming = winners.select(
-        *(F.col(name).alias(f"_in_{index}") for index, name in enumerate(payload_columns)),
-        KEY_HASH,
-        F.col(NON_KEY_HASH).alias("_in_hash"),
-        (F.col(CHANGE_FLAG) == DELETE).alias("_in_deletes"),
-        F.col(CHANGE_SEQUENCE).alias("_in_sequence"),
-        *(
-            [F.col(CHANGE_FLAG).alias("_in_flag"), F.col(UNAVAILABLE_COLUMNS).alias("_in_unavailable")]
-            + [F.col(_earlier(name)).alias(f"_earlier_{index_of[name]}") for name in fillable]
-            if fillable
-            else []
-        ),
-    )
+    incoming = _incoming_side(winners, payload_columns, fillable)
     held = None
     held_truncated = F.lit(False)
     if previous_current is not None:
-        held = previous_current.select(
-            *(F.col(name).alias(f"_held_{index}") for index, name in enumerate(payload_columns)),
-            KEY_HASH,
-            F.col(NON_KEY_HASH).alias("_held_hash"),
-            F.col(EFF_START_DATE).alias("_held_eff"),
-            *(stored_audit(previous_current, lambda name: f"_held_{name}") if audit else ()),
-        )
+        held = _held_side(previous_current, previous_state, last_truncate, payload_columns, audit)
         if last_truncate is not None:
-            # A held key the day does not touch is deleted by the truncate unless its applied sequence
-            # is newer (the truncate is late for that key).
-            if previous_state is not None:
-                applied = previous_state.filter(F.col(KEY_HASH).isNotNull()).select(
-                    KEY_HASH, F.col(SEQUENCE).alias("_held_applied")
-                )
-                held = held.join(applied, on=KEY_HASH, how="left")
-            else:
-                held = held.withColumn("_held_applied", F.lit(None))
-            truncated_at = F.col(_TRUNCATED_AT)
-            held = held.crossJoin(F.broadcast(last_truncate)).select(
-                *held.columns,
-                (F.col("_held_applied").isNull() | (F.col("_held_applied") < truncated_at)).alias("_held_truncated"),
-            )
             held_truncated = F.col("_held_truncated")
         joined = incoming.join(held, on=KEY_HASH, how="full_outer")
         is_held = F.col("_held_hash").isNotNull()
