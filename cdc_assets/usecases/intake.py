@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from cdc_assets.core.intake.incoming import DateFigures, IncomingDates, prepare_incoming_dates
+from cdc_assets.core.intake.incoming import IncomingDates, prepare_incoming_dates
 from cdc_assets.core.intake.source import read_source
 from cdc_assets.model.config import Retention, SourceFormat, TableConfig
 from cdc_assets.model.names import HASHED_INCOMING, REJECTS, day_before, pool_name
@@ -36,9 +36,6 @@ class Intake:
     days: list[str]
     prepared: IncomingDates
     erased_checked: bool  # the table keeps a ledger of erased keys: their records were looked for
-
-    def figures(self, day: str) -> DateFigures:
-        return self.prepared.figures[day]
 
     def counts(self, day: str) -> dict[str, int]:
         """What a date's ``hashed_incoming`` and ``rejects`` materializations record (rows read = accepted + rejected ...)."""
