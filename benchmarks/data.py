@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import time
+from datetime import date, timedelta
 from pathlib import Path
 
 import duckdb
@@ -16,6 +17,32 @@ from benchmarks.harness import REPO, OutputsWrong, StepFailed, tool
 DAY1, DAY2 = "2019-06-18", "2019-06-19"
 KEYS = [f"key_{i}" for i in range(1, 6)]
 NON_KEYS = [f"nonkey_{i}" for i in range(1, 11)]
+
+
+# The key columns' values of an integer id ``i``: dated_extracts' and the erase scenario's keys file.
+KEY_COLUMNS = [f"lpad(i::varchar, 9, '0') AS {KEYS[0]}"] + [f"substr(md5(i::varchar || '/{n}'), 1, 10) AS {name}" for n, name in enumerate(KEYS[1:], 2)]
+
+
+def business_dates(count: int, first: date = date(2024, 1, 1)) -> list[str]:
+    return [(first + timedelta(days=i)).isoformat() for i in range(count)]
+
+
+def dated_extracts(db, root: Path, rows: int, dates: list[str], churn: int, updated_one_in: int, seed: int) -> None:
+    """A full snapshot of ``rows`` rows for each date, ``root/<date>/part-00000.csv`` (the synthetic columns), and
+    the table ``present`` (id ``i``, date index ``d``, ``picked``, ``version``) in the duckdb connection ``db``.
+
+    Date d holds ids [d*churn, rows + d*churn): the ``churn`` lowest go and as many new ones come each date; about
+    one row in ``updated_one_in`` is picked for new non-key values on each later date (the values of an id are a
+    function of its version)."""
+    db.execute(f"""CREATE TABLE present AS
+        WITH days AS (SELECT range AS d FROM range({len(dates)})),
+             rows AS (SELECT r.range AS i, d, d > 0 AND hash(r.range, d, {seed}) % {updated_one_in} = 0 AS picked
+                      FROM days, range({rows + (len(dates) - 1) * churn}) r WHERE r.range >= d * {churn} AND r.range < {rows} + d * {churn})
+        SELECT i, d, picked, sum(picked::int) OVER (PARTITION BY i ORDER BY d) AS version FROM rows""")
+    values = [f"(hash(i, version, {n}, {seed}) % 100000000) / 1000.0 AS {name}" for n, name in enumerate(NON_KEYS, 1)]
+    for index, day in enumerate(dates):
+        (root / day).mkdir(parents=True, exist_ok=True)
+        db.execute(f"COPY (SELECT {', '.join(KEY_COLUMNS + values)} FROM present WHERE d = {index}) TO '{root / day / 'part-00000.csv'}' (HEADER)")
 
 
 def generate(rows1: int, rows2: int, shares: tuple, day1: Path, day2: Path, seed: int) -> dict:

@@ -29,20 +29,17 @@ import json
 import re
 import sys
 import time
-from datetime import date, timedelta
 from pathlib import Path
 
 import duckdb
 
 from benchmarks import eventlog as ev
-from benchmarks.data import KEYS, NON_KEYS, check_counts, dated, write_config
-from benchmarks.harness import (REPO, Child, OutputsWrong, StepFailed, cold_env, describe, log, print_table, run_env, run_process,
+from benchmarks.data import KEY_COLUMNS, business_dates, check_counts, dated, dated_extracts, write_config
+from benchmarks.harness import (YARDSTICK, OutputsWrong, StepFailed, cold_env, describe, log, print_table, run_env, run_row, run_process,
                                 step_seconds, tool)
 from resources.storage import WarehouseStorage
 
 TABLE = "erase_bench"
-YARDSTICK = REPO.parent / "shared" / "bench" / "plain_cdc.py"
-FIRST_DATE = date(2024, 1, 1)
 UPDATED_ONE_IN = 50  # about 2% of a date's rows get new non-key values
 CHURN = 0.005  # deleted, and as many inserted, per date
 ASSETS = ("hashed_incoming", "rejects", "hash_join_classification", "inserts", "updates", "deletes", "current_table", "history_partition")
@@ -78,10 +75,6 @@ def label(args) -> str:
     return f"{args.dates}x{args.rows}rows_{args.keys}keys_{args.current}"
 
 
-def business_dates(count: int) -> list[str]:
-    return [(FIRST_DATE + timedelta(days=i)).isoformat() for i in range(count)]
-
-
 def measure(bench) -> None:
     args = bench.args
     state = {"dates": business_dates(args.dates)}
@@ -89,7 +82,8 @@ def measure(bench) -> None:
     bench.results["data"] = state["data"] = make_data(bench.workdir / "data", args, state["dates"])
     log(f"data: {args.dates} dates x {args.rows:,} rows, {state['data']['erased_keys']} keys to erase, in {state['data']['seconds']}s")
     if bench.results["yardstick"]["present"]:
-        bench.measure("yardstick", measure_yardstick, bench, state)
+        dates, data = tuple(state["dates"][-2:]), Path(state["data"]["root"])  # the last two dates: day 2 is the unit of the ratios
+        bench.measure("yardstick", lambda result: result.update(bench.yardstick_days("yardstick", data, cold_env(), "yardstick", dates)))
     else:
         log(f"the yardstick is absent ({args.yardstick} not found): absolute figures only")
     bench.measure("load", measure_load, bench, state)
@@ -100,27 +94,16 @@ def measure(bench) -> None:
 
 # data ---------------------------------------------------------------------------------------------------------
 def make_data(root: Path, args, dates: list[str]) -> dict:
-    """Each date's CSV under ``root/<date>/``, the keys file, and the counts the checks expect."""
+    """Each date's CSV under ``root/<date>/`` (:func:`dated_extracts`), the keys file, and the counts the checks expect."""
     started, k = time.perf_counter(), churn(args.rows)
     db = duckdb.connect()
-    # Date d holds ids [d*k, rows + d*k): the k lowest go and k new ones come each date; the non-key values
-    # of an id are a function of its version, which moves on the dates it is picked for an update.
-    db.execute(f"""CREATE TABLE present AS
-        WITH days AS (SELECT range AS d FROM range({args.dates})),
-             rows AS (SELECT r.range AS i, d, d > 0 AND hash(r.range, d, {args.seed}) % {UPDATED_ONE_IN} = 0 AS picked
-                      FROM days, range({args.rows + (args.dates - 1) * k}) r WHERE r.range >= d * {k} AND r.range < {args.rows} + d * {k})
-        SELECT i, d, picked, sum(picked::int) OVER (PARTITION BY i ORDER BY d) AS version FROM rows""")
-    keys = [f"lpad(i::varchar, 9, '0') AS {KEYS[0]}"] + [f"substr(md5(i::varchar || '/{n}'), 1, 10) AS {name}" for n, name in enumerate(KEYS[1:], 2)]
-    values = [f"(hash(i, version, {n}, {args.seed}) % 100000000) / 1000.0 AS {name}" for n, name in enumerate(NON_KEYS, 1)]
-    for index, day in enumerate(dates):
-        (root / day).mkdir(parents=True, exist_ok=True)
-        db.execute(f"COPY (SELECT {', '.join(keys + values)} FROM present WHERE d = {index}) TO '{root / day / 'part-00000.csv'}' (HEADER)")
+    dated_extracts(db, root, args.rows, dates, k, UPDATED_ONE_IN, args.seed)
     # The erased ids: spread evenly over those present on every date.
     low = (args.dates - 1) * k
     erased = [low + (n * (args.rows - low)) // args.keys for n in range(args.keys)]
     db.execute(f"CREATE TABLE erased AS SELECT unnest({erased}) AS i")
     keys_file = root / "keys.csv"
-    db.execute(f"COPY (SELECT {', '.join(keys)} FROM erased) TO '{keys_file}' (HEADER)")
+    db.execute(f"COPY (SELECT {', '.join(KEY_COLUMNS)} FROM erased) TO '{keys_file}' (HEADER)")
     # A row of an erased key is in history (and updates) on the dates it was picked: an update.
     erased_updates = db.execute("SELECT count(*) FROM present JOIN erased USING (i) WHERE picked").fetchone()[0]
     last = args.dates - 1
@@ -132,17 +115,6 @@ def make_data(root: Path, args, dates: list[str]) -> dict:
 
 
 # measurements -------------------------------------------------------------------------------------------------
-def measure_yardstick(result: dict, bench, state: dict) -> None:
-    """plain_cdc.py's day 1 and day 2 on the last two dates, cold processes: day 2 is the unit of the ratios."""
-    day1, day2 = state["dates"][-2:]
-    out, data = bench.workdir / "yardstick" / "warehouse", Path(state["data"]["root"])
-    for key, day, extra in (("day1", day1, []), ("day2", day2, ["--prev-date", day1])):
-        command = [sys.executable, bench.args.yardstick, "--csv", data / day, "--date", day, "--out", out, *extra]
-        result[key] = run_process(f"yardstick_{key}", command, cold_env(), bench.logs, cwd=bench.workdir)
-        log(f"yardstick {key} ({day}): {describe(result[key])}")
-    result["seconds"] = result["day2"]["seconds"]
-
-
 def measure_load(result: dict, bench, state: dict) -> None:
     dates, data = state["dates"], state["data"]
     storage = f"storage: {{current: {bench.args.current}}}\n"
@@ -184,7 +156,7 @@ def measure_expiry(result: dict, bench, state: dict) -> None:
         raise StepFailed("no table to expire: the load failed")
     env = state["env"]
     command = [sys.executable, "-c", EXPIRE_ALL, env["CDC_WAREHOUSE"], TABLE]
-    figures, lines = run_timed("expiry", command, {**env, "PYTHONUNBUFFERED": "1"}, bench.logs)
+    figures, lines = _run_timed("expiry", command, env, bench.logs)
     result.update(figures)
     printed = next((text for _, text in lines if text.startswith("EXPIRED ")), None)
     if figures["returncode"] != 0 or printed is None:
@@ -205,9 +177,9 @@ def measure_erase(result: dict, bench, state: dict) -> None:
     storage = WarehouseStorage(str(stored.parent))
     result["table_bytes"] = sum(sum(storage.bytes_stored(TABLE, asset, days).values()) for asset, days in partitions.items() if days)
     folder = bench.workdir / "eventlogs" / "erase"
-    erase_env = {**env, "CDC_SPARK_CONF": ev.conf_env(folder, env), "PYTHONUNBUFFERED": "1"}  # each line timed as printed
+    erase_env = {**env, "CDC_SPARK_CONF": ev.conf_env(folder, env)}
     command = [tool("cdc-erase"), TABLE, "--keys", data["keys_file"], "--reason", "bench"]
-    figures, lines = run_timed("erase", command, erase_env, bench.logs)
+    figures, lines = _run_timed("erase", command, erase_env, bench.logs)
     result.update(figures)
     if figures["returncode"] != 0:
         raise StepFailed(f"cdc-erase exited with {figures['returncode']}; log {figures['log']}")
@@ -251,7 +223,7 @@ def measure_verify(result: dict, bench, state: dict) -> None:
     if not state.get("erased"):
         raise StepFailed("nothing to verify: the erase failed")
     command = [tool("cdc-erase"), TABLE, "--verify", "--keys", state["data"]["keys_file"]]
-    figures, lines = run_timed("verify", command, {**state["env"], "PYTHONUNBUFFERED": "1"}, bench.logs)
+    figures, lines = _run_timed("verify", command, state["env"], bench.logs)
     result.update(figures, said=[text for _, text in lines if text.startswith("cdc-erase:")])
     log(f"verify, cold CLI: {describe(figures)}; exit {figures['returncode']}: {' '.join(result['said'])}")
     if figures["returncode"] != 0:
@@ -259,6 +231,12 @@ def measure_verify(result: dict, bench, state: dict) -> None:
 
 
 # helpers ------------------------------------------------------------------------------------------------------
+def _run_timed(name: str, command: list, env: dict, logs: Path) -> tuple[dict, list[tuple[float, str]]]:
+    """A fresh process whose non-zero exit is returned, and its lines of output with the seconds they appeared at."""
+    figures = run_process(name, command, {**env, "PYTHONUNBUFFERED": "1"}, logs, check=False, timed=True)
+    return figures, figures.pop("lines")
+
+
 def read_ledger(erasures: Path) -> tuple[dict, dict[str, int]]:
     """The newest request.json's figures (status, keys, rows, bytes, partitions) and its rows removed per asset."""
     record = json.loads(sorted(erasures.glob("*/request.json"))[-1].read_text())  # the request id starts with its UTC time
@@ -277,29 +255,6 @@ def stored_rows(table_root: Path, asset: str, dates: list[str]) -> dict[str, int
     held = set(storage.stored_dates(table_root.name, asset))
     counts = storage.row_counts(table_root.name, asset, [day for day in dates if day in held])
     return {day: counts[day] if day in held else None for day in dates}
-
-
-def run_timed(name: str, command: list, env: dict, logs: Path) -> tuple[dict, list[tuple[float, str]]]:
-    """Like harness.run_process, but a non-zero exit is returned, and each line of output comes with the
-    seconds since the start at which it appeared (the command must not buffer its output: PYTHONUNBUFFERED)."""
-    child, lines, pending = Child(name, command, env, logs), [], ""
-    try:
-        with open(child.log_path, errors="replace") as output:
-            while True:
-                done, ended = not child.alive(), time.perf_counter()
-                pending += output.read()
-                now = round(time.perf_counter() - child.started, 2)
-                *complete, pending = pending.split("\n")
-                lines += [(now, line) for line in complete]
-                if done:
-                    lines += [(now, pending)] if pending else []
-                    break
-                time.sleep(0.1)
-        seconds = ended - child.started
-    finally:
-        figures = child.stop(kill=child.alive())
-    return {"seconds": round(seconds, 2), **figures, "returncode": child.proc.returncode, "log": str(child.log_path),
-            "started_epoch": time.time() - seconds}, lines
 
 
 def phases(figures: dict, lines: list[tuple[float, str]], folder: Path) -> dict:
@@ -342,32 +297,22 @@ def phases(figures: dict, lines: list[tuple[float, str]], folder: Path) -> dict:
 
 
 def summary(results: dict) -> None:
-    m = results["measurements"]
+    m, d, rows = results["measurements"], results.get("data", {}), []
     unit = m.get("yardstick", {}).get("seconds")
-    ratio = lambda s: None if not unit or s is None else round(s / unit, 2)  # noqa: E731
-    d = results.get("data", {})
-    rows = []
+    ratio = lambda s: None if not unit else round(s / unit, 2)  # noqa: E731
     if "seconds" in m.get("yardstick", {}):
-        y = m["yardstick"]["day2"]
-        rows.append(["yardstick day 2 (plain PySpark, last date)", y["seconds"], y["other_processes_avg_cores"],
-                     round((y["jvm_peak_rss_mib"] or 0) / 1024, 2), 1.0, ""])
+        rows.append(run_row("yardstick day 2 (plain PySpark, last date)", m["yardstick"]["day2"], 1.0))
     if "seconds" in m.get("load", {}):
-        lo = m["load"]
-        rows.append([f"load: {d.get('dates')} dates in one run", lo["seconds"], lo["other_processes_avg_cores"], round((lo["jvm_peak_rss_mib"] or 0) / 1024, 2),
-                     ratio(lo["seconds"]), ""])
+        rows.append(run_row(f"load: {d.get('dates')} dates in one run", m["load"], ratio(m["load"]["seconds"])))
     e = m.get("erase", {})
     if "printed" in e:
         p = e["printed"]
-        what = (f"{p['partitions']} of {e['table_partitions']} partitions, {p['bytes_rewritten'] / 2**20:.1f} of {p['bytes_stored'] / 2**20:.1f} MiB "
-                f"({p['bytes_rewritten'] / p['bytes_stored']:.0%}), {p['rows_removed']:,} rows")
-        rows.append([f"erase: {d.get('erased_keys')} keys", e["seconds"], e["other_processes_avg_cores"], round((e["jvm_peak_rss_mib"] or 0) / 1024, 2),
-                     ratio(e["seconds"]), what])
-        for phase, s in e["phases"]["seconds"].items():
-            rows.append([f"    {phase}", s, None, None, None, ""])
+        rows.append(run_row(f"erase: {d.get('erased_keys')} keys", e, ratio(e["seconds"]),
+                            f"{p['partitions']} of {e['table_partitions']} partitions, {p['bytes_rewritten'] / 2**20:.1f} of "
+                            f"{p['bytes_stored'] / 2**20:.1f} MiB ({p['bytes_rewritten'] / p['bytes_stored']:.0%}), {p['rows_removed']:,} rows"))
+        rows += [[f"    {phase}", s] for phase, s in e["phases"]["seconds"].items()]
     if "seconds" in m.get("verify", {}):
-        v = m["verify"]
-        rows.append(["verify (cdc-erase --verify)", v["seconds"], v["other_processes_avg_cores"], round((v["jvm_peak_rss_mib"] or 0) / 1024, 2),
-                     ratio(v["seconds"]), f"exit {v['returncode']}"])
+        rows.append(run_row("verify (cdc-erase --verify)", m["verify"], ratio(m["verify"]["seconds"]), f"exit {m['verify']['returncode']}"))
     notes = ["x yardstick: wall / the yardstick's day 2 on the same data (absent: no ratio); other: cores other processes kept busy",
              "erase phases: from its event log and the times its lines were printed (erase: to its summary line; Dagster told: to its next line)"]
     print_table(f"ERASING KEYS (issue 26)  {d.get('dates')} dates x {d.get('rows_per_date', 0):,} rows, {d.get('erased_keys')} keys  "

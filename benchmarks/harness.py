@@ -25,8 +25,13 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.eventlog import conf_env as eventlog_conf, describe as describe_eventlog, read as read_eventlog
+from cdc_assets.engines.process import free_port, stop_group
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
+# Where a clone finds the yardstick: beside the repository, as the machine's shared folder holds it.
+YARDSTICK = REPO.parent / "shared" / "bench" / "plain_cdc.py"
 GIB, MIB = 2**30, 2**20
 # Set per run by the harness: the caller's own values would point a run at another instance, warehouse or
 # server (a running `make spark-server` would turn a cold run warm).
@@ -63,7 +68,8 @@ def describe(figures: dict) -> str:
     """A run's progress line: wall seconds, its JVM's peak RSS, CPU, and the machine's other load."""
     rss = f", JVM peak RSS {figures['jvm_peak_rss_mib'] / 1024:.2f} GiB" if figures.get("jvm_peak_rss_mib") else ""
     return (f"{figures['seconds']:.1f}s{rss}, CPU {figures['own_cpu_seconds']}s, other processes "
-            f"{figures['other_processes_avg_cores']} cores")
+            f"{figures['other_processes_avg_cores']} cores" + (f"; yardstick: {figures['yardstick_says']}" if figures.get("yardstick_says") else "")
+            + (f"; {describe_eventlog(figures['eventlog'])}" if "eventlog" in figures else ""))
 
 
 def tool(name: str) -> str:
@@ -183,20 +189,6 @@ class TreeSampler(threading.Thread):
         }
 
 
-def kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM to the child's process group, SIGKILL to whatever is left after ``grace`` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        deadline = time.monotonic() + grace
-        try:
-            os.killpg(proc.pid, sig)
-            while time.monotonic() < deadline:
-                proc.poll()  # reap the leader: a zombie still counts as a member of the group
-                os.killpg(proc.pid, 0)
-                time.sleep(0.2)
-        except ProcessLookupError:
-            return
-
-
 def end_all(procs: list[psutil.Process], grace: float = 10.0) -> None:
     """SIGTERM to each, SIGKILL to those still alive after ``grace`` seconds."""
     for proc in procs:
@@ -242,26 +234,39 @@ class Child:
                 tree = psutil.Process(self.proc.pid).children(recursive=True)
             except psutil.Error:
                 tree = []
-            kill_group(self.proc)
+            stop_group(self.proc.pid, grace=10)
+            self.proc.poll()  # reap the leader
             end_all(tree, grace=0)
         self._out.close()
         return figures
 
 
-def run_process(name: str, command: list, env: dict, logs: Path, cwd: Path = REPO, server: int | None = None) -> dict:
-    """Run ``command`` to its end as a fresh process: wall seconds, its JVM's peak RSS, CPU, the log's path.
-
-    A run that ended is left alone: its JVM may still be closing its event log. Interrupted, the group is killed.
-    """
-    child = Child(name, command, env, logs, cwd, server=server)
+def run_process(name: str, command: list, env: dict, logs: Path, cwd: Path = REPO, server: int | None = None,
+                check: bool = True, timed: bool = False) -> dict:
+    """Run ``command`` to its end as a fresh process: wall seconds, its JVM's peak RSS, CPU, the log's path, its
+    exit status; with ``timed``, ``lines``: each line of output with the seconds since the start at which it
+    appeared (a Python command must not buffer it: PYTHONUNBUFFERED). With ``check``, a
+    non-zero exit raises StepFailed. A run that ended is left alone: its JVM may still be closing its event log.
+    Interrupted, the group is killed."""
+    child, lines, pending = Child(name, command, env, logs, cwd, server=server), [], ""
     try:
-        returncode = child.proc.wait()
-        seconds = time.perf_counter() - child.started
+        with open(child.log_path, errors="replace") as output:
+            while True:
+                done, ended = not child.alive(), time.perf_counter()
+                pending += output.read()
+                now = round(ended - child.started, 2)
+                *complete, pending = pending.split("\n")
+                lines += [(now, line) for line in complete] + ([(now, pending)] if done and pending else [])
+                if done:
+                    break
+                time.sleep(0.1)
+        seconds = ended - child.started
     finally:
         figures = child.stop(kill=child.alive())
-    if returncode != 0:
-        raise StepFailed(f"{name} exited with {returncode} after {seconds:.1f}s; log {child.log_path}:\n{child.tail()}")
-    return {"seconds": round(seconds, 2), **figures, "log": str(child.log_path)}
+    if check and child.proc.returncode != 0:
+        raise StepFailed(f"{name} exited with {child.proc.returncode} after {seconds:.1f}s; log {child.log_path}:\n{child.tail()}")
+    return {"seconds": round(seconds, 2), **figures, "log": str(child.log_path), "returncode": child.proc.returncode,
+            "started_epoch": round(time.time() - seconds, 2), **({"lines": lines} if timed else {})}
 
 
 def cold_env() -> dict:
@@ -309,8 +314,6 @@ class ConnectServer:
     def start(self) -> float:
         """Start it; seconds until it answered. ``instance_home``: the instance whose run limit sizes its heap."""
         shutil.rmtree(self.state_dir, ignore_errors=True)
-        from cdc_assets.engines.process import free_port
-
         self.port = free_port()
         saved = os.environ.get("DAGSTER_HOME")
         if self.instance_home:
@@ -367,6 +370,11 @@ def cell(value) -> str:
     return f"{value:,}" if isinstance(value, (int, float)) else str(value)  # floats as the scenario rounded them
 
 
+def run_row(label: str, figures: dict, *cells) -> list:
+    """A table row of one run: label, wall seconds, other processes' cores, its JVM's peak RSS in GiB, then ``cells``."""
+    return [label, figures["seconds"], figures["other_processes_avg_cores"], gib((figures.get("jvm_peak_rss_mib") or 0) * MIB), *cells]
+
+
 def print_table(title: str, head: list[str], rows: list[list], notes: list[str] = ()) -> None:
     """A table (columns of numbers right-aligned, of text left-aligned) and notes under it."""
     rows = [row + [None] * (len(head) - len(row)) for row in rows]
@@ -418,18 +426,55 @@ class Bench:
     def cli(self, name: str, env: dict, table: str, *partition: str, server: int | None = None, eventlog: bool = False) -> dict:
         """``dagster asset materialize`` of the table's group in a fresh process; with ``eventlog``, Spark's
         figures from its event log (benchmarks/eventlog.py) and the steps' seconds too."""
-        from benchmarks import eventlog as ev
-
         if eventlog:
             folder = self.workdir / "eventlogs" / name
             shutil.rmtree(folder, ignore_errors=True)
-            env = {**env, "CDC_SPARK_CONF": ev.conf_env(folder, env)}
+            env = {**env, "CDC_SPARK_CONF": eventlog_conf(folder, env)}
         command = [tool("dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions", "--select", f"group:{table}", *partition]
         figures = run_process(name, command, env, self.logs, server=server)
         if eventlog:
             figures["steps"] = step_seconds(env["DAGSTER_HOME"])
-            figures["eventlog"] = ev.read(folder, Path(figures["log"]))
+            figures["eventlog"] = read_eventlog(folder, Path(figures["log"]))
         return figures
+
+    def each_size(self, sizes: list[int], measure_size, disk_per_row: int) -> None:
+        """``measure_size(result, bench, rows)`` as the measurement ``rows`` for each size; a size's folder
+        (``r<rows>``) goes before the next (unless --keep): the biggest need the disk."""
+        for rows in sizes:
+            if shutil.disk_usage(self.workdir).free < rows * disk_per_row:
+                log(f"WARNING: {shutil.disk_usage(self.workdir).free / GIB:.1f} GiB free in {self.workdir}, about "
+                    f"{rows * disk_per_row / GIB:.1f} GiB needed for {rows:,} rows")
+            self.measure(str(rows), measure_size, self, rows)
+            if not self.args.keep:
+                shutil.rmtree(self.workdir / f"r{rows}", ignore_errors=True)
+
+    def days(self, name: str, what: str, dates: tuple[str, str], run_day) -> dict:
+        """``run_day(run_name, date)`` for day 1, then day 2, each logged; day 2's seconds and JVM peak are the figure."""
+        result = {}
+        for key, day in zip(("day1", "day2"), dates):
+            result[key] = run_day(f"{name}_{key}", day)
+            log(f"{what} day {key[-1]} ({day}): {describe(result[key])}")
+        return {**result, "seconds": result["day2"]["seconds"], "jvm_peak_rss_mib": result["day2"]["jvm_peak_rss_mib"]}
+
+    def cli_days(self, name: str, env: dict, table: str, what: str, dates: tuple[str, str], server: int | None = None,
+                 eventlog: bool = False) -> dict:
+        """Day 1, then day 2 of ``table``, each a ``dagster asset materialize`` process (:meth:`cli`)."""
+        return self.days(name, what, dates, lambda run, day: self.cli(run, env, table, "--partition", day, server=server, eventlog=eventlog))
+
+    def yardstick_days(self, name: str, data: Path, env: dict, what: str, dates: tuple[str, str], server: int | None = None) -> dict:
+        """The yardstick (``--yardstick``, plain PySpark) on ``data/<date>/``: day 1, then day 2, each a fresh process;
+        its outputs under ``runs/<name>/warehouse`` (absolute: a Connect server resolves it)."""
+        out = (self.workdir / "runs" / name / "warehouse").resolve()
+        shutil.rmtree(out.parent, ignore_errors=True)
+
+        def run_day(run: str, day: str) -> dict:
+            command = [sys.executable, self.args.yardstick, "--csv", data / day, "--date", day, "--out", out]
+            command += ["--prev-date", dates[0]] if day == dates[1] else []
+            figures = run_process(run, command, env, self.logs, cwd=self.workdir, server=server, timed=True)
+            said = [text for _, text in figures.pop("lines") if text.startswith("session ")]
+            return {**figures, "yardstick_says": said[-1] if said else None}
+
+        return {**self.days(name, what, dates, run_day), "out": str(out)}
 
     def server(self, name: str, conf: dict | None = None, instance_home: Path | None = None) -> ConnectServer:
         server = ConnectServer(self.workdir / "servers" / name, conf, instance_home)

@@ -13,11 +13,9 @@ need about 35-40 GB. About 35 minutes at the defaults on the idle 2-core machine
 
 from __future__ import annotations
 
-import shutil
 
-from benchmarks.eventlog import describe as eventlog_line
 from benchmarks.data import DAY1, DAY2, check_counts, dated, expected_day2, folder_bytes, generate, partition_bytes, write_config
-from benchmarks.harness import GIB, describe, log, mib, print_table, run_env
+from benchmarks.harness import GIB, log, mib, print_table, run_env
 
 TABLE = "synthetic"
 SLACK = 1.1  # 10x rows may cost at most 11x the time
@@ -43,25 +41,17 @@ def label(args) -> str:
 
 
 def measure(bench) -> None:
-    for rows in bench.args.rows:
-        bench.measure(str(rows), measure_size, bench, rows)
-        if not bench.args.keep:  # the next size needs the disk
-            shutil.rmtree(bench.workdir / f"r{rows}", ignore_errors=True)
+    bench.each_size(bench.args.rows, measure_size, DISK_PER_ROW)
     bench.results["ratio"] = ratios(bench.results["measurements"])
 
 
 def measure_size(result: dict, bench, rows: int) -> None:
     base = bench.workdir / f"r{rows}"
     data = base / "data" / TABLE
-    free = shutil.disk_usage(bench.workdir).free
-    if free < rows * DISK_PER_ROW:
-        log(f"WARNING: {free / GIB:.1f} GiB free in {bench.workdir}, about {rows * DISK_PER_ROW / GIB:.1f} GiB needed for {rows:,} rows")
     result["generation"] = generated = generate(rows, rows, (0.2, 0.4, 0.4), data / DAY1, data / DAY2, bench.args.seed)
     log(f"{rows:,} rows: generated in {generated['seconds']}s: {generated}")
     env = run_env(base, write_config(base / "configs", TABLE, data))
-    for day, key in ((DAY1, "day1"), (DAY2, "day2")):
-        result[key] = bench.cli(f"r{rows}_{key}", env, TABLE, "--partition", day, eventlog=True)
-        log(f"{rows:,} rows: {key[:3]} {key[3]}, cold CLI: {describe(result[key])}; {eventlog_line(result[key]['eventlog'])}")
+    result.update(bench.cli_days(f"r{rows}", env, TABLE, f"{rows:,} rows, cold CLI:", (DAY1, DAY2), eventlog=True))
     log(f"{rows:,} rows: day-2 steps: " + ", ".join(f"{k} {v}s" for k, v in result["day2"]["steps"].items()))
     result["day2_partition_bytes"] = sizes = partition_bytes(base / "warehouse", TABLE, DAY2)
     result["data_bytes"] = {day: folder_bytes(data / day) for day in (DAY1, DAY2)}

@@ -17,8 +17,7 @@ import shutil
 import duckdb
 
 from benchmarks.data import DAY1, DAY2, dated, expected_day2, check_counts, generate, write_config
-from benchmarks.eventlog import describe
-from benchmarks.harness import log, print_table, run_env
+from benchmarks.harness import describe, log, print_table, run_env
 
 TABLE = "evolving"
 ADDED = "  - {name: region, type: string}\n"

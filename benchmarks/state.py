@@ -23,9 +23,8 @@ import shutil
 
 import duckdb
 
-from benchmarks.eventlog import describe
 from benchmarks.data import DAY1, DAY2, KEYS, NON_KEYS, check_counts, dated, folder_bytes, generate, partition_bytes, write_config
-from benchmarks.harness import GIB, log, mib, print_table, run_env, verdict
+from benchmarks.harness import describe, log, mib, print_table, run_env, verdict
 
 TABLE = "big_delta"
 MODES = {"snapshot": "{current: snapshot}", "incremental": "{current: incremental}",
@@ -63,10 +62,7 @@ def label(args) -> str:
 
 
 def measure(bench) -> None:
-    for rows in bench.args.sizes:
-        bench.measure(str(rows), measure_size, bench, rows)
-        if not bench.args.keep:
-            shutil.rmtree(bench.workdir / f"r{rows}", ignore_errors=True)
+    bench.each_size(bench.args.sizes, measure_size, DISK_PER_ROW)
 
 
 def make_data(args, rows: int, data) -> dict:
@@ -89,9 +85,6 @@ def make_data(args, rows: int, data) -> dict:
 
 def measure_size(result: dict, bench, rows: int) -> None:
     base, args = bench.workdir / f"r{rows}", bench.args
-    free = shutil.disk_usage(bench.workdir).free
-    if free < rows * DISK_PER_ROW:
-        log(f"WARNING: {free / GIB:.1f} GiB free in {bench.workdir}, about {rows * DISK_PER_ROW / GIB:.1f} GiB needed")
     result["data"] = data = make_data(args, rows, base / "data")
     log(f"{rows:,} rows: day 1 {mib(data['day1_bytes'])} MiB of CSV; day-2 delta of {data['updates']:,} updates + "
         f"{data['inserts']:,} inserts, {mib(data['day2_bytes'])} MiB")

@@ -31,24 +31,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
-from datetime import date, timedelta
 from functools import partial
 from pathlib import Path
 
 import duckdb
 
 from benchmarks.catalog_proxy import CountingProxy
-from benchmarks.data import (DAY1, DAY2, KEYS, NON_KEYS, cdc_current, check_counts, dated, expected_day2, generate,
+from benchmarks.data import (DAY1, DAY2, KEYS, NON_KEYS, business_dates, cdc_current, check_counts, dated, dated_extracts, expected_day2, generate,
                              partition_bytes, write_config)
-from benchmarks.harness import REPO, OutputsWrong, cold_env, describe, log, mib, print_table, run_env, run_process, verdict
+from benchmarks.harness import YARDSTICK, OutputsWrong, cold_env, describe, log, mib, print_table, run_env, verdict
 
 MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm", "changeset", "b-incremental", "changeset-incremental", "b-lake")
 TARGETS = {"b/a": 1.0, "c/a": 0.7, "server_rss_gib": 3.0, "range_cold": 2.0, "range_cold_acceptable": 2.5, "range_warm": 1.5,
            "b_incremental/b": 1.0, "changeset_incremental/b": 0.15}
-# Where a clone finds the yardstick: beside the repository, as the machine's shared folder holds it.
-YARDSTICK = REPO.parent / "shared" / "bench" / "plain_cdc.py"
 TABLE, CHANGESET, RANGE = "synthetic", "synthetic_changes", "backfill_bench"
 CHANGESET_MIX = {"U": 0.4, "N": 0.2, "I": 0.2, "D": 0.2}  # updates, upserts that change nothing, inserts, deletes
 INCREMENTAL = "storage: {current: incremental}\n"
@@ -114,18 +109,6 @@ class Targets:
         self.bench, self.args, self.workdir = bench, bench.args, bench.workdir
         self.generated, self._changeset, self._range = None, None, None
 
-    @staticmethod
-    def describe(figures: dict) -> str:
-        return describe(figures) + (f"; yardstick: {figures['yardstick_says']}" if figures.get("yardstick_says") else "")
-
-    def days(self, name: str, env: dict, table: str, result: dict, what: str, server: int | None = None) -> dict:
-        """Day 1, then day 2 of ``table`` through the CLI; (figure) = day 2."""
-        for day, key in ((DAY1, "day1"), (DAY2, "day2")):
-            result[key] = self.bench.cli(f"{name}_{key}", env, table, "--partition", day, server=server)
-            log(f"{what} {key[:3]} {key[3]}: {self.describe(result[key])}")
-        result.update(seconds=result["day2"]["seconds"], jvm_peak_rss_mib=result["day2"]["jvm_peak_rss_mib"])
-        return result["day2"]
-
     # data -------------------------------------------------------------------------------------------------
     def data(self) -> Path:
         if self.generated is None:
@@ -166,79 +149,42 @@ class Targets:
         return self._changeset
 
     def range_data(self) -> list[str]:
-        """Day 1 from the generator (5% deleted, 10% updated); each later date from the one before: 5% of its
-        rows deleted and replaced by new keys, 10% with every non-key value changed."""
+        """--range-days dates of --range-rows rows: from one date to the next 5% of the rows deleted and as many
+        inserted, about 10% with new non-key values (:func:`benchmarks.data.dated_extracts`)."""
         if self._range is None:
-            import numpy as np
-            import pyarrow as pa
-            import pyarrow.csv  # noqa: F401 - registers pa.csv
-
-            from cdc_assets.cli.generate import write_part
-
-            rows, root = self.args.range_rows, self.workdir / "range_data"
-            dates = [(date(2024, 1, 1) + timedelta(days=i)).isoformat() for i in range(self.args.range_days)]
-            generate(rows, rows, (0.05, 0.10, 0.85), root / dates[0], root / "scratch", self.args.range_seed)
-            shutil.rmtree(root / "scratch")
-            rng, table = np.random.default_rng(self.args.range_seed), pa.csv.read_csv(root / dates[0] / "part-00000.csv")
-            deleted, updated = int(rows * 0.05), int(rows * 0.10)
-            for index, day in enumerate(dates[1:], start=1):
-                kept = table.take(rng.permutation(table.num_rows)[deleted:])
-                columns = {}
-                for name in kept.column_names:
-                    values = kept[name].to_numpy(zero_copy_only=False)
-                    if name.startswith("key_"):
-                        new = np.array([f"{day}-{index}-{i}-{name}" for i in range(deleted)], dtype=object)
-                    else:
-                        values = values.copy()
-                        values[:updated] = np.round(values[:updated] + 1.0, 6)
-                        new = np.round(rng.uniform(0, 1000, deleted), 6)
-                    columns[name] = np.concatenate([values, new])
-                table = pa.table(columns)
-                write_part(table, root / day)
+            dates, root = business_dates(self.args.range_days), self.workdir / "range_data"
+            dated_extracts(duckdb.connect(), root, self.args.range_rows, dates, self.args.range_rows // 20, 10, self.args.range_seed)
             write_config(self.workdir / "configs" / RANGE, RANGE, root, start=dates[0])
             self._range = dates
         return self._range
 
-    def check_day2(self, label: str, table_root: Path, current: Path | None = None, parquet: bool = False) -> dict:
-        if parquet:  # the yardstick's outputs: plain Parquet folders, <out>/<asset>/business_date=<date>
-            folders = {name: table_root / name / f"business_date={DAY2}" for name in ("current_table", "history_partition")}
-        else:
-            folders = dated(table_root, ("current_table", "history_partition"))
-        if current is not None:  # an incremental table's day-2 state, read back through cdc-current
-            folders["current_table"] = current
-        return check_counts(label, folders, expected_day2(self.generated))
-
     # measurements -----------------------------------------------------------------------------------------
-    def yardstick(self, name: str, day: str, out: Path, env: dict, server: int | None = None) -> dict:
-        command = [sys.executable, self.args.yardstick, "--csv", self.data() / day, "--date", day, "--out", out]
-        command += ["--prev-date", DAY1] if day == DAY2 else []
-        figures = run_process(name, command, env, self.bench.logs, cwd=self.workdir, server=server)
-        said = [line for line in Path(figures["log"]).read_text(errors="replace").splitlines() if line.startswith("session ")]
-        figures["yardstick_says"] = said[-1] if said else None
-        return figures
-
-    def yardstick_days(self, name: str, env: dict, result: dict, what: str, server: int | None = None) -> None:
-        out = (self.workdir / "runs" / name / "warehouse").resolve()  # absolute: a Connect server resolves it
-        shutil.rmtree(out.parent, ignore_errors=True)
-        for day, key in ((DAY1, "day1"), (DAY2, "day2")):
-            result[key] = self.yardstick(f"{name}_{key}", day, out, env, server)
-            log(f"{what} {key[:3]} {key[3]}: {self.describe(result[key])}")
-        result["seconds"] = result["day2"]["seconds"]
-        result["day2_counts"] = self.check_day2(what, out, parquet=True)
+    def yardstick_days(self, name: str, what: str, env: dict, server: int | None = None) -> dict:
+        """The yardstick's day 1, then day 2; day 2's counts checked in its outputs (Parquet, ``<asset>/business_date=<date>``)."""
+        result = self.bench.yardstick_days(name, self.data(), env, what, (DAY1, DAY2), server)
+        stored = {asset: Path(result["out"]) / asset / f"business_date={DAY2}" for asset in ("current_table", "history_partition")}
+        return {**result, "day2_counts": check_counts(what, stored, expected_day2(self.generated))}
 
     def measure_a(self, result: dict) -> None:
-        self.data()
-        self.yardstick_days("a_yardstick", cold_env(), result, "(a) yardstick, cold")
+        result.update(self.yardstick_days("a_yardstick", "(a) yardstick, cold", cold_env()))
+
+    def pipeline_days(self, result: dict, name: str, what: str, env: dict, table: str, expected: dict, incremental: bool = False,
+                      server: int | None = None) -> None:
+        """Day 1, then day 2 of ``table`` through the CLI; the day-2 partitions' bytes; day 2's counts checked
+        (an incremental state's through cdc-current, as of day 2)."""
+        result.update(self.bench.cli_days(name, env, table, what, (DAY1, DAY2), server))
+        result["day2_bytes"] = partition_bytes(Path(env["CDC_WAREHOUSE"]), table, DAY2)
+        log(f"{what}: day-2 partitions (MiB): " + ", ".join(f"{k} {mib(v)}" for k, v in result["day2_bytes"].items()))
+        folders = dated(Path(env["CDC_WAREHOUSE"]) / table, ("current_table", "history_partition"))
+        if incremental:
+            folders["current_table"] = cdc_current(env, table, DAY2)
+        result["day2_counts"] = check_counts(what, folders, expected)
 
     def measure_b(self, result: dict, incremental: bool = False) -> None:
         self.data()
         name, what = ("b_incremental", "(b, incremental) pipeline, cold CLI") if incremental else ("b_cold", "(b) pipeline, cold CLI")
         env = run_env(self.workdir / "runs" / name, self.workdir / "configs" / (f"{TABLE}_incremental" if incremental else TABLE))
-        self.days(name, env, TABLE, result, what)
-        stored = Path(env["CDC_WAREHOUSE"]) / TABLE
-        result["day2_bytes"] = partition_bytes(stored.parent, TABLE, DAY2)
-        log(f"{what}: day-2 partitions (MiB): " + ", ".join(f"{k} {mib(v)}" for k, v in result["day2_bytes"].items()))
-        result["day2_counts"] = self.check_day2(what, stored, cdc_current(env, TABLE, DAY2) if incremental else None)
+        self.pipeline_days(result, name, what, env, TABLE, expected_day2(self.generated), incremental)
 
     def measure_b_lake(self, result: dict) -> None:
         """(b) with everything in a lake: SeaweedFS's counters give each day's S3 requests, and a counting proxy
@@ -255,6 +201,17 @@ class Targets:
         handle = lake_server.start(self.workdir / "lake", s3_port=free_port(), catalog_port=free_port())
         proxy = CountingProxy(handle.catalog_port)
         variables = {**lake_server.lake_environment(handle), "CDC_CATALOG_URI": proxy.url}
+
+        def counted(run: str, env: dict, *partition: str) -> dict:
+            before, catalog_before = _s3_requests(handle.metrics()), proxy.snapshot()
+            figures = self.bench.cli(run, env, TABLE, *partition)
+            after = _s3_requests(handle.metrics())
+            figures["s3_requests"] = {kind: n - before.get(kind, 0) for kind, n in sorted(after.items()) if n != before.get(kind, 0)}
+            figures["catalog_requests"] = dict(sorted((proxy.snapshot() - catalog_before).items()))
+            log(f"{run}: S3 requests {figures['s3_requests']}; catalog requests {sum(figures['catalog_requests'].values())} "
+                f"{figures['catalog_requests']}")
+            return figures
+
         # This process uploads the extracts and reads the counts back: with the lake's keys, as the runs do.
         with mock.patch.dict(os.environ, variables):
             try:
@@ -262,18 +219,8 @@ class Targets:
                 pafs.copy_files(str(data), landing, destination_filesystem=ObjectStore.from_environment().filesystem())
                 configs = write_config(self.workdir / "configs" / f"{TABLE}_lake", TABLE, f"s3://{landing}")
                 env = {**run_env(self.workdir / "runs" / "b_lake", configs), **variables}
-                for day, key in ((DAY1, "day1"), (DAY2, "day2")):
-                    before, catalog_before = _s3_requests(handle.metrics()), proxy.snapshot()
-                    result[key] = self.bench.cli(f"b_lake_{key}", env, TABLE, "--partition", day)
-                    after = _s3_requests(handle.metrics())
-                    result[key]["s3_requests"] = {kind: n - before.get(kind, 0) for kind, n in sorted(after.items()) if n != before.get(kind, 0)}
-                    result[key]["catalog_requests"] = dict(sorted((proxy.snapshot() - catalog_before).items()))
-                    log(
-                        f"(b-lake) pipeline on the lake {key[:3]} {key[3]}: {self.describe(result[key])}; S3 requests "
-                        f"{result[key]['s3_requests']}; catalog requests {sum(result[key]['catalog_requests'].values())} "
-                        f"{result[key]['catalog_requests']}"
-                    )
-                result.update(seconds=result["day2"]["seconds"], jvm_peak_rss_mib=result["day2"]["jvm_peak_rss_mib"])
+                result.update(self.bench.days("b_lake", "(b-lake) pipeline on the lake, cold CLI", (DAY1, DAY2),
+                                              lambda run, day: counted(run, env, "--partition", day)))
                 stored = {name: (variables["CDC_WAREHOUSE"], TABLE, name, DAY2) for name in ("current_table", "history_partition")}
                 result["day2_counts"] = check_counts("(b-lake) pipeline", stored, expected_day2(self.generated))
             finally:
@@ -286,14 +233,13 @@ class Targets:
         try:
             result["server_start_seconds"] = server.start()
             env = run_env(self.workdir / "runs" / "c_warm", self.workdir / "configs" / TABLE, remote=server.handle.url)
-            self.days("c_warm", env, TABLE, result, "(c) pipeline on the Connect server (cold for day 1, warm for day 2)", server.jvm)
+            what = "(c) pipeline on the Connect server (cold for day 1, warm for day 2)"
+            self.pipeline_days(result, "c_warm", what, env, TABLE, expected_day2(self.generated), server=server.jvm)
             result["server_jvm_peak_rss_mib"] = mib(server.peak_rss())
             log(f"(c) server JVM peak RSS (VmHWM) {gb(result['server_jvm_peak_rss_mib'])} GiB")
-            result["day2_counts"] = self.check_day2("(c) pipeline", Path(env["CDC_WAREHOUSE"]) / TABLE)
             if self.bench.results["yardstick"]["present"]:  # reference: the yardstick on the same warm server
-                y = result["yardstick_warm"] = {}
                 env = {**cold_env(), "SPARK_REMOTE": server.handle.url}
-                self.yardstick_days("c_yardstick_warm", env, y, "(c') yardstick on the same server", server.jvm)
+                result["yardstick_warm"] = self.yardstick_days("c_yardstick_warm", "(c') yardstick on the same server", env, server.jvm)
         finally:
             server.stop()
 
@@ -301,15 +247,9 @@ class Targets:
         data = self.changeset_data()
         name = "changeset_incremental" if incremental else "changeset"
         env = run_env(self.workdir / "runs" / name, self.workdir / "configs" / (f"{CHANGESET}_incremental" if incremental else CHANGESET))
-        self.days(name, env, CHANGESET, result, f"{name} ({data['day1_records']:,} inserts, then {data['day2_records']:,} changes), cold CLI")
+        what = f"{name} ({data['day1_records']:,} inserts, then {data['day2_records']:,} changes), cold CLI"
+        self.pipeline_days(result, name, what, env, CHANGESET, data["expected"], incremental)
         result.update(day2_records=data["day2_records"], current_rows=data["day1_records"])
-        stored = Path(env["CDC_WAREHOUSE"]) / CHANGESET
-        result["day2_bytes"] = partition_bytes(stored.parent, CHANGESET, DAY2)
-        log(f"{name}: day-2 partitions (MiB): " + ", ".join(f"{k} {mib(v)}" for k, v in result["day2_bytes"].items()))
-        folders = dated(stored, ("current_table", "history_partition"))
-        if incremental:
-            folders["current_table"] = cdc_current(env, CHANGESET, DAY2)
-        result["day2_counts"] = check_counts(name, folders, data["expected"])
 
     def measure_range(self, result: dict, warm: bool) -> None:
         dates, what = self.range_data(), "range-warm" if warm else "range-cold"
@@ -324,7 +264,7 @@ class Targets:
             singles = result["single_runs"] = []
             for index, day in enumerate(dates, start=1):
                 singles.append(self.bench.cli(f"{what}_single_{day}", single_env, RANGE, "--partition", day, server=pid))
-                log(f"{what}: one-date run {index}/{len(dates)} ({day}): {self.describe(singles[-1])}")
+                log(f"{what}: one-date run {index}/{len(dates)} ({day}): {describe(singles[-1])}")
             range_env = run_env(self.workdir / "runs" / f"{what}_one_run", configs, remote)
             result["one_run"] = one = self.bench.cli(f"{what}_one_run", range_env, RANGE, "--partition-range", f"{dates[0]}...{dates[-1]}", server=pid)
             later = singles[1:]  # date 1 has no previous state to join
@@ -334,7 +274,7 @@ class Targets:
                           ratio=round(one["seconds"] / single, 2))
             if server:
                 result["server_jvm_peak_rss_mib"] = mib(server.peak_rss())
-            log(f"{what}: one run of {len(dates)} dates: {self.describe(one)}; single date {single:.1f}s; ratio {result['ratio']:.2f}")
+            log(f"{what}: one run of {len(dates)} dates: {describe(one)}; single date {single:.1f}s; ratio {result['ratio']:.2f}")
             result["outputs_identical"] = range_counts(single_env) == range_counts(range_env)
             if not result["outputs_identical"]:
                 raise OutputsWrong(f"{what}: the one-run range wrote other counts than the one-date runs")

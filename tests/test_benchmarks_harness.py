@@ -110,20 +110,21 @@ def test_the_erase_scenario_data_puts_every_erased_key_on_every_date(tmp_path):
     import duckdb
 
     from benchmarks import erase
+    from benchmarks.data import KEYS, business_dates
 
     args = argparse.Namespace(rows=1000, dates=4, keys=20, seed=7)
-    data = erase.make_data(tmp_path, args, erase.business_dates(args.dates))
+    data = erase.make_data(tmp_path, args, business_dates(args.dates))
 
-    per_date = [duckdb.sql(f"select * from read_csv('{tmp_path / day}/*.csv', all_varchar=true)") for day in erase.business_dates(4)]
+    per_date = [duckdb.sql(f"select * from read_csv('{tmp_path / day}/*.csv', all_varchar=true)") for day in business_dates(4)]
     assert [len(rows) for rows in (d.fetchall() for d in per_date)] == [1000] * 4
     keys = duckdb.sql(f"select * from read_csv('{data['keys_file']}', all_varchar=true)")
-    assert keys.columns == erase.KEYS and len(keys.fetchall()) == 20
-    for day in erase.business_dates(4):
+    assert keys.columns == KEYS and len(keys.fetchall()) == 20
+    for day in business_dates(4):
         found = duckdb.sql(f"select count(*) from read_csv('{tmp_path / day}/*.csv', all_varchar=true) "
-                           f"join read_csv('{data['keys_file']}', all_varchar=true) using ({', '.join(erase.KEYS)})").fetchall()[0][0]
+                           f"join read_csv('{data['keys_file']}', all_varchar=true) using ({', '.join(KEYS)})").fetchall()[0][0]
         assert found == 20, day
     first, last = (set(duckdb.sql(f"select key_1 from read_csv('{tmp_path / day}/*.csv', all_varchar=true)").fetchall())
-                   for day in erase.business_dates(4)[::3])
+                   for day in business_dates(4)[::3])
     assert len(first - last) == 3 * data["churn_per_date"] == 15  # 0.5% deleted (and as many inserted) a date
 
 
@@ -163,9 +164,9 @@ def test_sql_executions_are_timed_and_named_by_the_asset_their_plan_reads_or_wri
 
 
 def test_a_timed_run_gives_each_line_the_time_it_appeared_and_returns_a_failed_exit(tmp_path):
-    from benchmarks import erase
-
-    figures, lines = erase.run_timed("timed", ["sh", "-c", "echo first; sleep 1; echo second; exit 1"], dict(os.environ), tmp_path)
+    figures = harness.run_process("timed", ["sh", "-c", "echo first; sleep 1; echo second; exit 1"], dict(os.environ), tmp_path,
+                                  check=False, timed=True)
+    lines = figures.pop("lines")
 
     said = {text: at for at, text in lines}
     assert figures["returncode"] == 1

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
+from cdc_assets.model import settings
 from cdc_assets.usecases.catalog_ddl import catalog_database, catalog_dir
 from cdc_assets.usecases.catalog_describe import describe
 from cdc_assets.usecases.readers import table_config
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_spark_sql(storage, args.args)
         location = catalog_dir(storage)
         if args.action == "start":
-            port = args.port or int(os.environ.get(SQL_PORT_ENV) or DEFAULT_SQL_PORT)
+            port = args.port or int(settings.SQL_PORT.value())
             began = time.monotonic()
             pid, port = start_sql_server(storage, port)
             print(f"SQL server ready in {time.monotonic() - began:.1f} s: pid {pid}, log {location / SERVER_FOLDER / LOG_FILE}", file=sys.stderr)

@@ -30,7 +30,7 @@ from cdc_assets.model.config import TableConfig
 from cdc_assets.core.capture.reconcile import (
     Reconciliation,
 )
-from cdc_assets.defs.asset_keys import asset_key
+from cdc_assets.defs.asset_keys import asset_key, asset_keys
 from cdc_assets.usecases import reconcile
 from cdc_assets.model.names import (
     CLASSIFICATION,
@@ -107,11 +107,12 @@ def _specs(config: TableConfig, partitions_def: DailyPartitionsDefinition, check
     ]
 
 
-def evaluation(config: TableConfig, day: str, outcome: Reconciliation) -> AssetCheckEvaluation:
-    """A check's result for one date, as the UI shows it: the equation and both of its sides."""
+def evaluation(keys: dict[str, AssetKey], day: str, outcome: Reconciliation) -> AssetCheckEvaluation:
+    """A check's result for one date, as the UI shows it: the equation and both of its sides; ``keys``: the
+    table's asset keys by asset name."""
     warning = (outcome.asset, outcome.name) in WARNING_CHECKS
     return AssetCheckEvaluation(
-        asset_key=asset_key(config, outcome.asset),
+        asset_key=keys[outcome.asset],
         check_name=outcome.name,
         passed=outcome.passed,
         partition=day,
@@ -138,6 +139,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
     """The table's two check steps: the intake checks after ``hashed_incoming``, the CDC checks after the
     CDC step. A change set reconciles its records (several per key, late ones, tombstones) by its own rules."""
     table, change_set = config.name, config.changes is not None
+    keys = asset_keys(config)
 
     @multi_asset_check(
         name=f"{table}__intake_checks",
@@ -147,7 +149,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
     )
     def intake_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
         for day, outcome in intake_outcomes(context.instance, parquet_io_manager, config, list(context.partition_keys)):
-            yield evaluation(config, day, outcome)
+            yield evaluation(keys, day, outcome)
 
     @multi_asset_check(
         name=f"{table}__cdc_checks",
@@ -158,7 +160,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
     def cdc_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
         for day, outcomes in cdc_outcomes(context.instance, parquet_io_manager, config, list(context.partition_keys)):
             for outcome in outcomes:
-                yield evaluation(config, day, outcome)
+                yield evaluation(keys, day, outcome)
             context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
 
     return [intake_checks, cdc_checks]
@@ -168,16 +170,18 @@ def cdc_outcomes(
     instance: DagsterInstance, io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]
 ) -> Iterator[tuple[str, list[Reconciliation]]]:
     """(date, outcomes) of the CDC checks (:func:`cdc_assets.usecases.reconcile.cdc_outcomes`)."""
-    return reconcile.cdc_outcomes(io_manager.pyspark.spark_session, io_manager.storage, config, days, _recorded_by(instance, config))
+    recorded = _recorded_by(instance, asset_keys(config))
+    return reconcile.cdc_outcomes(io_manager.pyspark.spark_session, io_manager.storage, config, days, recorded)
 
 
 def intake_outcomes(
     instance: DagsterInstance, io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]
 ) -> Iterator[tuple[str, Reconciliation]]:
     """(date, outcome) of the intake checks (:func:`cdc_assets.usecases.reconcile.intake_outcomes`)."""
-    return reconcile.intake_outcomes(io_manager.pyspark.spark_session, io_manager.storage, config, days, _recorded_by(instance, config))
+    recorded = _recorded_by(instance, asset_keys(config))
+    return reconcile.intake_outcomes(io_manager.pyspark.spark_session, io_manager.storage, config, days, recorded)
 
 
-def _recorded_by(instance: DagsterInstance, config: TableConfig) -> reconcile.Recorded:
+def _recorded_by(instance: DagsterInstance, keys: dict[str, AssetKey]) -> reconcile.Recorded:
     """What the table's assets' latest materializations recorded, as the use case asks for it."""
-    return lambda asset, day, names: _recorded(instance, asset_key(config, asset), day, names)
+    return lambda asset, day, names: _recorded(instance, keys[asset], day, names)

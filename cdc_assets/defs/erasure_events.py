@@ -30,7 +30,7 @@ from cdc_assets.defs.checks import cdc_outcomes, evaluation, intake_outcomes
 from cdc_assets.model.config import TableConfig
 from cdc_assets.core.capture.changes import DELETE, INSERT, UNCHANGED, UPDATE
 from cdc_assets.usecases.erasure import ErasureResult, erase_keys
-from cdc_assets.defs.asset_keys import asset_key
+from cdc_assets.defs.asset_keys import asset_key, asset_keys
 from cdc_assets.model.names import (
     CDC_OUTPUTS, CHANGESET_OUTPUTS, CLASSIFICATION, CURRENT, HASHED_INCOMING, HISTORY, LATE_CHANGES, REJECTS, pool_name,
 )
@@ -87,9 +87,10 @@ def erasure_check_evaluations(instance: DagsterInstance, io_manager: Partitioned
     days = [day for day in days if all(_latest_metadata(instance, key, day) is not None for key in recorded)]
     if not days:
         return []
-    evaluations = [evaluation(config, day, outcome) for day, outcome in intake_outcomes(instance, io_manager, config, days)]
+    keys = asset_keys(config)
+    evaluations = [evaluation(keys, day, outcome) for day, outcome in intake_outcomes(instance, io_manager, config, days)]
     for day, outcomes in cdc_outcomes(instance, io_manager, config, days):
-        evaluations += [evaluation(config, day, outcome) for outcome in outcomes]
+        evaluations += [evaluation(keys, day, outcome) for outcome in outcomes]
     return evaluations
 
 

@@ -64,7 +64,7 @@ from cdc_assets.model.names import (
 from cdc_assets.defs.runs_log import RunsLogEntry, cdc_left_out, run_started_at, runs_logged
 from cdc_assets.usecases.capture import CaptureRun, capture_changes
 from cdc_assets.usecases.intake import Intake, read_intake
-from cdc_assets.usecases.step_log import span, timed
+from cdc_assets.usecases.step_log import StageClock
 from resources.storage import WarehouseStorage
 from cdc_assets.defs.erasure_events import build_erase_job
 from resources.parquet_io_manager import (
@@ -149,27 +149,27 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
             # What only Dagster knows, gathered first: the dates the run's backfill targets and its run config.
             backfill_dates = None if left_out else _backfill_dates(context, config)
             rebaseline = _rebaseline_declared(context, config)
+            clock = StageClock(context.log, config.name, days)
             with server_loss_explained(pyspark):
                 intake = read_intake(
                     pyspark.spark_session, parquet_io_manager.storage, config, days, context.log,
                     refuse_later_dates=not left_out, backfill_dates=backfill_dates, rebaseline=rebaseline,
                 )
-                yield from _intake_outputs(context, config, intake, {HASHED_INCOMING: hashed_key, REJECTS: rejects_key})
+                yield from _intake_outputs(context, intake, clock, {HASHED_INCOMING: hashed_key, REJECTS: rejects_key})
 
     return read_incoming
 
 
-def _intake_outputs(context: AssetExecutionContext, config: TableConfig, intake: Intake, keys: dict[str, AssetKey]) -> Iterator[Output]:
+def _intake_outputs(context: AssetExecutionContext, intake: Intake, clock: StageClock, keys: dict[str, AssetKey]) -> Iterator[Output]:
     """The intake's figures on each date's materializations, then both outputs."""
-    days = intake.days
     try:
-        for day in days:
-            counts = {**intake.counts(day), "source_path": MetadataValue.path(config.source.path_for(day))}
+        for day in intake.days:
+            counts = {**intake.counts(day), "source_path": MetadataValue.path(intake.source_path(day))}
             for key in keys.values():
                 context.add_asset_metadata(counts, asset_key=key, partition_key=day)
         context.log.info(intake.summary())
         for name, rows in intake.outputs().items():
-            with timed(context.log, config.name, f"write {name}", span(days)):
+            with clock.timed(f"write {name}"):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
         intake.release()
@@ -254,7 +254,7 @@ def _apply_changes(
     """The CDC step: :func:`capture_changes` for the range (cdc_assets/usecases/capture.py), its figures
     on each date's materializations, then every output."""
     days = list(context.partition_keys)  # oldest first
-    first_previous = day_before(days[0])
+    first_previous, clock = day_before(days[0]), StageClock(context.log, table.name, days)
 
     def as_of_day_before(stored: LazyPartitions | None):
         return stored[first_previous] if stored and first_previous in stored else None
@@ -287,7 +287,7 @@ def _apply_changes(
                 context.add_asset_metadata({"schema_change": MetadataValue.json(schema_change)}, asset_key=keys[name], partition_key=days[0])
             logged.schema_change = {days[0]: json.dumps(schema_change, sort_keys=True)}
         for name, rows in capture.outputs():
-            with timed(context.log, table.name, f"write {name}", span(days)):
+            with clock.timed(f"write {name}"):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
         capture.release()

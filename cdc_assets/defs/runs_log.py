@@ -14,7 +14,6 @@ values: only the summary a :class:`~cdc_assets.core.errors.SummarizedError` give
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -74,7 +73,7 @@ def code_version() -> str:
 @cache
 def git_commit() -> str | None:
     """``CDC_GIT_COMMIT`` if set (a deployment built from a commit), else the source tree's HEAD, else None."""
-    configured = os.environ.get(GIT_COMMIT_ENV, "").strip()
+    configured = settings.GIT_COMMIT.value()
     if configured:
         return configured
     try:

@@ -83,7 +83,7 @@ class ServerHandle:
 
 def configured_port() -> int:
     """The project server's port: ``SPARK_CONNECT_PORT``, else 15002."""
-    return int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
+    return int(settings.SPARK_CONNECT_PORT.value())
 
 
 def shared_runs() -> int:

@@ -5,7 +5,6 @@ of the variable, below the resources and the processes that use them (no Spark, 
 from __future__ import annotations
 
 import json
-import os
 
 from cdc_assets.model import settings
 from cdc_assets.engines.process import HOST
@@ -64,7 +63,7 @@ def spark_conf_from_env() -> dict[str, str]:
     The one reading of the variable, for what runs outside a Dagster run (scripts, tests, the servers);
     a run gets it from the Spark resource's ``spark_conf_json`` field.
     """
-    return parse_spark_conf(os.environ.get(SPARK_CONF_ENV, ""), SPARK_CONF_ENV)
+    return parse_spark_conf(settings.SPARK_CONF.value(), SPARK_CONF_ENV)
 
 
 def parse_spark_conf(raw: str, source: str) -> dict[str, str]:

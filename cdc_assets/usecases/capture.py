@@ -41,7 +41,7 @@ from cdc_assets.model.names import (
     pool_name,
 )
 from cdc_assets.usecases.schema_changes import SchemaEvolution, configured_spec, evolution_since
-from cdc_assets.usecases.step_log import StepLog, span, timed
+from cdc_assets.usecases.step_log import StageClock, StepLog, span
 from resources.session.spark_session import SCHEDULER_POOL
 from resources.storage import WarehouseStorage
 from resources.storage.state import (
@@ -276,7 +276,7 @@ def capture_changes(
     state as of the day before the first (None on a table's first date), once :func:`decide_rerun` lets
     the run write them. :meth:`Capture.guard` (which
     :meth:`Capture.outputs` calls first) refuses a mass delete the run does not allow."""
-    first_previous = day_before(days[0])
+    first_previous, clock, rules = day_before(days[0]), StageClock(log, table.name, days), change_set_rules(table)
     # A run that later stored dates were computed from: refused, or (inside a backfill that recomputes
     # them) each output drops them in the same commit as it writes the run's dates.
     decision = decide_rerun(storage, table, days, run.backfill_dates)
@@ -287,12 +287,12 @@ def capture_changes(
         )
     spark.conf.set(SCHEDULER_POOL, pool_name(table))
     incremental = table.storage.incremental
+    # An incremental state's rows are counted from what is stored, not by reading the state.
+    previous_rows = state_rows(storage, table.name, CURRENT, first_previous) if incremental and previous_state is not None else 0
     evolution = evolution_since(storage, table, first_previous, rebaseline=run.rebaseline) if previous_state is not None else None
     if previous_state is not None and evolution is not None and evolution.applies:
         previous_state = _in_new_schema(log, table, previous_state, incoming, evolution, days[0])
-    # An incremental state's rows are counted from what is stored, not by reading the state.
-    previous_rows = state_rows(storage, table.name, CURRENT, first_previous) if incremental and previous_state is not None else 0
-    with timed(log, table.name, "classification", span(days)):
+    with clock.timed("classification"):
         plan = plan_changes(
             incoming,
             previous_state,
@@ -301,7 +301,7 @@ def capture_changes(
             [column.name for column in table.columns],
             max_write_tasks=int(cast(str, spark.conf.get("spark.sql.shuffle.partitions"))),
             previous_sequences=previous_sequences,
-            change_set_rules=change_set_rules(table),
+            change_set_rules=rules,
             audit=cdc.RunAudit(run.run_id, run.started_at),
             non_key_columns=[column.name for column in table.non_keys],
             touched_keys_only=incremental,

@@ -78,7 +78,7 @@ _VANISHED_FILE = re.compile(r"FileNotFoundException|FAILED_READ_FILE|PATH_NOT_FO
 
 def catalog_database() -> str:
     """``CDC_CATALOG_DATABASE`` or ``cdc``: the database every table is registered in."""
-    name = os.environ.get(DATABASE_ENV, "").strip() or DEFAULT_DATABASE
+    name = settings.CATALOG_DATABASE.value()
     if not _IDENTIFIER.match(name):
         raise ValueError(f"{DATABASE_ENV}={name!r} is not a database name (letters, digits and _)")
     return name
@@ -86,7 +86,7 @@ def catalog_database() -> str:
 
 def catalog_dir(storage: WarehouseStorage) -> Path:
     """``CDC_CATALOG_DIR``, else ``<warehouse>/_catalog``: the metastore, its lock and the server's state."""
-    configured = os.environ.get(CATALOG_DIR_ENV, "").strip()
+    configured = settings.CATALOG_DIR.value()
     if not configured and storage.layout.files.remote:
         raise ValueError(
             f"the warehouse {storage.root} is in a bucket, and Derby keeps its metastore on a local disk: set "

@@ -19,7 +19,7 @@ from cdc_assets.model.names import HASHED_INCOMING, REJECTS, day_before, pool_na
 from cdc_assets.usecases.capture import decide_rerun
 from cdc_assets.usecases.erasure import erased_keys
 from cdc_assets.usecases.schema_changes import evolution_since
-from cdc_assets.usecases.step_log import StepLog, span, timed
+from cdc_assets.usecases.step_log import StageClock, StepLog
 from resources.session.spark_session import SCHEDULER_POOL, for_each_date
 from resources.storage import WarehouseStorage
 from resources.storage.writes import DatedRows
@@ -49,6 +49,10 @@ class Intake:
             counts["erased_keys_in_extract"] = figures.erased_records
             counts["erased_records_set_aside"] = figures.set_aside
         return counts
+
+    def source_path(self, day: str) -> str:
+        """Where the date's extract was read from."""
+        return self.table.source.path_for(day)
 
     def summary(self) -> str:
         """One line per date, logged as one message (each message is an event the instance stores)."""
@@ -90,23 +94,24 @@ def read_intake(
     computed from, outside a backfill of ``backfill_dates`` that recomputes them; a change of columns
     that cannot be applied, unless a declared ``rebaseline``) and on an extract the table's policies
     refuse (a bad record, a duplicate key)."""
+    clock = StageClock(log, table.name, days)
     if refuse_later_dates:  # False when the run leaves the CDC step out
         decide_rerun(storage, table, days, backfill_dates)
     evolution_since(storage, table, day_before(days[0]), rebaseline=rebaseline)
     # The warehouse's session: it reaches the object store an extract may be in (s3://) as the tables do.
     spark = storage.tables.session_for(spark)
     spark.conf.set(SCHEDULER_POOL, pool_name(table))  # this table's fair share of a shared server
-    # Each date's extract is located and its header checked on its own, side by side (the header
-    # is read by Spark, a small job each); then every date is validated and hashed in
-    # one query, and written in one write per output. Per-date jobs, not rows, are what a range
-    # of small days would otherwise pay for.
-    with timed(log, table.name, "reading the extracts' headers", span(days)):
-        sources = dict(zip(days, for_each_date(lambda day: read_source(spark, table, day), days)))
     # Keys erased from the table (cdc-erase) never come back from an extract, a re-read one included,
     # unless the table says `erased_keys: keep`.
     # The lock first: an erase running now (it holds the lock) finishes, and its keys are in the ledger read.
     storage.hold_writer_lock(table.name)
     erased = erased_keys(spark, storage, table.name)
-    with timed(log, table.name, "validation and hashing", span(days)):
+    # Each date's extract is located and its header checked on its own, side by side (the header
+    # is read by Spark, a small job each); then every date is validated and hashed in
+    # one query, and written in one write per output. Per-date jobs, not rows, are what a range
+    # of small days would otherwise pay for.
+    with clock.timed("reading the extracts' headers"):
+        sources = dict(zip(days, for_each_date(lambda day: read_source(spark, table, day), days)))
+    with clock.timed("validation and hashing"):
         prepared = prepare_incoming_dates(table, sources, erased)
     return Intake(table, list(days), prepared, erased is not None)

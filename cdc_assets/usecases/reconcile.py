@@ -172,11 +172,10 @@ def _updates_outcome(spark: SparkSession, storage: WarehouseStorage, config: Tab
     """Updates without a change: none on any date; on a date whose stored columns differ from the day
     before's, also none equal to the previous version in every shared tracked column (a scan of the
     previous state, on such dates only)."""
-    table = config.name
+    table, configured = config.name, configured_spec(config)
     before, now = stored_fields(storage, table, CURRENT, day_before(day)), stored_fields(storage, table, CURRENT, day)
     if before is None or now is None:
         return reconcile_updates(unnamed)
-    configured = configured_spec(config)
     stored, written = stored_spec(before, configured), stored_spec(now, configured)
     if stored == written:
         return reconcile_updates(unnamed)

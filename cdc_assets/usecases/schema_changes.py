@@ -44,10 +44,10 @@ def evolution_since(storage: WarehouseStorage, config: TableConfig, as_of: str, 
     Raises :class:`cdc_assets.core.capture.schema.SchemaChangeError` for a change that cannot be applied,
     unless ``rebaseline`` (the run's declared re-baseline) accepts any change.
     """
+    configured = configured_spec(config)
     fields = stored_fields(storage, config.name, CURRENT, as_of)
     if fields is None:
         return None
-    configured = configured_spec(config)
     stored = stored_spec(fields, configured)
     renamed_from = {column.name: column.renamed_from for column in config.columns if column.renamed_from}
     if rebaseline:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -17,12 +18,20 @@ class StepLog(Protocol):
     def warning(self, msg: str) -> None: ...
 
 
-@contextmanager
-def timed(log: StepLog, table: str, stage: str, dates: str) -> Iterator[None]:
-    """Log ``{table} {dates}: {stage} finished in N s`` when the block ends."""
-    started = time.monotonic()
-    yield
-    log.info(f"{table} {dates}: {stage} finished in {time.monotonic() - started:.2f}s")
+@dataclass(frozen=True)
+class StageClock:
+    """Times a step's stages in its log: ``{table} {dates}: {stage} finished in N s``. Made once at the start
+    of a step, so that the stages below name neither the table nor the dates."""
+
+    log: StepLog
+    table: str
+    days: list[str]
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        self.log.info(f"{self.table} {span(self.days)}: {stage} finished in {time.monotonic() - started:.2f}s")
 
 
 def span(days: list[str]) -> str:

@@ -62,7 +62,7 @@ class SparkServerGoneError(RuntimeError):
 
 
 def spark_mode() -> str:
-    mode = os.environ.get(MODE_ENV, "").strip().lower() or "auto"
+    mode = settings.SPARK_MODE.value().lower()
     if mode not in MODES:
         raise ValueError(f"{MODE_ENV}={mode!r}: expected one of {', '.join(MODES)}")
     return mode
@@ -71,12 +71,12 @@ def spark_mode() -> str:
 def spark_master_from_env() -> str:
     """``CDC_SPARK_MASTER``, the master of a session of the run's own (empty when unset): the one reading of
     the variable, for what runs outside a Dagster run; a run gets it from the Spark resource's field."""
-    return os.environ.get(MASTER_ENV, "").strip()
+    return settings.SPARK_MASTER.value()
 
 
 def server_state_dir() -> Path:
     """Where the project's server records its pid, port and log."""
-    return Path(os.environ.get(SERVER_DIR_ENV, "").strip() or ".spark-server").resolve()
+    return Path(settings.SPARK_SERVER_DIR.value()).resolve()
 
 
 def connect_timeout() -> float:
@@ -117,7 +117,7 @@ def resolve_spark_target(start_server: bool | None = None, master: str | None = 
     if start_server if start_server is not None else mode == "server":
         port = connect_server.configured_port()
         try:
-            handle = connect_server.start_server(port=port, state_dir=state, owner=os.environ.get(OWNER_ENV) or None)
+            handle = connect_server.start_server(port=port, state_dir=state, owner=settings.SPARK_SERVER_OWNER.value() or None)
         except (RuntimeError, TimeoutError, OSError) as error:
             return SparkTarget(mode, None, f"a Spark session of the run's own (cold): the project's Connect server on port {port} did not start: {error}")
         return SparkTarget(

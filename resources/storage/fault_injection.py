@@ -33,6 +33,6 @@ def pause_point(point: str, table: str, asset: str) -> None:
         with open(marker, "w") as handle:
             handle.write(str(os.getpid()))
     release = os.environ.get(RELEASE_ENV)
-    deadline = time.monotonic() + float(os.environ.get(SECONDS_ENV, "600"))
+    deadline = time.monotonic() + float(settings.PAUSE_SECONDS.value())
     while time.monotonic() < deadline and not (release and os.path.exists(release)):
         time.sleep(0.2)

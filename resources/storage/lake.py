@@ -176,9 +176,9 @@ class LakeCatalog:
         """The one reading of the catalog's variables, for code outside a Dagster run."""
         return cls(
             root=root,
-            uri=os.environ.get(CATALOG_URI_ENV, "").strip(),
-            warehouse=os.environ.get(CATALOG_WAREHOUSE_ENV, "").strip(),
-            signing_name=os.environ.get(CATALOG_SIGNING_NAME_ENV, "").strip(),
+            uri=settings.CATALOG_URI.value(),
+            warehouse=settings.CATALOG_WAREHOUSE.value(),
+            signing_name=settings.CATALOG_SIGNING_NAME.value(),
             store=ObjectStore.from_environment(),
         )
 

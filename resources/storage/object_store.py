@@ -55,8 +55,8 @@ class ObjectStore:
     def from_environment(cls) -> "ObjectStore":
         """The one reading of ``CDC_S3_ENDPOINT`` and ``AWS_REGION``, for code outside a Dagster run."""
         return cls(
-            endpoint=os.environ.get(S3_ENDPOINT_ENV, "").strip(),
-            region=os.environ.get(REGION_ENV, "").strip() or DEFAULT_REGION,
+            endpoint=settings.S3_ENDPOINT.value(),
+            region=settings.REGION.value(),
         )
 
     def __post_init__(self) -> None:

@@ -420,26 +420,7 @@ def _resolve(
         is_held = F.lit(False)
     touched = F.col("_in_sequence").isNotNull()
 
-    # The values the key takes from the winner, its left-out columns filled in (two projections, so
-    # that each filled value is computed once).
-    values = {f"_val_{index}": F.col(f"_in_{index}") for index in range(len(payload_columns))}
-    needs_current = F.lit(False)
-    for name in fillable:
-        index = index_of[name]
-        earlier = F.col(f"_earlier_{index}")
-        previous = F.col(f"_held_{index}") if held is not None else F.lit(None)
-        left_out = F.coalesce(F.array_contains(F.col("_in_unavailable"), F.lit(name)), F.lit(False))
-        values[f"_val_{index}"] = F.when(
-            left_out, F.when(earlier.isNotNull(), earlier.getField("value")).otherwise(previous)
-        ).otherwise(F.col(f"_in_{index}"))
-        needs_current = needs_current | (left_out & earlier.isNull())
-    filled = (F.col("_in_unavailable").isNotNull() & ~F.col("_in_deletes")) if fillable else F.lit(False)
-    joined = joined.withColumns({**values, "_filled": filled, "_unfillable": touched & filled & needs_current & ~is_held})
-    in_hash = F.col("_in_hash")
-    if fillable:
-        rehashed = _non_key_hash(hashed_non_keys, lambda name: F.col(f"_val_{index_of[name]}"))
-        joined = joined.withColumn("_val_hash", F.when(F.col("_filled"), rehashed).otherwise(in_hash))
-        in_hash = F.col("_val_hash")
+    joined, in_hash = _with_left_out_filled(joined, payload_columns, fillable, hashed_non_keys, held is not None, is_held, touched)
     held_hash = F.col("_held_hash") if held is not None else F.lit(None).cast("string")
     unfillable = F.col("_unfillable")
 
@@ -468,17 +449,7 @@ def _resolve(
                     after=lambda name: F.col(f"_val_{index_of[name]}"),
                 )
             )
-    as_came = []
-    if fillable:  # an _UPSERT_UNFILLABLE record as it came in, for late_changes
-        raw = {
-            **{name: F.col(f"_in_{index}") for index, name in enumerate(payload_columns)},
-            KEY_HASH: F.col(KEY_HASH),
-            NON_KEY_HASH: F.col("_in_hash"),
-            CHANGE_FLAG: F.col("_in_flag"),
-            CHANGE_SEQUENCE: F.col("_in_sequence"),
-            UNAVAILABLE_COLUMNS: F.col("_in_unavailable"),
-        }
-        as_came = [F.when(unfillable, value).alias(_as_came(name)) for name, value in raw.items()]
+    as_came = _as_came_columns(payload_columns, unfillable) if fillable else []
 
     def held_or(index: int) -> SparkColumn:
         return F.col(f"_held_{index}") if held is not None else F.lit(None)
@@ -498,6 +469,46 @@ def _resolve(
         (F.col("_filled") & ~unfillable & touched).alias(_FILLED),
         *as_came,
     )
+
+
+def _with_left_out_filled(
+    joined: DataFrame, payload_columns, fillable: Sequence[str], hashed_non_keys, has_held: bool, is_held: SparkColumn, touched: SparkColumn
+) -> tuple[DataFrame, SparkColumn]:
+    """The joined rows with the values each key takes from its winner (``_val_<i>``), a left-out column filled
+    from the key's latest earlier record of the day, else from current; ``_filled``, ``_unfillable`` (a left-out
+    column with neither); and the winner's non-key hash, computed again for a filled record."""
+    index_of = {name: index for index, name in enumerate(payload_columns)}
+    # Two projections, so that each filled value is computed once.
+    values = {f"_val_{index}": F.col(f"_in_{index}") for index in range(len(payload_columns))}
+    needs_current = F.lit(False)
+    for name in fillable:
+        index = index_of[name]
+        earlier = F.col(f"_earlier_{index}")
+        previous = F.col(f"_held_{index}") if has_held else F.lit(None)
+        left_out = F.coalesce(F.array_contains(F.col("_in_unavailable"), F.lit(name)), F.lit(False))
+        values[f"_val_{index}"] = F.when(
+            left_out, F.when(earlier.isNotNull(), earlier.getField("value")).otherwise(previous)
+        ).otherwise(F.col(f"_in_{index}"))
+        needs_current = needs_current | (left_out & earlier.isNull())
+    filled = (F.col("_in_unavailable").isNotNull() & ~F.col("_in_deletes")) if fillable else F.lit(False)
+    joined = joined.withColumns({**values, "_filled": filled, "_unfillable": touched & filled & needs_current & ~is_held})
+    if not fillable:
+        return joined, F.col("_in_hash")
+    rehashed = _non_key_hash(hashed_non_keys, lambda name: F.col(f"_val_{index_of[name]}"))
+    return joined.withColumn("_val_hash", F.when(F.col("_filled"), rehashed).otherwise(F.col("_in_hash"))), F.col("_val_hash")
+
+
+def _as_came_columns(payload_columns, unfillable: SparkColumn) -> list[SparkColumn]:
+    """An ``_UPSERT_UNFILLABLE`` record's columns as it came in (``_as_came_<name>``), for late_changes."""
+    raw = {
+        **{name: F.col(f"_in_{index}") for index, name in enumerate(payload_columns)},
+        KEY_HASH: F.col(KEY_HASH),
+        NON_KEY_HASH: F.col("_in_hash"),
+        CHANGE_FLAG: F.col("_in_flag"),
+        CHANGE_SEQUENCE: F.col("_in_sequence"),
+        UNAVAILABLE_COLUMNS: F.col("_in_unavailable"),
+    }
+    return [F.when(unfillable, value).alias(_as_came(name)) for name, value in raw.items()]
 
 
 def _next_state(

@@ -28,11 +28,6 @@ class RerunDecision:
     dropped: tuple[str, ...] = ()
 
 
-def span(days: list[str]) -> str:
-    """Dates as runs of consecutive days, ``2024-01-04..2024-01-05,2024-01-07`` (oldest first)."""
-    return date_runs(days)
-
-
 def rerun_decision(table: str, run_dates: list[str], stored_dates: list[str], backfill_dates: set[str] | None) -> RerunDecision:
     """Decide a run of ``run_dates`` of ``table`` whose ``current_table`` stores ``stored_dates``.
 
@@ -49,11 +44,11 @@ def rerun_decision(table: str, run_dates: list[str], stored_dates: list[str], ba
     newest = later[-1]
     run = first if first == last else f"{first}..{last}"
     outside = "" if backfill_dates is None else (
-        f" This run's backfill targets {span(sorted(backfill_dates)) or 'no date of it'}, which leaves out "
-        f"{span(sorted(set(later) - set(backfill_dates)))}."
+        f" This run's backfill targets {date_runs(backfill_dates) or 'no date of it'}, which leaves out "
+        f"{date_runs(set(later) - set(backfill_dates))}."
     )
     raise LaterDatesStoredError(
-        f"{table}: the run of {run} is refused, nothing was written: current_table stores {span(later)}, "
+        f"{table}: the run of {run} is refused, nothing was written: current_table stores {date_runs(later)}, "
         f"computed from the state as of {last} that this run would replace, so they would keep a state "
         f"computed from the old one.{outside} Launch {first}..{newest} instead, oldest first: one run of the "
         f"range (dagster asset materialize -m cdc_assets.defs.definitions --select 'group:{table}' "
