@@ -35,7 +35,6 @@ from cdc_assets.model.names import CURRENT
 from resources.storage import WarehouseStorage
 
 SUCCEEDED, FAILED = "succeeded", "failed"
-GIT_COMMIT_ENV = settings.GIT_COMMIT.name
 # The operations' counts, by their names in the materialization metadata.
 COUNT_COLUMNS = {"I": "inserts", "U": "updates", "D": "deletes", "X": "not_supplied", "N": "unchanged"}
 

@@ -62,7 +62,6 @@ from resources.storage.lake import CATALOG_NAME
 from resources.storage.merged import operation_as_of_sql
 
 DATABASE_ENV = settings.CATALOG_DATABASE.name
-DEFAULT_DATABASE = settings.CATALOG_DATABASE.default
 CATALOG_DIR_ENV = settings.CATALOG_DIR.name
 RUNS_LOG = "runs_log"
 RUNS_LOG_COMMENT = "one row per run, table and business date (docs/operations.md, Audit columns and the runs log)"

@@ -20,7 +20,6 @@ from cdc_assets.model import settings
 
 BEFORE_COMMIT = settings.PAUSE_BEFORE_COMMIT.name
 MARKER_ENV = settings.PAUSE_MARKER.name
-SECONDS_ENV = settings.PAUSE_SECONDS.name
 RELEASE_ENV = settings.PAUSE_RELEASE.name
 
 
