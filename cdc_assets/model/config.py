@@ -694,7 +694,7 @@ def load_table_config(path: str | Path) -> TableConfig:
 
 
 def table_configs_dir() -> Path:
-    configured = os.environ.get(TABLE_CONFIGS_ENV)
+    configured = settings.TABLE_CONFIGS.value()
     return Path(configured).resolve() if configured else DEFAULT_TABLE_CONFIGS
 
 

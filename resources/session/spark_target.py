@@ -20,7 +20,6 @@ the server died and how to get a new one, instead of hanging.
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,7 +38,6 @@ CONNECT_TIMEOUT_ENV = settings.SPARK_CONNECT_TIMEOUT.name
 MODES = ("auto", "server", "local")
 # The mode of a target named by SPARK_REMOTE, whatever CDC_SPARK says.
 REMOTE_MODE = "remote"
-DEFAULT_CONNECT_TIMEOUT = float(settings.SPARK_CONNECT_TIMEOUT.default)
 
 
 @dataclass(frozen=True)
@@ -80,9 +78,9 @@ def server_state_dir() -> Path:
 
 
 def connect_timeout() -> float:
-    raw = os.environ.get(CONNECT_TIMEOUT_ENV, "").strip()
+    raw = settings.SPARK_CONNECT_TIMEOUT.value()
     try:
-        value = float(raw) if raw else DEFAULT_CONNECT_TIMEOUT
+        value = float(raw)
     except ValueError:
         raise ValueError(f"{CONNECT_TIMEOUT_ENV}={raw!r}: expected seconds, e.g. 30") from None
     if value <= 0:

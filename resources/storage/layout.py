@@ -58,7 +58,7 @@ def warehouse_root(configured: str | None = None) -> str:
     The one place the environment variable is read, for code outside a Dagster run (the command-line
     tools, consumers, scripts); a run gets its warehouse from the IO manager's ``warehouse_root`` field.
     """
-    return warehouse_location(configured or os.environ.get(WAREHOUSE_ENV, ""))
+    return warehouse_location(configured or settings.WAREHOUSE.value())
 
 
 def warehouse_location(configured: str) -> str:
