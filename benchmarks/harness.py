@@ -248,18 +248,13 @@ def run_process(name: str, command: list, env: dict, logs: Path, cwd: Path = REP
     appeared (a Python command must not buffer it: PYTHONUNBUFFERED). With ``check``, a
     non-zero exit raises StepFailed. A run that ended is left alone: its JVM may still be closing its event log.
     Interrupted, the group is killed."""
-    child, lines, pending = Child(name, command, env, logs, cwd, server=server), [], ""
+    child, lines = Child(name, command, env, logs, cwd, server=server), []
     try:
-        with open(child.log_path, errors="replace") as output:
-            while True:
-                done, ended = not child.alive(), time.perf_counter()
-                pending += output.read()
-                now = round(ended - child.started, 2)
-                *complete, pending = pending.split("\n")
-                lines += [(now, line) for line in complete] + ([(now, pending)] if done and pending else [])
-                if done:
-                    break
-                time.sleep(0.1)
+        if timed:
+            ended, lines = _lines_as_they_come(child)
+        else:
+            child.proc.wait()
+            ended = time.perf_counter()
         seconds = ended - child.started
     finally:
         figures = child.stop(kill=child.alive())
@@ -267,6 +262,23 @@ def run_process(name: str, command: list, env: dict, logs: Path, cwd: Path = REP
         raise StepFailed(f"{name} exited with {child.proc.returncode} after {seconds:.1f}s; log {child.log_path}:\n{child.tail()}")
     return {"seconds": round(seconds, 2), **figures, "log": str(child.log_path), "returncode": child.proc.returncode,
             "started_epoch": round(time.time() - seconds, 2), **({"lines": lines} if timed else {})}
+
+
+def _lines_as_they_come(child: Child) -> tuple[float, list[tuple[float, str]]]:
+    """Follow the child's log until it exits: when it did, and each line with the seconds since its start at
+    which it appeared (within 0.1 s)."""
+    lines: list[tuple[float, str]] = []
+    pending = ""
+    with open(child.log_path, errors="replace") as output:
+        while True:
+            done, now = not child.alive(), time.perf_counter()
+            pending += output.read()
+            *complete, pending = pending.split("\n")
+            at = round(now - child.started, 2)
+            lines += [(at, line) for line in complete] + ([(at, pending)] if done and pending else [])
+            if done:
+                return now, lines
+            time.sleep(0.1)
 
 
 def cold_env() -> dict:
