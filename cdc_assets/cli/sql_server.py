@@ -51,6 +51,7 @@ from cdc_assets.model.config import TABLE_CONFIGS_ENV, TableConfigError, load_ta
 from cdc_assets.engines.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.engines.process import (
     HOST,
+    command_line,
     free_port,
     log_tail,
     port_is_free,
@@ -458,9 +459,41 @@ def stop_sql_server(storage: WarehouseStorage, timeout: float = 30) -> bool:
     state = location / SERVER_FOLDER
     if running is not None:
         stop_group(running[0], grace=timeout)
+        _wait_until_catalog_free(location, timeout)
     for name in (PID_FILE, PORT_FILE, CONNECT_PORT_FILE, STARTED_FILE):
         (state / name).unlink(missing_ok=True)
     return running is not None
+
+
+def _wait_until_catalog_free(location: Path, timeout: float) -> None:
+    """Stopped means the catalog can be opened again: wait until no process holds its lock. The server's
+    process group is gone by now, but a process it was starting may hold the lock's inherited descriptor a
+    moment longer. Raises ``RuntimeError`` naming the holders if the lock is still held after ``timeout``."""
+    path = location / LOCK_FILE
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the SQL server stopped, but {', '.join(_holders(path)) or 'a process'} still holds {path}") from None
+        finally:
+            os.close(fd)
+        time.sleep(0.1)
+
+
+def _holders(path: Path) -> list[str]:
+    """The processes with ``path`` open (their pids and command lines), as far as /proc shows them."""
+    found = []
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(link) == str(path) for link in fds.iterdir()):
+                found.append(f"pid {fds.parent.name} ({command_line(int(fds.parent.name))[:200]})")
+        except OSError:
+            continue
+    return found
 
 
 def sync(storage: WarehouseStorage, configs_dir: Path | None = None) -> int:
