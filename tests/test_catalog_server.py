@@ -253,3 +253,23 @@ def test_a_batch_the_server_refused_runs_again(capfd):
     captured = capfd.readouterr()
     assert captured.err.count("rejected the statement (Could not open client transport); trying again") == 1
     assert "Connection refused" in captured.err  # the last attempt's own error, passed on
+
+
+def test_a_stop_waits_for_the_catalog_lock_and_names_a_process_that_keeps_it(tmp_path):
+    """`cdc-catalog server stop` says stopped only once the catalog can be opened: while another process
+    holds the lock's descriptor it waits, then fails naming it; once that process is gone it returns."""
+    from cdc_assets.cli.sql_server import LOCK_FILE, _wait_until_catalog_free, hold_catalog
+
+    fd = hold_catalog(tmp_path, "a test's stand-in server")
+    holder = subprocess.Popen(["sleep", "60"], pass_fds=(fd,))  # keeps the lock's open description
+    os.close(fd)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=rf"pid {holder.pid} \(sleep 60\) still holds {re.escape(str(tmp_path / LOCK_FILE))}"):
+            _wait_until_catalog_free(tmp_path, timeout=1)
+        assert time.monotonic() - started >= 1
+    finally:
+        holder.kill()
+        holder.wait()
+    _wait_until_catalog_free(tmp_path, timeout=5)
+    os.close(hold_catalog(tmp_path, "a test"))  # free again

@@ -485,12 +485,13 @@ def _wait_until_catalog_free(location: Path, timeout: float) -> None:
 
 
 def _holders(path: Path) -> list[str]:
-    """The processes with ``path`` open (their pids and command lines), as far as /proc shows them."""
+    """The other processes with ``path`` open (their pids and command lines), as far as /proc shows them."""
     found = []
     for fds in Path("/proc").glob("[0-9]*/fd"):
         try:
-            if any(os.readlink(link) == str(path) for link in fds.iterdir()):
-                found.append(f"pid {fds.parent.name} ({command_line(int(fds.parent.name))[:200]})")
+            pid = int(fds.parent.name)
+            if pid != os.getpid() and any(os.readlink(link) == str(path) for link in fds.iterdir()):
+                found.append(f"pid {pid} ({command_line(pid).strip()[:200]})")
         except OSError:
             continue
     return found
