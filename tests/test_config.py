@@ -180,6 +180,9 @@ INVALID = {
     "reader option the encoding cannot encode": (variant(source__encoding="latin-1", source__options={"sep": "€"}), "source.options.sep"),
     "encoding of a parquet source": (variant(source__format="parquet", source__encoding="latin-1"), "source.encoding"),
     "column name not an identifier": (variant(non_keys=[{"name": "amount usd", "type": "double"}]), "non_keys.0.name"),
+    # re.match with "$" let a trailing newline through (issue 46): every name is matched whole.
+    "table name with a trailing newline": (variant(name="orders\n"), "name"),
+    "column name with a trailing newline": (variant(non_keys=[{"name": "amount\n", "type": "double"}]), "non_keys.0.name"),
     "max_delete_fraction above 1": (variant(max_delete_fraction=1.5), "max_delete_fraction"),
     "max_delete_fraction negative": (variant(max_delete_fraction=-0.1), "max_delete_fraction"),
     "bad_records maybe": (variant(bad_records="maybe"), "bad_records"),

@@ -27,10 +27,10 @@ DEFAULT_TABLE_CONFIGS = Path(__file__).resolve().parents[2] / "table_configs"
 
 # Spark SQL type names a column may be cast to. Anything else is a config error, not a runtime one.
 _SIMPLE_TYPES = {"string", "int", "bigint", "smallint", "tinyint", "double", "float", "date", "timestamp", "boolean"}
-_DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_DECIMAL = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # Column names end up in Parquet schemas and SQL; keep them to plain identifiers.
-_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Columns the pipeline adds itself; a configured column of the same name would be overwritten.
 RESERVED_COLUMNS = {
     "key_hash", "non_key_hash", "operation", "eff_start_date", "business_date", "change_flag", "change_sequence",
@@ -107,7 +107,7 @@ class Column(BaseModel):
     def _one_or_more_names(cls, value):
         names = (value,) if isinstance(value, str) else tuple(value or ())
         for name in names:
-            if not isinstance(name, str) or not _COLUMN.match(name):
+            if not isinstance(name, str) or not _COLUMN.fullmatch(name):
                 raise ValueError(f"renamed_from: {name!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
             problem = reserved_name_problem(name)
             if problem:  # a former name is a stored column's name
@@ -117,7 +117,7 @@ class Column(BaseModel):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        if not _COLUMN.match(value):
+        if not _COLUMN.fullmatch(value):
             raise ValueError(f"column name {value!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
         problem = reserved_name_problem(value)
         if problem:
@@ -128,7 +128,7 @@ class Column(BaseModel):
     @classmethod
     def _valid_type(cls, value: str) -> str:
         normalized = value.strip().lower()
-        match = _DECIMAL.match(normalized)
+        match = _DECIMAL.fullmatch(normalized)
         if match:
             precision, scale = int(match.group(1)), int(match.group(2))
             if not (1 <= precision <= 38 and 0 <= scale <= precision):
@@ -155,7 +155,7 @@ class TimestampUnit(str, Enum):
 
 
 # Envelope fields of a Debezium event a sequence may be made of, e.g. source.lsn or ts_ms.
-_ENVELOPE_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ENVELOPE_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 DEBEZIUM_OPERATIONS = {"c": "I", "r": "I", "u": "U", "d": "D", "t": "T"}
 # What Debezium's PostgreSQL connector sends for an unchanged TOASTed column (unavailable.value.placeholder).
 DEBEZIUM_UNAVAILABLE_VALUE = "__debezium_unavailable_value"
@@ -187,7 +187,7 @@ class Changes(BaseModel):
     @field_validator("operation_column")
     @classmethod
     def _plain_column(cls, value: str | None) -> str | None:
-        if value is not None and not _COLUMN.match(value):
+        if value is not None and not _COLUMN.fullmatch(value):
             raise ValueError(f"column name {value!r} must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
         problem = reserved_name_problem(value) if value is not None else None
         if problem:  # the flag is a source column, read beside the table's own
@@ -273,7 +273,7 @@ class ErasedKeys(str, Enum):
     keep = "keep"  # take them as any other record: the key comes back, as the source still holds it
 
 
-_CLOCK = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
+_CLOCK = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 
 
 class Freshness(BaseModel):
@@ -291,7 +291,7 @@ class Freshness(BaseModel):
     @field_validator("expected_by")
     @classmethod
     def _clock_time(cls, value: str) -> str:
-        if not _CLOCK.match(value):
+        if not _CLOCK.fullmatch(value):
             raise ValueError(f"expected_by {value!r} must be a 24-hour time HH:MM, e.g. \"06:00\"")
         return value
 
@@ -547,7 +547,7 @@ class TableConfig(BaseModel):
     def _valid_table_name(cls, value: str) -> str:
         # The name becomes a folder under the warehouse root and an asset key prefix:
         # this pattern also rules out "..", "/" and absolute paths.
-        if not _NAME.match(value):
+        if not _NAME.fullmatch(value):
             raise ValueError(f"name {value!r} must match [a-z][a-z0-9_]* (it is a folder name and asset key prefix)")
         return value
 
@@ -611,7 +611,7 @@ class TableConfig(BaseModel):
                     f"changes.{sorted(given)[0]} does not apply to source.format debezium: the event's op is the flag"
                 )
             for field in changes.sequence_columns:
-                if not _ENVELOPE_FIELD.match(field):
+                if not _ENVELOPE_FIELD.fullmatch(field):
                     raise ValueError(f"changes.sequence_columns: {field!r} is not an envelope field path such as source.lsn")
             unit = self.source.options.get("timestamp_unit")
             if unit is not None and str(unit) not in {unit.value for unit in TimestampUnit}:

@@ -68,7 +68,7 @@ RUNS_LOG_COMMENT = "one row per run, table and business date (docs/operations.md
 # The SCD2 view sees every stored history date: its as-of is a date after any business date.
 ALL_HISTORY = "9999-12-31"
 TABLE_SUFFIXES = {CURRENT: "current", HISTORY: "history"}
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SYNC_ATTEMPTS = 4
 # A sync that listed the runs log's folder while a file went (its files are only added, but a user
 # may tidy it): listing again finds what is there.
@@ -78,7 +78,7 @@ _VANISHED_FILE = re.compile(r"FileNotFoundException|FAILED_READ_FILE|PATH_NOT_FO
 def catalog_database() -> str:
     """``CDC_CATALOG_DATABASE`` or ``cdc``: the database every table is registered in."""
     name = settings.CATALOG_DATABASE.value()
-    if not _IDENTIFIER.match(name):
+    if not _IDENTIFIER.fullmatch(name):
         raise ValueError(f"{DATABASE_ENV}={name!r} is not a database name (letters, digits and _)")
     return name
 

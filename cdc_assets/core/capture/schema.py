@@ -40,7 +40,7 @@ GROUPS = ("keys", "non_keys", "untracked_columns")
 # its shortest decimal text (0.1f -> "0.1" -> 0.1d), the value the source most likely sent: widened
 # bit for bit it would be 0.10000000149011612, and every float key would read as changed.
 _INTEGER_RANK = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
-_DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
+_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
 def widens(old_type: str, new_type: str) -> bool:
@@ -49,7 +49,7 @@ def widens(old_type: str, new_type: str) -> bool:
         return _INTEGER_RANK[new_type] > _INTEGER_RANK[old_type]
     if (old_type, new_type) == ("float", "double"):
         return True
-    old, new = _DECIMAL.match(old_type), _DECIMAL.match(new_type)
+    old, new = _DECIMAL.fullmatch(old_type), _DECIMAL.fullmatch(new_type)
     return bool(old and new and new.group(2) == old.group(2) and int(new.group(1)) > int(old.group(1)))
 
 
