@@ -336,7 +336,7 @@ class ConnectServer:
         finally:
             os.environ.pop("DAGSTER_HOME", None) if saved is None else os.environ.update(DAGSTER_HOME=saved)
         seconds = round(time.perf_counter() - started, 1)
-        self.jvm, self.confs = self.cs.jvm_pid(self.handle), self.cs.probe(self.port)
+        self.jvm, self.confs = self.cs.jvm_pid(self.handle), self.cs.probe(self.port, token=self.handle.token)
         log(f"Connect server up at {self.handle.url} in {seconds}s (JVM {self.jvm}, application {self.confs.get('spark.app.id')}, "
             f"driver memory {self.confs.get('spark.driver.memory')}, log {self.handle.log_path})")
         return seconds

@@ -232,13 +232,13 @@ class Targets:
         server = self.bench.server("c", self.args.server_conf)
         try:
             result["server_start_seconds"] = server.start()
-            env = run_env(self.workdir / "runs" / "c_warm", self.workdir / "configs" / TABLE, remote=server.handle.url)
+            env = run_env(self.workdir / "runs" / "c_warm", self.workdir / "configs" / TABLE, remote=server.handle.client_url)
             what = "(c) pipeline on the Connect server (cold for day 1, warm for day 2)"
             self.pipeline_days(result, "c_warm", what, env, TABLE, expected_day2(self.generated), server=server.jvm)
             result["server_jvm_peak_rss_mib"] = mib(server.peak_rss())
             log(f"(c) server JVM peak RSS (VmHWM) {gb(result['server_jvm_peak_rss_mib'])} GiB")
             if self.bench.results["yardstick"]["present"]:  # reference: the yardstick on the same warm server
-                env = {**cold_env(), "SPARK_REMOTE": server.handle.url}
+                env = {**cold_env(), "SPARK_REMOTE": server.handle.client_url}
                 result["yardstick_warm"] = self.yardstick_days("c_yardstick_warm", "(c') yardstick on the same server", env, server.jvm)
         finally:
             server.stop()
@@ -259,7 +259,7 @@ class Targets:
         try:
             if server:
                 result["server_start_seconds"] = server.start()
-            remote, pid = (server.handle.url, server.jvm) if server else (None, None)
+            remote, pid = (server.handle.client_url, server.jvm) if server else (None, None)
             single_env = run_env(self.workdir / "runs" / f"{what}_single", configs, remote)
             singles = result["single_runs"] = []
             for index, day in enumerate(dates, start=1):

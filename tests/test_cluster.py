@@ -182,7 +182,7 @@ def test_a_run_through_a_connect_server_on_the_cluster_equals_local_spark(spark,
     try:
         (server_app,) = set(_applications(cluster)) - before
         started_with = _tasks_finished_by_executors(cluster, server_app)
-        env = _environment(tmp_path, configs, SPARK_REMOTE=server.url, CDC_SPARK_CONF='{"spark.sql.shuffle.partitions": "4"}')
+        env = _environment(tmp_path, configs, SPARK_REMOTE=server.client_url, CDC_SPARK_CONF='{"spark.sql.shuffle.partitions": "4"}')
         _materialize(env, "group:orders", DAYS[0])
         apps = _applications(cluster)
         assert apps[server_app]["state"] == "RUNNING" and apps[server_app]["name"] == "cdc_assets Spark Connect server"

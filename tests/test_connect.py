@@ -119,7 +119,7 @@ def _operations(spark, warehouse: Path, table: str, asset: str) -> set[str]:
 
 def test_seed_scenario_and_a_rerun_through_connect_equal_the_classic_session(spark, tmp_path, connect_server, classic):
     configs, classic_warehouse = classic
-    connect = _environment(tmp_path, "connect", configs, connect_server.url)
+    connect = _environment(tmp_path, "connect", configs, connect_server.client_url)
     for day in DAYS:
         output = _run(connect, "group:synth,group:orders", day)
         assert "RUN_SUCCESS" in output
@@ -142,7 +142,7 @@ def test_seed_scenario_and_a_rerun_through_connect_equal_the_classic_session(spa
 def test_a_run_killed_during_a_commit_through_connect_keeps_the_stored_outputs(spark, tmp_path, connect_server):
     configs, _ = _tables(tmp_path)
     marker = tmp_path / "paused.marker"
-    env = _environment(tmp_path, "killed", configs, connect_server.url)
+    env = _environment(tmp_path, "killed", configs, connect_server.client_url)
     for day in DAYS[:2]:
         _run(env, "group:synth", day)
     warehouse = Path(env["CDC_WAREHOUSE"])
@@ -186,7 +186,7 @@ def _wait_for(condition, process, log: Path, timeout: float = 600) -> None:
 @pytest.mark.parametrize("through", ["classic", "connect"])
 def test_two_runs_of_one_table_at_once_the_second_waits_for_the_first(spark, tmp_path, connect_server, classic, through):
     configs, classic_warehouse = classic
-    remote = connect_server.url if through == "connect" else None
+    remote = connect_server.client_url if through == "connect" else None
     env = _environment(tmp_path, through, configs, remote)
     marker, release = tmp_path / "first.marker", tmp_path / "first.release"
     # The first run holds the table's lock, with a staged current_table, until the test releases it.
@@ -230,7 +230,7 @@ def test_change_sets_through_connect_equal_the_classic_session(spark, tmp_path, 
         document = yaml.safe_load((REPO / "table_configs" / f"{table}.yaml").read_text())
         document["source"]["path"] = str(REPO / document["source"]["path"])
         (configs / f"{table}.yaml").write_text(yaml.safe_dump(document))
-    env = _environment(tmp_path, "changesets", configs, connect_server.url)
+    env = _environment(tmp_path, "changesets", configs, connect_server.client_url)
     warehouse = Path(env["CDC_WAREHOUSE"])
 
     def stored(root: Path, table: str) -> dict:
@@ -282,7 +282,7 @@ def test_a_schema_change_through_connect(spark, tmp_path, connect_server):
     columns = {DAYS[0]: [{"name": "a", "type": "string"}, {"name": "b", "type": "int"}],
                DAYS[1]: [{"name": "a", "type": "string"}, {"name": "b2", "type": "int", "renamed_from": "b"},
                          {"name": "c", "type": "string"}]}  # fmt: skip
-    env = _environment(tmp_path, "schema", configs, connect_server.url)
+    env = _environment(tmp_path, "schema", configs, connect_server.client_url)
     for day in DAYS[:2]:
         write_table_config(configs, "evolving", f"{landing}/{{date}}.csv", start_date=DAYS[0], keys=[{"name": "id", "type": "int"}],
                            non_keys=columns[day])  # fmt: skip
@@ -315,7 +315,7 @@ def test_a_killed_runs_cached_intake_is_never_read_by_the_rerun_of_a_replaced_ex
     extract.write_text("id,a\n1,old1\n2,old2\n3,old3\n")
     write_table_config(configs, "replaced", f"{landing}/{{date}}.csv", start_date=DAYS[0], keys=[{"name": "id", "type": "int"}],
                        non_keys=[{"name": "a", "type": "string"}])  # fmt: skip
-    env = _environment(tmp_path, "replaced", configs, connect_server.url)
+    env = _environment(tmp_path, "replaced", configs, connect_server.client_url)
     warehouse = Path(env["CDC_WAREHOUSE"])
     marker, log = tmp_path / "paused.marker", tmp_path / "killed.log"
     # Paused before hashed_incoming's commit: the intake was read (and cached), nothing of the date committed.

@@ -58,7 +58,7 @@ def test_a_connect_client_writes_and_reads_parquet(connect_server, tmp_path):
     completed = subprocess.run(
         [sys.executable, "-c", CLIENT, str(out)],
         cwd=REPO,
-        env=_client_env(connect_server.url),
+        env=_client_env(connect_server.client_url),
         capture_output=True,
         text=True,
         timeout=300,
@@ -92,6 +92,38 @@ def test_the_server_listens_on_loopback_only_and_reports_its_conf(connect_server
     assert completed.stdout.startswith(f"{connect_server.url} pid {connect_server.pid} ")
     for pair in ("spark.master=local[2]", "spark.sql.session.timeZone=UTC", "spark.driver.memory=2g", "spark.sql.shuffle.partitions=4"):
         assert pair in completed.stdout.split()
+
+
+# A client that reaches the port is refused unless it presents the server's token: any local user can open
+# a loopback port, and a Connect session runs whatever SQL it is sent as the server's owner.
+UNAUTHENTICATED_CLIENT = """
+import sys
+from pyspark.sql import SparkSession
+
+for url in sys.argv[1:]:
+    try:
+        SparkSession.builder.remote(url).create().sql("SELECT 1").collect()
+        print("served", url)
+    except Exception as error:
+        print("refused" if "UNAUTHENTICATED" in str(error) else f"failed {error}", url)
+"""
+
+
+def test_a_client_without_the_servers_token_is_refused(connect_server):
+    assert connect_server.token, "the server was started without a token"
+    token_file = connect_server.state_dir / "server.token"
+    assert token_file.read_text().strip() == connect_server.token
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert (connect_server.state_dir / "server.properties").stat().st_mode & 0o777 == 0o600
+    tokenless, wrong = connect_server.url, f"sc://localhost:{connect_server.port}/;token=not-{connect_server.token}"
+    env = {key: value for key, value in os.environ.items() if key not in ("SPARK_REMOTE", "SPARK_CONNECT_AUTHENTICATE_TOKEN")}
+    completed = subprocess.run(
+        [sys.executable, "-c", UNAUTHENTICATED_CLIENT, tokenless, wrong, connect_server.client_url],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert completed.stdout.splitlines() == [f"refused {tokenless}", f"refused {wrong}", f"served {connect_server.client_url}"], completed.stdout
+    assert connect_server.token not in (connect_server.state_dir / "server.log").read_text()
 
 
 def test_a_taken_port_fails_at_once(connect_server, tmp_path):

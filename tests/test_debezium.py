@@ -373,7 +373,7 @@ def test_spark_connect_reads_the_same_rows(spark, tmp_path, connect_server):
         "frame = read_debezium(spark, config, sys.argv[2]).drop('_record_id').orderBy('__cdc_raw_line')\n"
         "print(json.dumps([list(row) for row in frame.collect()]))\n"
     )
-    env = {**os.environ, "SPARK_REMOTE": connect_server.url, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "SPARK_REMOTE": connect_server.client_url, "PYTHONPATH": str(REPO)}
     config_file = sorted(tmp_path.glob("accounts_*.yaml"))[-1]
     for day in (DAY1, DAY2):
         result = subprocess.run(

@@ -190,7 +190,7 @@ def test_a_connect_client_writes_and_reads_an_iceberg_table(connect_server, tmp_
     completed = subprocess.run(
         [sys.executable, "-c", CONNECT_CLIENT, str(root)],
         cwd=REPO,
-        env={**os.environ, "SPARK_REMOTE": connect_server.url},
+        env={**os.environ, "SPARK_REMOTE": connect_server.client_url},
         capture_output=True,
         text=True,
         timeout=300,

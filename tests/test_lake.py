@@ -375,13 +375,15 @@ def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_
     home.mkdir()
     env = {
         **{key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}, **variables,
-        "PYTHONPATH": str(REPO), "DAGSTER_HOME": str(home), "CDC_TABLE_CONFIGS": str(configs), "SPARK_REMOTE": connect_server.url,
+        "PYTHONPATH": str(REPO), "DAGSTER_HOME": str(home), "CDC_TABLE_CONFIGS": str(configs), "SPARK_REMOTE": connect_server.client_url,
     }  # fmt: skip
     command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions",
                "--select", f"group:{config.name}", "--partition-range", f"{DAYS[0]}...{DAYS[-1]}"]  # fmt: skip
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    assert "Spark for this run" in done.stdout + done.stderr and connect_server.url in done.stdout + done.stderr
+    output = done.stdout + done.stderr
+    assert "Spark for this run" in output and f"SPARK_REMOTE=sc://localhost:{connect_server.port}/;token=<redacted>" in output, output[-6000:]
+    assert connect_server.token not in output  # the server's token is in no log
     local_root = tmp_path / "warehouse"
     with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
         assert run_range(definitions_for(config), DAYS[0], DAYS[-1]).success

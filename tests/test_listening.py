@@ -178,6 +178,6 @@ def test_a_connect_server_reads_its_conf_from_a_file_only_its_owner_reads(tmp_pa
         ui = _ui_properties(port, app_id)
         # The conf took effect (the UI shows a secret's key, never its value), and reaches the Connect sessions.
         assert SECRET_KEY in ui and ui["spark.ui.killEnabled"] == "false"
-        assert probe(handle.port)["spark.sql.shuffle.partitions"] == "3"
+        assert probe(handle.port, token=handle.token)["spark.sql.shuffle.partitions"] == "3"
     finally:
         stop_server(state)

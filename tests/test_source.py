@@ -428,7 +428,7 @@ def test_through_spark_connect(connect_server, tmp_path):
     completed = subprocess.run(
         [sys.executable, "-c", CONNECT_CLIENT, str(root)],
         cwd=Path(__file__).resolve().parent.parent,
-        env={**os.environ, "SPARK_REMOTE": connect_server.url},
+        env={**os.environ, "SPARK_REMOTE": connect_server.client_url},
         capture_output=True,
         text=True,
         timeout=300,

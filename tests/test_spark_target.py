@@ -33,7 +33,10 @@ def no_remote(monkeypatch):
 def test_a_running_project_server_is_found_without_spark_remote(connect_server, monkeypatch, no_remote):
     monkeypatch.setenv("CDC_SPARK_SERVER_DIR", str(connect_server.state_dir))
     target = resolve_spark_target()
-    assert (target.url, target.server_pid) == (connect_server.url, connect_server.pid)
+    assert (target.url, target.server_pid) == (connect_server.client_url, connect_server.pid)
+    # The connection string carries the server's token; what a run shows does not.
+    assert connect_server.token and connect_server.token in target.url
+    assert target.display_url == connect_server.url and connect_server.token not in target.description + repr(target)
     assert "warm" in target.description
 
     monkeypatch.setenv("CDC_SPARK_MASTER", "spark://cluster:7077")  # a master named: the run's own session there

@@ -226,7 +226,7 @@ def test_make_ui_keeps_one_warm_server_for_runs_of_two_tables_at_once_and_stops_
             for table, run in runs.items()
         }
         assert statuses == {"orders": "SUCCESS", "accounts": "SUCCESS"}, (statuses, failures, tail(log))
-        application = connect_server.probe(server.port)["spark.app.id"]
+        application = connect_server.probe(server.port, token=server.token)["spark.app.id"]
         for table in runs:
             warm = f"Spark for this run: the project's warm Spark Connect server {server.url} (pid {server.pid})"
             assert any(warm in m for m in messages[table]), messages[table]

@@ -60,7 +60,7 @@ def main() -> int:
             from cdc_assets.engines.process import free_port
 
             handle = start_server(port=free_port(), state_dir=server_dir, master="local[2]", conf=CONF)
-            spark = SparkSession.builder.remote(handle.url).getOrCreate()
+            spark = SparkSession.builder.remote(handle.client_url).getOrCreate()
         print("session:", type(spark).__module__, flush=True)
         use_catalog(spark, str(folder))  # the project's way: session conf, Connect and classic alike
         spark.conf.set("spark.sql.catalog.lake.cache-enabled", "false")

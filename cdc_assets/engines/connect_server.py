@@ -11,10 +11,15 @@ spark-internal`` with ``SPARK_HOME`` set to the pyspark package. It runs detache
 output to ``<state_dir>/server.log``, reads its conf from ``<state_dir>/server.properties`` (mode 0600:
 conf on its command line would be anyone's to read with ``ps``), and listens on 127.0.0.1 only (gRPC,
 driver RPC, block manager and UI alike: ``spark.connect.grpc.binding.address`` plus ``SPARK_LOCAL_IP``;
-its UI cannot kill jobs). It has no authentication: anyone who can open a socket on this machine can use it.
+its UI cannot kill jobs). It serves only clients that present its token: a fresh secret made at each start
+(Spark's ``spark.connect.authenticate.token``), kept in ``<state_dir>/server.token`` and in the properties
+file, both mode 0600, so another user of the machine who can open the port is refused
+(``UNAUTHENTICATED``) instead of running code as the server's owner.
 
-Runs then reach it with ``SPARK_REMOTE=sc://127.0.0.1:<port>``; they skip the JVM start (about 10 s) and
-share one JVM's caches. The server's working directory is the caller's, so relative paths a client sends
+Runs then reach it with :attr:`ServerHandle.client_url`, ``sc://localhost:<port>/;token=...`` (pyspark sends
+a token over a plain loopback channel only to a host named ``localhost``); :attr:`ServerHandle.url`,
+``sc://127.0.0.1:<port>``, is the form logs and messages show, without the token. Runs skip the JVM start
+(about 10 s) and share one JVM's caches. The server's working directory is the caller's, so relative paths a client sends
 resolve as they would for a local session.
 
 Conf, lowest precedence first: ``PIPELINE_DEFAULTS``, ``LOOPBACK_DEFAULTS``, ``LOCAL_DEFAULTS`` (local masters only),
@@ -31,11 +36,12 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import secrets
 import sys
 import time
 import uuid
 from typing import Any
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdc_assets.model import settings
@@ -67,6 +73,9 @@ PORT_FILE = "server.port"
 OWNER_FILE = "server.owner"
 LOG_FILE = "server.log"
 PROPERTIES_FILE = "server.properties"  # the server's conf, mode 0600
+TOKEN_FILE = "server.token"  # the clients' token, mode 0600
+# Spark's conf key of a Connect server's pre-shared token (Spark 4.0's SparkConnectAuthenticator).
+TOKEN_CONF = "spark.connect.authenticate.token"
 LOCK_FILE = "start.lock"
 # Runs that may share the server at once when the Dagster instance does not say (instance/dagster.yaml's).
 DEFAULT_SHARED_RUNS = 4
@@ -74,11 +83,33 @@ DEFAULT_SHARED_RUNS = 4
 
 @dataclass(frozen=True)
 class ServerHandle:
-    url: str
+    url: str  # sc://127.0.0.1:<port>, for logs and messages: no token
     pid: int
     port: int
     state_dir: Path
     log_path: Path
+    token: str | None = field(default=None, repr=False)
+
+    @property
+    def client_url(self) -> str:
+        """The connection string a client uses: :attr:`url` with the server's token, or :attr:`url` itself
+        for a server that has none (one started before servers had tokens)."""
+        return client_url(self.port, self.token)
+
+
+def client_url(port: int, token: str | None) -> str:
+    """``sc://localhost:<port>/;token=<token>``: pyspark sends a token over a plain (loopback) channel only
+    to the host ``localhost`` (gRPC's local credentials); to any other name it insists on TLS."""
+    return f"sc://{HOST}:{port}" if token is None else f"sc://localhost:{port}/;token={token}"
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with the value of its ``token`` parameter hidden, for logs and messages."""
+    base, _, params = url.partition(";")
+    if not params:
+        return url
+    shown = [part if not part.lower().startswith("token=") else "token=<redacted>" for part in params.split(";")]
+    return f"{base};{';'.join(shown)}"
 
 
 def configured_port() -> int:
@@ -195,8 +226,11 @@ def _start_locked(port: int, state: Path, master: str | None, conf: dict[str, st
         raise RuntimeError(f"port {HOST}:{port} is in use by another process")
 
     resolved_master, merged = server_conf(port, master, conf)
+    # A token of CDC_SPARK_CONF (or conf) is kept; otherwise a new one for this server's life.
+    token = merged.setdefault(TOKEN_CONF, secrets.token_urlsafe(32))
     # The conf is in a file only the owner reads, not on the command line, which any local user reads.
     properties = write_properties_file(state / PROPERTIES_FILE, merged)
+    _write_private(state / TOKEN_FILE, token)
     command = [launcher("spark-submit"), "--class", SERVER_CLASS, "--name", "cdc_assets Spark Connect server", "--master", resolved_master,
                "--properties-file", str(properties), "spark-internal"]  # fmt: skip
 
@@ -270,11 +304,12 @@ def jvm_pid(handle: ServerHandle) -> int:
     raise LookupError(f"no JVM found for the Spark Connect server pid {handle.pid}")
 
 
-def probe(port: int, timeout: float = 10) -> dict[str, str]:
+def probe(port: int, timeout: float = 10, token: str | None = None) -> dict[str, str]:
     """Run ``SELECT 1`` on the server and read a few confs over raw gRPC; returns the confs.
 
     Uses pyspark's generated gRPC stubs and no SparkSession, so it works in a process that holds a classic
-    SparkSession (where pyspark refuses to create a Connect one) and needs no pandas.
+    SparkSession (where pyspark refuses to create a Connect one) and needs no pandas. ``token``, the
+    server's, goes as a bearer token in each call's metadata.
     """
     import grpc
     from pyspark.sql.connect.proto import base_pb2, base_pb2_grpc
@@ -283,18 +318,20 @@ def probe(port: int, timeout: float = 10) -> dict[str, str]:
     common: dict[str, Any] = {
         "session_id": session_id, "client_type": "cdc_assets.connect_server", "user_context": base_pb2.UserContext(user_id="cdc_assets_probe"),
     }
+    metadata = [] if token is None else [("authorization", f"Bearer {token}")]
     with grpc.insecure_channel(f"{HOST}:{port}") as channel:
         stub = base_pb2_grpc.SparkConnectServiceStub(channel)
         request = base_pb2.ExecutePlanRequest(**common)
         request.plan.root.sql.query = "SELECT 1 AS ok"
-        rows = sum(response.arrow_batch.row_count for response in stub.ExecutePlan(request, timeout=timeout) if response.HasField("arrow_batch"))
+        responses = stub.ExecutePlan(request, timeout=timeout, metadata=metadata)
+        rows = sum(response.arrow_batch.row_count for response in responses if response.HasField("arrow_batch"))
         if rows != 1:
             raise RuntimeError(f"SELECT 1 on the Spark Connect server returned {rows} rows")
         keys = ["spark.master", "spark.app.id", "spark.sql.session.timeZone", "spark.driver.memory", "spark.sql.shuffle.partitions", "spark.scheduler.mode"]
         config = base_pb2.ConfigRequest(**common)
         config.operation.get_option.keys.extend(keys)
-        pairs = {pair.key: pair.value for pair in stub.Config(config, timeout=timeout).pairs}
-        stub.ReleaseSession(base_pb2.ReleaseSessionRequest(**common), timeout=timeout)
+        pairs = {pair.key: pair.value for pair in stub.Config(config, timeout=timeout, metadata=metadata).pairs}
+        stub.ReleaseSession(base_pb2.ReleaseSessionRequest(**common), timeout=timeout, metadata=metadata)
     return pairs
 
 
@@ -302,7 +339,7 @@ def probe(port: int, timeout: float = 10) -> dict[str, str]:
 
 
 def _handle(pid: int, port: int, state: Path) -> ServerHandle:
-    return ServerHandle(url=f"sc://{HOST}:{port}", pid=pid, port=port, state_dir=state, log_path=state / LOG_FILE)
+    return ServerHandle(url=f"sc://{HOST}:{port}", pid=pid, port=port, state_dir=state, log_path=state / LOG_FILE, token=_read_token(state))
 
 
 def _recorded_server(state: Path) -> tuple[int, int] | None:
@@ -314,8 +351,22 @@ def _recorded_server(state: Path) -> tuple[int, int] | None:
 
 
 def _forget(state: Path) -> None:
-    for name in (PID_FILE, PORT_FILE, OWNER_FILE):
+    for name in (PID_FILE, PORT_FILE, OWNER_FILE, TOKEN_FILE):
         (state / name).unlink(missing_ok=True)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(f"{text}\n")
+
+
+def _read_token(state: Path) -> str | None:
+    try:
+        return (state / TOKEN_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _wait_until_ready(handle: ServerHandle, timeout: float) -> None:
@@ -327,7 +378,7 @@ def _wait_until_ready(handle: ServerHandle, timeout: float) -> None:
             raise RuntimeError(f"the Spark Connect server exited while starting; end of {handle.log_path}:\n{log_tail(handle.log_path)}")
         if port_accepts(handle.port):
             try:
-                probe(handle.port, timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+                probe(handle.port, timeout=max(1.0, min(30.0, deadline - time.monotonic())), token=handle.token)
                 return
             except Exception as error:  # noqa: BLE001 - listening but not serving yet; retried until the deadline
                 last_error = error
@@ -352,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         already = running_server(args.state_dir)
         started = start_server(port=port, state_dir=args.state_dir, master=args.master, timeout=args.timeout or 120, owner="make spark-server")
         how = "already running" if already is not None and already.pid == started.pid else f"ready in {time.monotonic() - began:.1f} s"
-        print(f"Spark Connect server {how}: pid {started.pid}, log {started.log_path}", file=sys.stderr)
+        token = started.state_dir / TOKEN_FILE
+        print(f"Spark Connect server {how}: pid {started.pid}, log {started.log_path}; clients need its token, in {token}", file=sys.stderr)
         print(started.url)
         return 0
     if args.command == "stop":
@@ -364,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         print("not running")
         return 1
     try:
-        confs = probe(handle.port)
+        confs = probe(handle.port, token=handle.token)
     except Exception as error:  # noqa: BLE001
         print(f"{handle.url} pid {handle.pid}: process alive but not answering ({error.__class__.__name__}); log {handle.log_path}")
         return 1

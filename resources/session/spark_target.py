@@ -23,7 +23,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -42,17 +42,31 @@ REMOTE_MODE = "remote"
 
 @dataclass(frozen=True)
 class SparkTarget:
-    """Where the run's session lives. ``url`` is None for a session of the run's own."""
+    """Where the run's session lives. ``url`` is None for a session of the run's own.
+
+    ``url`` is the connection string, which may hold a server's token: it is never shown. ``shown_url``
+    is what logs and messages say (the project's server as ``sc://127.0.0.1:<port>``, any other URL with
+    its token hidden).
+    """
 
     mode: str
-    url: str | None
+    url: str | None = field(repr=False)
     description: str
     server_pid: int | None = None
     server_log: Path | None = None
+    shown_url: str | None = None
 
     @property
     def is_remote(self) -> bool:
         return self.url is not None
+
+    @property
+    def display_url(self) -> str | None:
+        if self.url is None:
+            return None
+        from cdc_assets.engines.connect_server import redacted_url
+
+        return self.shown_url or redacted_url(self.url)
 
 
 class SparkServerGoneError(RuntimeError):
@@ -97,7 +111,9 @@ def resolve_spark_target(start_server: bool | None = None, master: str | None = 
     """
     remote = settings.SPARK_REMOTE.value()
     if remote:
-        return SparkTarget(REMOTE_MODE, remote, f"the Spark Connect server SPARK_REMOTE={remote}")
+        from cdc_assets.engines.connect_server import redacted_url
+
+        return SparkTarget(REMOTE_MODE, remote, f"the Spark Connect server SPARK_REMOTE={redacted_url(remote)}")
     mode = spark_mode()
     if mode == "local":
         return SparkTarget(mode, None, f"a Spark session of the run's own ({MODE_ENV}=local; the JVM starts cold)")
@@ -111,16 +127,16 @@ def resolve_spark_target(start_server: bool | None = None, master: str | None = 
     state = server_state_dir()
     handle = connect_server.running_server(state)
     if handle is not None and _accepts(handle.url):
-        return SparkTarget(mode, handle.url, f"the project's warm Spark Connect server {handle.url} (pid {handle.pid})", handle.pid, handle.log_path)
+        description = f"the project's warm Spark Connect server {handle.url} (pid {handle.pid})"
+        return SparkTarget(mode, handle.client_url, description, handle.pid, handle.log_path, handle.url)
     if start_server if start_server is not None else mode == "server":
         port = connect_server.configured_port()
         try:
             handle = connect_server.start_server(port=port, state_dir=state, owner=settings.SPARK_SERVER_OWNER.value() or None)
         except (RuntimeError, TimeoutError, OSError) as error:
             return SparkTarget(mode, None, f"a Spark session of the run's own (cold): the project's Connect server on port {port} did not start: {error}")
-        return SparkTarget(
-            mode, handle.url, f"the project's Spark Connect server {handle.url} (pid {handle.pid}), started for this run", handle.pid, handle.log_path
-        )
+        description = f"the project's Spark Connect server {handle.url} (pid {handle.pid}), started for this run"
+        return SparkTarget(mode, handle.client_url, description, handle.pid, handle.log_path, handle.url)
     return SparkTarget(
         mode, None, f"a Spark session of the run's own (cold: no project Connect server running in {state}; `make ui` or `make spark-server` keeps one warm)"
     )
@@ -182,7 +198,7 @@ def gone_message(target: SparkTarget) -> str:
 
         log = f"\nIts log, {target.server_log}, ends:\n{log_tail(target.server_log, 15)}"
     return (
-        f"The Spark Connect server {target.url}{pid} died or stopped answering during this run, so the run failed. "
+        f"The Spark Connect server {target.display_url}{pid} died or stopped answering during this run, so the run failed. "
         f"Nothing was committed half-way: a date's outputs are stored only by a completed commit. {how}{log}"
     )
 
@@ -217,7 +233,9 @@ def _accepts(url: str, timeout: float = 2.0) -> bool:
 def _fail_if_nothing_listens(url: str) -> None:
     if not _accepts(url, timeout=5.0):
         host, port = _address(url)
+        from cdc_assets.engines.connect_server import redacted_url
+
         raise SparkServerGoneError(
-            f"No Spark Connect server answers at {url} (nothing accepts connections on {host}:{port}). Start one with "
+            f"No Spark Connect server answers at {redacted_url(url)} (nothing accepts connections on {host}:{port}). Start one with "
             "`make spark-server` (or `make ui`), point SPARK_REMOTE at a running one, or run with CDC_SPARK=local."
         )

@@ -598,6 +598,16 @@ def _local(uri: str) -> str:
     return "/" + uri[len("file:"):].lstrip("/") if uri.startswith("file:") else uri
 
 
+def _connection_string(builder: Any) -> str:
+    """The ``sc://`` string a Connect client's channel builder was made from, its token included.
+
+    pyspark keeps it parsed, with ``http`` for its scheme (``DefaultChannelBuilder.url``)."""
+    parsed = getattr(builder, "url", None)
+    if parsed is None or not hasattr(parsed, "geturl"):
+        return settings.SPARK_REMOTE.value()
+    return "sc" + parsed.geturl()[len(parsed.scheme):]
+
+
 def _another_session(spark: SparkSession) -> SparkSession:
     """A new session on the same Spark as ``spark`` (its JVM, or its Connect server), with its SQL conf
     but no catalog opened yet. ``spark`` stays the process's default session."""
@@ -607,8 +617,7 @@ def _another_session(spark: SparkSession) -> SparkSession:
         # pyspark's hints: `builder` is a property, and a Connect session (with its client) is no SparkSession.
         connect: Any = ConnectSession
         client: Any = getattr(spark, "client")
-        url = getattr(client._builder, "url", None) or settings.SPARK_REMOTE.value()
-        created = connect.builder.remote(url).create()
+        created = connect.builder.remote(_connection_string(client._builder)).create()
         connect._set_default_and_active_session(spark)
     else:
         created = spark.newSession()
