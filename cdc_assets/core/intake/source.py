@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc_assets.model.config import DEBEZIUM_OPERATIONS, INTAKE_COLUMNS, INTERNAL_PREFIX, SourceFormat, TableConfig
+from cdc_assets.model.masking import ValueMask
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.intake.encoding import LOSSLESS, SourceEncoding, reason
 from cdc_assets.core.intake.debezium import read_debezium
@@ -133,9 +134,12 @@ def header_mismatch(config: TableConfig, error: BaseException) -> SourceError | 
     if match is None:
         return None
     if match["file"]:
+        # A file landed without its header shows its first record here, which stays in Dagster's event log:
+        # the fields found are shown as CDC_SHOW_VALUES allows (model/masking.py); the expected names are the config's.
+        mask = ValueMask.for_table(config)
         file, detail = match["file"], (
-            f"it lists {match['header']} where {match['schema']} was expected "
-            f"(first difference: {match['found']!r} where {match['expected']!r} was expected)"
+            f"it lists {mask.raw(match['header'])} where {match['schema']} was expected "
+            f"(first difference: {mask.raw(repr(match['found']))} where {match['expected']!r} was expected)"
         )
     else:
         file, detail = match["file2"], (
