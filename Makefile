@@ -5,6 +5,13 @@ BIN := $(VENV)/bin
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
+# Owner-only files (docs/operations.md, File modes): the recipes that make DAGSTER_HOME or run the dagster CLI run
+# under CDC_UMASK (077: folders 0700, files 0600; `inherit` keeps the shell's umask), as do the processes they
+# start; the project's own commands set it themselves.
+CDC_UMASK ?= 077
+export CDC_UMASK
+UMASK := $(if $(filter inherit,$(strip $(CDC_UMASK))),true,umask $(CDC_UMASK))
+
 # The UI listens on loopback only unless you ask otherwise, e.g. `make ui UI_HOST=0.0.0.0`.
 UI_HOST ?= 127.0.0.1
 UI_PORT ?= 3000
@@ -100,14 +107,13 @@ jars:
 	done
 
 $(DAGSTER_HOME)/dagster.yaml: instance/dagster.yaml
-	mkdir -p $(DAGSTER_HOME)
-	cp instance/dagster.yaml $@
+	$(UMASK) && mkdir -p $(DAGSTER_HOME) && cp instance/dagster.yaml $@
 
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/cdc-generate 10000 10000 5 10 0.2 0.4 0.4 data/synthetic/2019-06-18 data/synthetic/2019-06-19 --seed 42
 	# One run of the range, oldest date first: a second `make demo` re-runs both dates, which a run of the first
 	# date alone may not do once the second is stored (docs/operations.md, re-running a date).
-	$(BIN)/dagster asset materialize -m cdc_assets.defs.definitions --select 'group:synthetic' --partition-range $(DEMO_FIRST)...$(DEMO_LAST)
+	$(UMASK) && $(BIN)/dagster asset materialize -m cdc_assets.defs.definitions --select 'group:synthetic' --partition-range $(DEMO_FIRST)...$(DEMO_LAST)
 	$(BIN)/python -m cdc_assets.cli.report synthetic
 
 test: install browser lint
@@ -139,12 +145,12 @@ browser:
 	fi
 
 validate: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster definitions validate -w workspace.yaml
+	$(UMASK) && $(BIN)/dagster definitions validate -w workspace.yaml
 
 # Ctrl-C, or SIGTERM to make, stops the webserver, the daemon and the code servers, even when a script
 # started `make ui &` (cdc_assets/cli/dev_ui.py says why that needs a step before dagster dev).
 ui: install $(DAGSTER_HOME)/dagster.yaml
-	exec $(BIN)/python -m cdc_assets.cli.dev_ui -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
+	$(UMASK) && exec $(BIN)/python -m cdc_assets.cli.dev_ui -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
 
 # The benchmarks (benchmarks/README.md): one harness, `python -m benchmarks SCENARIO`, each run a fresh process
 # group; JSON results in benchmarks/results/. Compared with ../shared/bench/plain_cdc.py when a clone has it.

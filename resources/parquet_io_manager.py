@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from cdc_assets.model.config import CHANGESET_COLUMNS, LoadType, reserved_name_problem
+from cdc_assets.model.masking import ValueMask
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.fields import env_or_default, resolved_field, seconds_field
 from resources.session.spark_session import for_each_date
@@ -69,6 +70,9 @@ RENAMED_COLUMNS = "cdc/renamed_columns"
 # their former names) as JSON; a stored column of none of them, that the pipeline does not name either,
 # was dropped from the config and is dropped from the asset's Iceberg table before a write.
 CONFIGURED_COLUMNS = "cdc/configured_columns"
+# An asset's definition metadata: the configured columns whose values a preview may show, as JSON
+# (cdc_assets/model/masking.py). Without it a preview shows the pipeline's own columns' values only.
+SHOWN_COLUMNS = "cdc/shown_columns"
 
 
 class LazyPartitions(Mapping[str, DataFrame]):
@@ -289,11 +293,12 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         drop = self._dropped_from_config(table, asset, frame.columns, configured) if configured is not None else ()
         rows_written = self.storage.write(frame, table, asset, dates, dropped=later, renamed_from=renamed, drop_columns=drop)
         stored_schema = as_stored(frame.drop(BUSINESS_DATE).schema)
-        previews = self._previews(table, asset, rows_written)
+        mask = ValueMask.for_columns(json.loads(_plain(definition[SHOWN_COLUMNS])) if SHOWN_COLUMNS in definition else ())
+        previews = self._previews(table, asset, rows_written) if mask.shows_rows else {day: [] for day in rows_written}
         retention = self._apply_retention(context, table, asset, obj)
         for business_date in dates:
             path = self.partition_path(table, asset, business_date)
-            metadata = describe_partition(stored_schema, path, rows_written[business_date], previews[business_date])
+            metadata = describe_partition(stored_schema, path, rows_written[business_date], previews[business_date], mask)
             metadata.update(retention)
             if len(dates) == 1:
                 context.add_output_metadata(metadata)
@@ -413,7 +418,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         with_rows = [day for day, count in rows.items() if count]
 
         def preview(day: str) -> list[tuple]:
-            return [tuple(row) for row in self.read_partition(table, asset, day).limit(PREVIEW_ROWS).collect()]
+            return list(self.read_partition(table, asset, day).limit(PREVIEW_ROWS).collect())  # Rows: tuples with names
 
         previews.update(zip(with_rows, for_each_date(preview, with_rows)))
         return previews
@@ -424,16 +429,32 @@ def column_schema(schema: StructType) -> TableSchema:
     return TableSchema(columns=[TableColumn(name=field.name, type=field.dataType.simpleString()) for field in schema.fields])
 
 
-def describe_partition(schema: StructType, path: str, row_count: int, preview: list[tuple]) -> dict:
-    """What the UI shows for a stored partition: row count (plotted across partitions), schema, preview, path."""
+def describe_partition(schema: StructType, path: str, row_count: int, preview: list[tuple], mask: ValueMask) -> dict:
+    """What the UI shows for a stored partition: row count (plotted across partitions), schema, preview, path.
+
+    Dagster keeps the preview in its event log, beyond an erase: each value passes through ``mask``
+    (cdc_assets/model/masking.py), so by default keys, ``sensitive: true`` columns and raw records are masked."""
     header = "| " + " | ".join(schema.names) + " |\n|" + "---|" * len(schema.names)
-    body = "\n".join("| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in preview)
+    shown = preview if mask.shows_rows else []
+    body = "\n".join("| " + " | ".join(_cell(text) for text in _masked_row(schema.names, row, mask)) + " |" for row in shown)
     return {
         "dagster/row_count": MetadataValue.int(row_count),
         "dagster/column_schema": column_schema(schema),
         "preview": MetadataValue.md(header + ("\n" + body if body else "")),
         "path": MetadataValue.path(path),
     }
+
+
+def _masked_row(names: list[str], row: tuple, mask: ValueMask) -> list[str]:
+    """A preview row's values in the header's order, masked: a Row is matched by its fields' names, a
+    plain tuple by position."""
+    by_name = dict(zip(getattr(row, "__fields__", None) or names, row))
+    return [mask.value(name, by_name.get(name)) for name in names]
+
+
+def _cell(text: str) -> str:
+    """A value as a Markdown table cell: a | or a line break would end the cell or the row."""
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def server_loss_explained(pyspark: LazyPySparkResource):

@@ -534,7 +534,8 @@ DUPLICATES_CSV = (
 
 
 def test_duplicate_keys_fail(spark, tmp_path):
-    config = make_config(tmp_path, duplicate_keys="fail")
+    # A key declared not sensitive is named in the error (by default keys are masked: tests/test_masking.py).
+    config = make_config(tmp_path, duplicate_keys="fail", keys=[{"name": "id", "type": "int", "sensitive": False}])
     land(tmp_path, DUPLICATES_CSV)
     with pytest.raises(DuplicateKeysError) as raised:
         prepare_incoming(spark, config, DAY)
@@ -573,7 +574,7 @@ def test_duplicate_keys_quarantined(spark, tmp_path):
 
 def test_duplicate_detection_uses_the_typed_key(spark, tmp_path):
     # "01" and "1" are the same int key once cast.
-    config = make_config(tmp_path, duplicate_keys="fail")
+    config = make_config(tmp_path, duplicate_keys="fail", keys=[{"name": "id", "type": "int", "sensitive": False}])
     land(tmp_path, "id,name,qty\n1,a,1\n01,b,2\n")
     with pytest.raises(DuplicateKeysError, match=r"id=1\} x2"):
         prepare_incoming(spark, config, DAY)

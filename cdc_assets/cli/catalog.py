@@ -20,6 +20,7 @@ import json
 import sys
 import time
 
+from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.model import settings
 from cdc_assets.usecases.catalog_ddl import catalog_database, catalog_dir
 from cdc_assets.usecases.catalog_describe import describe
@@ -43,6 +44,7 @@ from resources.storage import WarehouseStorage, warehouse_root
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     parser = argparse.ArgumentParser(prog="cdc-catalog", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("sync", help="register every table in the catalog")

@@ -36,6 +36,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.model import settings
 
 if TYPE_CHECKING:
@@ -146,6 +147,7 @@ class WarmSpark:
 
 
 def main(argv: list[str] | None = None) -> None:
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     args = sys.argv[1:] if argv is None else argv
     created = create_table_pools()
     if created:

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 from dagster import DagsterInstance
 
+from cdc_assets.model.file_modes import apply_umask
+from cdc_assets.model.masking import what_dagster_keeps
 from cdc_assets.model.config import TableConfigError
 from cdc_assets.usecases.readers import table_config
 from cdc_assets.core.capture.erasure import KeysFileError
@@ -31,6 +33,7 @@ from resources.storage.erasure import TORN, torn_ledger_error
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     parser = argparse.ArgumentParser(
         prog="cdc-erase",
         description="Erase keys (a right-to-be-forgotten request) from every stored partition of a table, the data "
@@ -77,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         storage.release()
     print(f"cdc-erase: {describe(config, result)}")
+    print(f"cdc-erase: {what_dagster_keeps()}")
     _tell_dagster(config, io_manager, result)
     # Another request's torn ledger stops every run of the table: say so where the erase is run.
     for request in storage.erasure_requests(config.name):

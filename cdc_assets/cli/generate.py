@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
+from cdc_assets.model.file_modes import apply_umask
 
 PART_FILE = "part-00000.csv"
 
@@ -179,6 +180,7 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     parser = argparse.ArgumentParser(prog="cdc-generate", description=__doc__.splitlines()[0])
     for name in ("no_init_recs", "no_incr_recs", "no_keys", "no_nonkeys"):
         parser.add_argument(name, type=int)

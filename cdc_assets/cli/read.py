@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType
 
+from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.model import settings
 from cdc_assets.model.config import TableConfig, table_configs_dir
 from cdc_assets.usecases.readers import (
@@ -60,6 +61,7 @@ class OutRefused(ValueError):
 
 def current_main(argv: Sequence[str] | None = None) -> int:
     """``cdc-current TABLE [--as-of D] --out PATH [--format parquet|csv]``; returns the exit code."""
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     parser = _as_of_parser(
         "cdc-current",
         "Write a table's state as of a business date (the columns of a current_table snapshot), whether the "
@@ -76,6 +78,7 @@ def current_main(argv: Sequence[str] | None = None) -> int:
 
 def scd2_main(argv: Sequence[str] | None = None) -> int:
     """``cdc-scd2 TABLE [--as-of D] --out PATH [--format parquet|csv]``; returns the exit code."""
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     parser = _as_of_parser(
         "cdc-scd2",
         "Write a table's SCD type 2 view (one row per version of a key, valid_from / valid_to) computed from "
@@ -103,6 +106,7 @@ def _as_of_parser(prog: str, description: str, default_date: str) -> argparse.Ar
 
 def changes_main(argv: Sequence[str] | None = None) -> int:
     """``cdc-changes TABLE --from D1 --to D2 [--out PATH] [--format parquet|csv]``; returns the exit code."""
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     parser = argparse.ArgumentParser(
         prog="cdc-changes",
         description="The net changes of a table between two business dates (insert, delete, update_preimage, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.model.names import CURRENT, HISTORY
 from cdc_assets.engines.spark_conf import NO_UI
@@ -20,6 +21,7 @@ from resources.storage import WarehouseStorage, warehouse_root
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table")
     parser.add_argument("business_date", nargs="?", help="date of the current state to show (default: latest)")

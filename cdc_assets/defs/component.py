@@ -23,12 +23,16 @@ field at the default.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from dagster import Component, ComponentLoadContext, Definitions, Model, Resolvable, in_process_executor
 
 from cdc_assets.defs.alerts import ALERT_WEBHOOK_KEY, build_alert_sensor, watched_table
+from cdc_assets.model import settings
 from cdc_assets.model.config import load_table_configs
+from cdc_assets.model.file_modes import apply_umask, tighten_files_in, tighten_root
+from cdc_assets.model.masking import show_values
 from cdc_assets.defs.factory import IO_MANAGER_KEY, TableDefinitions, build_table_definitions
 from resources.parquet_io_manager import PartitionedParquetIOManager
 from resources.spark import PipelineSparkResource
@@ -40,10 +44,23 @@ from resources.storage.lake import LakeCatalog
 
 
 def build_definitions(tables: list[TableDefinitions]) -> Definitions:
+    # First: the code location's process writes the warehouse and DAGSTER_HOME, and starts the runs' JVMs,
+    # which inherit its umask (cdc_assets/model/file_modes.py). A root an older release made is tightened.
+    apply_umask()
+    tightened = [done for done in (tighten_root(warehouse_root()),) if done]
+    home = settings.DAGSTER_HOME.value()
+    if home:
+        # Dagster opens the instance (its run and schedule databases) before it loads this code: those files
+        # and their folders were made under the umask the command started with. Its run folders are made later.
+        tightened += [done for folder in ("", "history", "history/runs", "schedules", "storage") for done in tighten_files_in(Path(home, folder))]
+    for done in tightened:
+        logging.getLogger(__name__).warning(f"tightened {done}: only its owner reaches it (docs/operations.md, File modes)")
     # What runs would fail on fails the code location at load instead, naming why: an unsupported
-    # CDC_WAREHOUSE (gs://, ...), a bucket without a REST catalog, a CDC_SPARK_CONF that is not a JSON object.
+    # CDC_WAREHOUSE (gs://, ...), a bucket without a REST catalog, a CDC_SPARK_CONF that is not a JSON object,
+    # a CDC_UMASK or CDC_SHOW_VALUES that is none of their values.
     LakeCatalog.from_environment(warehouse_root())
     spark_conf_from_env()
+    show_values()  # a CDC_SHOW_VALUES that is none of its values, which the IO manager reads after a write
     spark = PipelineSparkResource.from_environment()
     warehouse = PartitionedParquetIOManager.from_environment(spark)
     alert_webhook = AlertWebhook(

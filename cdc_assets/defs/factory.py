@@ -47,6 +47,7 @@ from cdc_assets.defs.automation import build_daily_schedule, build_landing_senso
 from cdc_assets.defs.asset_descriptions import ASSET_DESCRIPTIONS
 from cdc_assets.defs.checks import build_table_checks
 from cdc_assets.model.config import TableConfig
+from cdc_assets.model.masking import shown_column_names
 from cdc_assets.defs.freshness import freshness_definitions
 from cdc_assets.defs.asset_keys import asset_key
 from cdc_assets.model.names import (
@@ -70,6 +71,7 @@ from cdc_assets.defs.erasure_events import build_erase_job
 from resources.parquet_io_manager import (
     CONFIGURED_COLUMNS,
     RENAMED_COLUMNS,
+    SHOWN_COLUMNS,
     STATE_LOAD_TYPE,
     LazyPartitions,
     PartitionedParquetIOManager,
@@ -115,12 +117,17 @@ class TableDefinitions:
 def columns_metadata(config: TableConfig) -> dict[str, str]:
     """An asset's definition metadata naming the config's columns (with their former names) and its renamed
     ones: before it writes, the IO manager renames the renamed columns in the asset's Iceberg table and
-    drops the columns the config no longer has."""
+    drops the columns the config no longer has. And the columns whose values its previews may show
+    (cdc_assets/model/masking.py: neither keys nor ``sensitive: true``)."""
     renamed = {column.name: list(column.renamed_from) for column in config.columns if column.renamed_from}
     names = [name for column in config.columns for name in (column.name, *column.renamed_from)]
     if config.changes is not None:  # a change set's own source columns, which some outputs keep beside the table's
         names += [*([config.changes.operation_column] if config.changes.operation_column else []), *config.changes.sequence_columns]
-    return {CONFIGURED_COLUMNS: json.dumps(names), **({RENAMED_COLUMNS: json.dumps(renamed)} if renamed else {})}
+    return {
+        CONFIGURED_COLUMNS: json.dumps(names),
+        SHOWN_COLUMNS: json.dumps(shown_column_names(config)),
+        **({RENAMED_COLUMNS: json.dumps(renamed)} if renamed else {}),
+    }
 
 
 def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:

@@ -43,6 +43,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.engines.process import (
     HOST,
     log_tail,
@@ -290,6 +291,7 @@ def _wait_until_ready(handle: ClusterHandle, timeout: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     parser = argparse.ArgumentParser(prog="python -m cdc_assets.engines.cluster", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["start", "stop", "status"])
     parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"pid files, logs, executors' work dirs (default: {DEFAULT_STATE_DIR})")

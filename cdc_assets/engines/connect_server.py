@@ -44,6 +44,7 @@ from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.model import settings
 from cdc_assets.engines.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.engines.process import (
@@ -61,7 +62,7 @@ from cdc_assets.engines.process import (
     stop_group,
     write_number_file,
 )
-from cdc_assets.engines.spark_conf import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
+from cdc_assets.engines.spark_conf import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, file_mode_conf, spark_conf_from_env
 from cdc_assets.engines.spark_home import launcher, spark_env, write_properties_file
 
 DEFAULT_PORT = int(settings.SPARK_CONNECT_PORT.default)
@@ -160,7 +161,7 @@ def server_conf(port: int, master: str | None = None, conf: dict[str, str] | Non
     """The master and the conf a server on ``port`` gets (in its properties file)."""
 
     resolved_master = master or settings.SPARK_MASTER.value() or "local[*]"
-    merged = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS}
+    merged = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS, **file_mode_conf()}  # the server writes the runs' files
     if resolved_master.startswith("local"):
         merged.update(LOCAL_DEFAULTS)
         # One JVM serves every run at once: sized for them, not for one.
@@ -389,6 +390,7 @@ def _wait_until_ready(handle: ServerHandle, timeout: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_umask()  # first: what it writes and every process it starts is its owner's only (CDC_UMASK)
     parser = argparse.ArgumentParser(prog="python -m cdc_assets.engines.connect_server", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["start", "stop", "status"])
     parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"pid file and log (default: {DEFAULT_STATE_DIR})")

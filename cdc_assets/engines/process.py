@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from cdc_assets.model.file_modes import configured_umask
+
 HOST = "127.0.0.1"
 
 # Processes this Python process started, so that they are reaped (no zombie looks alive).
@@ -87,14 +89,16 @@ def start_detached(
 
     Ctrl-C of the caller does not reach it, and it inherits no file descriptor but ``pass_fds`` (e.g. a
     lock it is to hold; never a lock its starter holds). ``keep_previous_log`` moves an existing log to
-    ``<log>.1`` first, e.g. to read after a crash.
+    ``<log>.1`` first, e.g. to read after a crash. It runs under ``CDC_UMASK`` (cdc_assets/model/file_modes.py),
+    whoever starts it: a server a test or another tool starts writes what a command would.
     """
+    umask = configured_umask()
     if keep_previous_log and log_path.exists():
         log_path.replace(log_path.with_name(f"{log_path.name}.1"))
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             list(command), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=cwd,
-            start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
+            start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds), umask=-1 if umask is None else umask,
         )  # fmt: skip
     _CHILDREN[process.pid] = process
     return process.pid

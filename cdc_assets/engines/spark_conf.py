@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from cdc_assets.model import settings
+from cdc_assets.model.file_modes import configured_umask
 from cdc_assets.engines.process import HOST
 
 # Conf the pipeline relies on; anything here can still be overridden.
@@ -52,6 +53,18 @@ LOOPBACK_DEFAULTS: dict[str, str] = {
 # The commands that print or write a result (cdc-current, cdc-erase, the demo's report, ...): nobody
 # looks at a UI that lives as long as the command.
 NO_UI: dict[str, str] = {"spark.ui.enabled": "false"}
+
+
+# Hadoop's file systems (what Spark writes Parquet and Iceberg's metadata through) set each new file's and
+# folder's mode from this umask, not the process's: 022 unless told, so 0644 files under a 0077 process.
+HADOOP_UMASK = "spark.hadoop.fs.permissions.umask-mode"
+
+
+def file_mode_conf() -> dict[str, str]:
+    """The JVM conf that makes Hadoop's writes obey ``CDC_UMASK`` (cdc_assets/model/file_modes.py); none
+    under ``inherit``. Before ``CDC_SPARK_CONF``, which may override it."""
+    umask = configured_umask()
+    return {} if umask is None else {HADOOP_UMASK: f"{umask:03o}"}
 
 
 SPARK_CONF_ENV = settings.SPARK_CONF.name

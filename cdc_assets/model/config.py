@@ -96,6 +96,14 @@ class Column(BaseModel):
 
     name: str
     type: str
+    # Strict: a YAML string ("false") is a typo here, not a choice.
+    sensitive: bool | None = Field(
+        default=None,
+        strict=True,
+        description="Whether the column's values are kept out of everything the project shows (materialization "
+        "previews, errors, logs, alerts): true masks them. Unset: a key column is sensitive, any other is not "
+        "(docs/erasure.md, what Dagster keeps).",
+    )
     renamed_from: tuple[str, ...] = Field(
         default=(),
         description="The column's former name(s), newest first (one name, or a list): a rename between dates. "

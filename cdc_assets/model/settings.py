@@ -126,6 +126,17 @@ DAGSTER_HOME = _setting(
     "DAGSTER_HOME", "", "`.dagster_home/` under `make`",
     "the Dagster instance: runs, schedules, sensors, pools (`make demo` and `make ui` copy `instance/dagster.yaml` into it)",
 )  # fmt: skip
+SHOW_VALUES = _setting(
+    "CDC_SHOW_VALUES", "masked", "`masked`",
+    "which row values previews, errors and logs show (Dagster keeps them: [erasure.md](erasure.md#what-dagster-keeps)): "
+    "`masked`, non-key columns not `sensitive: true` only; `none`, no row value; `all`, every value (data that is no one's)",
+)  # fmt: skip
+UMASK = _setting(
+    "CDC_UMASK", "077", "`077`",
+    "the umask the project's commands, code location and servers set, inherited by their JVMs: `077`, folders 0700 and "
+    "files 0600; e.g. `027` lets the group read; `inherit` keeps the one they were started with "
+    "([file modes](operations.md#file-modes))",
+)  # fmt: skip
 
 SESSION_TOKEN = _setting("AWS_SESSION_TOKEN", "", "", "AWS's session token, beside temporary keys (object-storage.md)", documented=False)
 # Not for users: what `make ui` tells the servers it starts, and the fault tests' seam (resources/storage/fault_injection.py).

@@ -27,6 +27,7 @@ from cdc_assets.core.capture.state import StateSince, compaction_due, untouched_
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.intake.columns import CHANGE_SEQUENCE
 from cdc_assets.model.config import DuplicateKeyPolicy, Retention, TableConfig
+from cdc_assets.model.masking import ValueMask
 from cdc_assets.model.names import (
     APPLIED_SEQUENCES,
     CLASSIFICATION,
@@ -345,4 +346,5 @@ def change_set_rules(table: TableConfig) -> ChangeSetRules | None:
         tombstone_retention_days=table.changes.tombstone_retention_days,
         quarantine_ties=table.duplicate_keys is DuplicateKeyPolicy.quarantine,
         hashed_non_keys=tuple((column.name, column.type) for column in table.non_keys),
+        mask=ValueMask.for_table(table),
     )

@@ -19,7 +19,14 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.model import settings
 from cdc_assets.engines.iceberg_runtime import with_iceberg_runtime
-from cdc_assets.engines.spark_conf import LOCAL_DEFAULTS, LOOPBACK, LOOPBACK_DEFAULTS, PIPELINE_DEFAULTS, spark_conf_from_env
+from cdc_assets.engines.spark_conf import (
+    LOCAL_DEFAULTS,
+    LOOPBACK,
+    LOOPBACK_DEFAULTS,
+    PIPELINE_DEFAULTS,
+    file_mode_conf,
+    spark_conf_from_env,
+)
 from cdc_assets.engines.spark_home import write_properties_file
 from resources.session.spark_target import SparkTarget, connect_session, resolve_spark_target, spark_master_from_env
 from resources.storage.object_store import ObjectStore
@@ -92,6 +99,7 @@ def spark_config(master: str | None, extra: dict[str, str], conf: dict[str, Any]
         resolved_master = master or "local[*]"
         merged["spark.master"] = resolved_master
         merged.update(LOOPBACK_DEFAULTS)
+        merged.update(file_mode_conf())  # a JVM of the run's own: its Hadoop writes obey CDC_UMASK
         if resolved_master.startswith("local"):
             merged.update(LOCAL_DEFAULTS)
     merged.update(extra)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from cdc_assets.model import settings
+from cdc_assets.model.file_modes import owner_only_folder
 from resources.storage.object_store import DEFAULT_REGION, ObjectStore, is_object_store
 
 # The name Spark and pyiceberg open the catalog under (also the key of its rows in the SQLite file).
@@ -129,7 +130,7 @@ def open_catalog_once(root: str, open_catalog: Callable[[], object]) -> None:
     eventually update SQL schema". Once the tables are there, opening only reads them and needs no lock."""
     if catalog_ready(root):
         return
-    os.makedirs(root, exist_ok=True)
+    owner_only_folder(root)  # a new warehouse, or one an older release left readable by others (CDC_UMASK)
     with open(os.path.join(root, INIT_LOCK_FILE), "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

@@ -63,6 +63,7 @@ from cdc_assets.core.compare import CHANGED_COLUMNS, no_changed_columns
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH, canonical_text, framed
 from cdc_assets.core.intake.incoming import SAMPLE_SIZE, DuplicateKeysError
 from cdc_assets.core.intake.columns import CHANGE_FLAG, CHANGE_SEQUENCE, TRUNCATE, UNAVAILABLE_COLUMNS
+from cdc_assets.model.masking import ValueMask
 
 # applied_sequences: the last sequence applied to each key, and whether that change deleted it.
 SEQUENCE, DELETED, APPLIED_ON = "sequence", "deleted", "applied_on"
@@ -95,6 +96,8 @@ class ChangeSetRules:
     quarantine_ties: bool = False  # duplicate_keys: quarantine; else a tie fails the date
     # The tracked non-keys with their types: a record whose left-out columns are filled in is hashed again.
     hashed_non_keys: tuple[tuple[str, str], ...] = ()
+    # Which values an error may show (model/masking.py); None: the keys are masked.
+    mask: ValueMask | None = None
 
 
 @dataclass
@@ -302,9 +305,9 @@ def _tie_error(ranked: DataFrame, rules: ChangeSetRules, business_date: date, ti
         .limit(SAMPLE_SIZE)
         .collect()
     )
+    mask = rules.mask or ValueMask.for_columns(())
     shown = "; ".join(
-        "{" + ", ".join(f"{name}={row[name]!r}" for name in rules.key_columns) + f"}} at sequence {row['_sequence']}"
-        for row in samples
+        mask.key(rules.key_columns, [row[name] for name in rules.key_columns]) + f" at sequence {row['_sequence']}" for row in samples
     )
     example = f", e.g. key_hash {samples[0][KEY_HASH]}" if samples else ""
     return DuplicateKeysError(

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, Row, Window
 from pyspark.sql import functions as F
 
 from cdc_assets.model.config import INTERNAL_PREFIX, BadRecordPolicy, DuplicateKeyPolicy, ErasedKeys, LoadType, TableConfig
+from cdc_assets.model.masking import ValueMask
 from cdc_assets.core.caching import persist
 from cdc_assets.core.errors import SummarizedError
 from cdc_assets.core.hashing import KEY_HASH, add_hashes
@@ -89,8 +90,11 @@ def _bad_records_error(validated: DataFrame, config: TableConfig, business_date:
         .collect()
     )
     summary = f"table {config.name}, {business_date}: {count} bad record(s); nothing was written for this date."
+    # The message stays in Dagster's event log, beyond an erase: the raw record (every field of it) and a
+    # masked column's value in the reason are shown only as CDC_SHOW_VALUES allows (model/masking.py).
+    mask = ValueMask.for_table(config)
     lines = [
-        f"  {row[SOURCE_FILE]} record {row['_record_number']}: {row[REJECT_REASON]} (raw: {row[RAW_RECORD]})"
+        f"  {row[SOURCE_FILE]} record {row['_record_number']}: {mask.reason(row[REJECT_REASON])} (raw: {mask.raw(row[RAW_RECORD])})"
         for row in samples
     ]
     lines.append("Fix the extract, or set bad_records: quarantine to set such rows aside.")
@@ -108,9 +112,8 @@ def _duplicate_keys_error(
         .orderBy(F.desc("count"), KEY_HASH)
         .collect()
     )
-    shown = "; ".join(
-        "{" + ", ".join(f"{name}={row[name]!r}" for name in config.key_names) + f"}} x{row['count']}" for row in rows
-    )
+    mask = ValueMask.for_table(config)  # keys are masked unless a key is `sensitive: false` (model/masking.py)
+    shown = "; ".join(mask.key(config.key_names, [row[name] for name in config.key_names]) + f" x{row['count']}" for row in rows)
     first = rows[0] if rows else None
     example = f", e.g. key_hash {first[KEY_HASH]} x{first['count']}" if first else ""
     return DuplicateKeysError(

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc_assets.model.config import DEBEZIUM_OPERATIONS, INTAKE_COLUMNS, INTERNAL_PREFIX, SourceFormat, TableConfig
+from cdc_assets.model.masking import ValueMask
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.intake.encoding import LOSSLESS, SourceEncoding, reason
 from cdc_assets.core.intake.debezium import read_debezium
@@ -133,9 +134,15 @@ def header_mismatch(config: TableConfig, error: BaseException) -> SourceError | 
     if match is None:
         return None
     if match["file"]:
+        # A file landed without its header shows its first record here, which stays in Dagster's event log: a
+        # header that is not all column names is shown as CDC_SHOW_VALUES allows a raw record (model/masking.py).
+        mask, names = ValueMask.for_table(config), {name.lower() for name in _source_columns(config)}
+        header, found = match["header"], repr(match["found"])
+        if not all(field.strip().lower() in names for field in header.split(",")):
+            header, found = mask.raw(header), mask.raw(found)
         file, detail = match["file"], (
-            f"it lists {match['header']} where {match['schema']} was expected "
-            f"(first difference: {match['found']!r} where {match['expected']!r} was expected)"
+            f"it lists {header} where {match['schema']} was expected "
+            f"(first difference: {found} where {match['expected']!r} was expected)"
         )
     else:
         file, detail = match["file2"], (
