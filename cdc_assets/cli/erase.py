@@ -34,8 +34,8 @@ from resources.spark import PipelineSparkResource
 from cdc_assets.engines.spark_conf import NO_UI
 from resources.storage.erasure import TORN, torn_ledger_error
 
-# What the erase leaves outside the warehouse, said at the end of every erase (docs/erasure.md, "Where a
-# value can be held"): Dagster's event log keeps what the runs' materializations and logs recorded.
+# What the erase leaves outside the warehouse, said at the end of every erase (docs/erasure.md, "What holds
+# key values"): Dagster's event log keeps what the runs' materializations and logs recorded.
 NOT_ERASED = (
     "cdc-erase: not erased (outside the warehouse): the source extracts under the landing path; Dagster's "
     "event log and compute logs in DAGSTER_HOME (earlier materializations' metadata, and the messages of "
