@@ -11,6 +11,7 @@ preview: it showed the rows as they were.
 
 import os
 from collections import defaultdict
+from datetime import date, timedelta
 from collections.abc import Iterator
 
 from dagster import (
@@ -18,6 +19,7 @@ from dagster import (
     AssetRecordsFilter,
     Config,
     DagsterInstance,
+    Failure,
     MetadataValue,
     OpExecutionContext,
     ResourceParam,
@@ -73,25 +75,67 @@ def erasure_materializations(instance: DagsterInstance, config: TableConfig, sto
 
 
 def erasure_check_evaluations(instance: DagsterInstance, io_manager: PartitionedParquetIOManager, config: TableConfig, days: list[str]):
-    """The table's checks of ``days``, evaluated again on what is stored and recorded now.
-
-    A date whose staging outputs ``retention.staging_days`` dropped cannot be checked again (the checks
-    count hashed_incoming, rejects and the classification): its earlier evaluations stand."""
-    storage = io_manager.storage
-    staging = (HASHED_INCOMING, REJECTS, CLASSIFICATION, *((LATE_CHANGES,) if config.changes is not None else ()))
-    days = [day for day in days if all(storage.has_partition(config.name, asset, day) for asset in staging)]
-    # The checks reconcile against the figures the date's runs recorded in this instance: a date another
-    # instance ran (hosts sharing a lake) has none here, so it is not evaluated again (the ledger records the
-    # erase, and `cdc-erase --verify` checks it from any host).
-    recorded = (asset_key(config, HASHED_INCOMING), asset_key(config, CLASSIFICATION))
-    days = [day for day in days if all(_latest_metadata(instance, key, day) is not None for key in recorded)]
-    if not days:
-        return []
+    """The table's checks of ``days``, evaluated again on what is stored and recorded now: the intake
+    checks of the dates whose staging outputs are stored, the CDC checks of those whose states are too
+    (:func:`rechecked`); the others' earlier evaluations stand."""
+    intake_days, cdc_days, _ = rechecked(instance, io_manager.storage, config, days)
     keys = asset_keys(config)
-    evaluations = [evaluation(keys, day, outcome) for day, outcome in intake_outcomes(instance, io_manager, config, days)]
-    for day, outcomes in cdc_outcomes(instance, io_manager, config, days):
-        evaluations += [evaluation(keys, day, outcome) for outcome in outcomes]
+    evaluations = []
+    if intake_days:
+        evaluations += [evaluation(keys, day, outcome) for day, outcome in intake_outcomes(instance, io_manager, config, intake_days)]
+    if cdc_days:
+        for day, outcomes in cdc_outcomes(instance, io_manager, config, cdc_days):
+            evaluations += [evaluation(keys, day, outcome) for outcome in outcomes]
     return evaluations
+
+
+def rechecked(instance: DagsterInstance, storage, config: TableConfig, days: list[str]) -> tuple[list[str], list[str], dict[str, str]]:
+    """Which of ``days`` get their checks evaluated again: (intake check dates, CDC check dates, and per
+    date what is not evaluated again and why). Only what is stored is checked again.
+
+    The intake checks read the date's staging outputs (hashed_incoming, rejects, the classification, a
+    change set's late_changes); the CDC checks also its state and the state of the day before (its rows).
+    A date retention dropped one of (``retention.staging_days``, ``retention.current_days``) keeps the
+    earlier evaluations of the checks that read it. So does a date whose figures this instance never
+    recorded: the checks reconcile against the figures the date's runs recorded, and a date another
+    instance ran (hosts sharing a lake) has none here (the ledger records the erase, and
+    ``cdc-erase --verify`` checks it from any host)."""
+    table = config.name
+    staging = (HASHED_INCOMING, REJECTS, CLASSIFICATION, *((LATE_CHANGES,) if config.changes is not None else ()))
+    recorded = (asset_key(config, HASHED_INCOMING), asset_key(config, CLASSIFICATION))
+
+    def missing(parts: list[tuple[str, str]]) -> str:
+        absent = [(asset, on) for asset, on in parts if not storage.has_partition(table, asset, on)]
+        if not absent:
+            return ""
+        dropped = any(storage.dropped_partition(table, asset, on) for asset, on in absent)
+        return f"{', '.join(f'{asset} {on}' for asset, on in absent)} {'dropped by retention' if dropped else 'not stored'}"
+
+    intake_days, cdc_days, skipped = [], [], {}
+    for day in days:
+        if not all(_latest_metadata(instance, key, day) is not None for key in recorded):
+            skipped[day] = "no check evaluated again: no run of it recorded its figures in this Dagster instance"
+            continue
+        absent = missing([(asset, day) for asset in staging])
+        if absent:
+            skipped[day] = f"no check evaluated again: {absent}"
+            continue
+        intake_days.append(day)
+        states = [(CURRENT, day)]
+        before = (date.fromisoformat(day) - timedelta(days=1)).isoformat()
+        if date.fromisoformat(before) >= config.start_date:
+            states.append((CURRENT, before))
+        absent = missing(states)
+        if absent:
+            skipped[day] = f"the CDC checks not evaluated again: {absent}"
+        else:
+            cdc_days.append(day)
+    return intake_days, cdc_days, skipped
+
+
+def not_rechecked(instance: DagsterInstance, storage, config: TableConfig, days: list[str]) -> dict[str, str]:
+    """Per date of ``days``, the checks not evaluated again and why (:func:`rechecked`)."""
+    return rechecked(instance, storage, config, days)[2]
 
 
 def touched_days(result: ErasureResult) -> list[str]:
@@ -171,6 +215,11 @@ def build_erase_job(table: TableConfig):
         yield from erasure_materializations(context.instance, table, storage, result)
         for check in erasure_check_evaluations(context.instance, parquet_io_manager, table, touched_days(result)):
             context.instance.report_runless_asset_event(check)
+        for day, why in sorted(not_rechecked(context.instance, storage, table, touched_days(result)).items()):
+            context.log.info(f"{table.name} {day}: {why}; their earlier results stand")
+        if result.left:
+            # The request is recorded incomplete (ledger): the run fails, naming what is left.
+            raise Failure(description=f"{table.name}: the erase is incomplete; left: " + "; ".join(result.left))
 
     @job(name=f"{table.name}_erase", description=f"Erase keys from every stored partition of {table.name} (docs/erasure.md).")
     def erase_job():
@@ -185,11 +234,14 @@ def describe(config: TableConfig, result: ErasureResult) -> str:
     for (asset, _), rows in result.removed.items():
         assets[asset] += rows
     unverifiable = sum(result.unverifiable_rejects.values())
+    copies = sum(result.stored_copies.values())
     return (
         f"{config.name}: erase request {result.request_id}{' (resumed)' if result.resumed else ''}: {result.keys} key(s), "
         f"{result.rows_removed} row(s) removed from {len(result.removed)} partition(s)"
         + (" (" + ", ".join(f"{asset} {rows}" for asset, rows in sorted(assets.items())) + ")" if assets else "")
+        + (f"; {copies} stored row(s) of the keys in data files of an incremental state rewritten" if copies else "")
         + f"; {result.bytes_rewritten} of {result.bytes_stored} stored bytes rewritten"
-        + (f"; {unverifiable} reject(s) name no parseable key and were kept (unverifiable)" if unverifiable else "")
-        + f". Replaced snapshots expired and their files deleted; ledger {os.path.join('_erasures', result.request_id)}."
+        + (f"; {unverifiable} reject(s) may hold a key and could not be checked (kept)" if unverifiable else "")
+        + f". Replaced snapshots expired and their files deleted; ledger {os.path.join('_erasures', result.request_id)}"
+        + (f", incomplete: {len(result.left)} thing(s) left, listed in its request.json (left)." if result.left else ", complete (verified).")
     )

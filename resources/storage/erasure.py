@@ -4,8 +4,8 @@ A request's folder holds the erased keys' hashes (``key_hashes/``, Parquet, writ
 value, however many keys) and ``request.json``: when, who (process or run), why, and the partitions
 the erase rewrote with the rows it removed. ``request.json`` is written last and replaced atomically
 as the erase goes on, so a request without it is one whose erase was killed before it began, and the
-intake applies every request that has it (``status`` "erasing" or "complete"): a key being erased is
-already erased for the runs that follow.
+intake applies every request that has it (``status`` "erasing", "complete" or "incomplete": erased as
+far as it could be, with what is left): a key being erased is already erased for the runs that follow.
 
 Durability: the key hash files and their folders are synced to disk before ``request.json`` first
 names them, and ``request.json`` records each file's size and SHA-256 (``key_hash_files``), so a ledger

@@ -132,6 +132,15 @@ class MergedStates:
             masked += pc.sum(pc.is_in(paths, value_set=targets)).as_py() or 0
         return records - masked
 
+    def data_files(self, table: str, asset: str) -> list[str]:
+        """Every data file a tag or ``main`` reads, as Iceberg names it: the files an erase must leave without
+        the keys. A file a position delete masks rows of is one of them, its masked rows included."""
+        loaded = self.tables.load(table, asset)
+        if loaded is None:
+            return []
+        snapshots = {ref.snapshot_id for ref in loaded.metadata.refs.values()}
+        return sorted({task.file.file_path for snapshot in snapshots for task in loaded.scan(snapshot_id=snapshot).plan_files()})
+
     def bytes(self, table: str, asset: str, day: str) -> int:
         """Bytes of the data and delete files the state as of ``day`` reads (its tag's snapshot)."""
         loaded = self.tables.load(table, asset)

@@ -6,8 +6,12 @@ nothing trimmed or case-folded: ``'C001  '``, ``'C001'`` and ``'c001'`` are thre
 erased keys holds no key value and every stored dataset that carries ``key_hash`` is matched by one
 broadcast join. The rejects hold a raw record instead: its key is parsed out of it where the record
 says which value is which (the JSON the intake writes for a record that failed a cast or a duplicate
-key, or a Debezium event); a record whose key cannot be parsed (a malformed CSV line, a key that does
-not cast) is *unverifiable*, counted and reported, never silently taken for clean.
+key, or a Debezium event). Given the request's key values (the keys file), a record whose key cannot
+be parsed is matched by its values (:func:`reject_holds_key`): a CSV line (a malformed one: a field too
+many or too few) is split into fields with the table's own CSV options, and holds a key when its fields
+hold each of the key's values; any other record whose key cannot be told (a line of a JSON or Debezium
+source that is not JSON, a CSV line whose values are not whole fields) *may hold* the key when its text
+holds each key value's text: it cannot be checked, and is reported as such, never taken for clean.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pyspark.sql import functions as F
 
 from cdc_assets.model.config import INTERNAL_PREFIX, SourceFormat, TableConfig
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH, add_hashes
+from cdc_assets.core.intake.source import CSV_DEFAULTS
 
 # A rejects row's key hash, parsed from its raw record: NULL when the record's key cannot be parsed.
 RAW_KEY_HASH = f"{INTERNAL_PREFIX}raw_key_hash"
@@ -148,3 +153,89 @@ def without(frame: DataFrame, erased: DataFrame, key_hash: str = KEY_HASH) -> Da
     """``frame`` without the rows of erased keys, its columns in their order (NULL hashes are kept)."""
     kept = frame.join(F.broadcast(erased.withColumnRenamed(KEY_HASH, key_hash)), on=key_hash, how="left_anti")
     return kept.select(*frame.columns)
+
+
+# A rejected CSV line as fields: split with at most this many more fields than the table's columns
+# (more are dropped: a line that long holds a key's value among its first fields, or is text, not a record).
+_SPARE_FIELDS = 16
+# The CSV options that say how a line splits into fields and what a field's text is (the rest, such as
+# header or mode, are about files, not one line).
+_LINE_OPTIONS = ("sep", "delimiter", "quote", "escape", "ignoreLeadingWhiteSpace", "ignoreTrailingWhiteSpace", "nullValue", "emptyValue")
+# The rejects' column holding a record's fields (a CSV source's line that is not JSON), or NULL.
+RAW_FIELDS = f"{INTERNAL_PREFIX}raw_fields"
+# An erased key's columns as text, beside its typed columns, for a text search of unparsed records.
+_KEY_TEXT = f"{INTERNAL_PREFIX}key_text_"
+
+
+def reject_line_options(config: TableConfig) -> dict[str, str]:
+    """How one rejected CSV line of ``config``'s table splits into fields: its own CSV options (delimiter,
+    quote, escape, trimming), as the intake reads its extracts."""
+    given = {key.lower(): str(value) for key, value in {**CSV_DEFAULTS, **config.source.options}.items()}
+    return {name: given[name.lower()] for name in _LINE_OPTIONS if name.lower() in given}
+
+
+def with_raw_fields(rejects: DataFrame, config: TableConfig) -> DataFrame:
+    """``rejects`` plus :data:`RAW_FIELDS`: for a CSV source, the fields of each raw record that is not a JSON
+    object (a malformed line), split with the table's CSV options (:func:`reject_line_options`); else NULL."""
+    if config.source.format is not SourceFormat.csv:
+        return rejects.withColumn(RAW_FIELDS, F.lit(None).cast("array<string>"))
+    width = len(config.columns) + (1 if config.changes is not None and config.change_set.operation_column else 0) + _SPARE_FIELDS
+    schema = ", ".join(f"f{index} string" for index in range(width))
+    parsed = F.from_csv(F.col(RAW_RECORD), schema, reject_line_options(config))
+    fields = F.filter(F.array(*(parsed[f"f{index}"] for index in range(width))), lambda field: field.isNotNull())
+    is_json = F.get_json_object(F.col(RAW_RECORD), "$").isNotNull() & F.startswith(F.ltrim(F.col(RAW_RECORD)), F.lit("{"))
+    return rejects.withColumn(RAW_FIELDS, F.when(~is_json, fields))
+
+
+def erased_keys_for_rejects(values: DataFrame, key_columns: Sequence[tuple[str, str]]) -> DataFrame:
+    """The erased keys (typed key columns, as :func:`erased_key_values` gives) with their ``key_hash`` and
+    each key column as text: what :func:`reject_holds_key` and :func:`reject_may_hold_key` compare with."""
+    hashed = add_hashes(values.select(*(name for name, _ in key_columns)), list(key_columns), []).drop(NON_KEY_HASH)
+    return hashed.withColumns({f"{_KEY_TEXT}{index}": F.col(f"`{name}`").cast("string") for index, (name, _) in enumerate(key_columns)})
+
+
+def reject_holds_key(key_columns: Sequence[tuple[str, str]], key_prefix: str = "") -> F.Column:
+    """A join condition of rejects (with :data:`RAW_KEY_HASH` and :data:`RAW_FIELDS`) and erased keys
+    (:func:`erased_keys_for_rejects`, its columns prefixed by ``key_prefix``): the reject holds the key.
+
+    Its parsed key is the key; or its key cannot be parsed and its fields (a CSV line) hold each of the
+    key's values, each field cast as the intake casts that key column: a line with a field too many
+    (an unquoted delimiter) still holds the key it was written for, wherever the extra field is. A line
+    of another key that holds this key's values in other fields is taken too: an erase removes what
+    may be the person's record rather than keep it (the extract still holds the line)."""
+    by_hash = F.col(RAW_KEY_HASH) == F.col(f"{key_prefix}{KEY_HASH}")
+    by_fields = F.col(RAW_KEY_HASH).isNull() & F.col(RAW_FIELDS).isNotNull()
+    for name, spark_type in key_columns:
+        wanted = F.col(f"{key_prefix}{name}")
+        by_fields = by_fields & F.exists(F.col(RAW_FIELDS), _field_is(wanted, spark_type))
+    return by_hash | by_fields
+
+
+def _field_is(wanted: F.Column, spark_type: str):
+    """A field's test (one argument: Spark's higher-order functions count the lambda's parameters)."""
+    return lambda field: field.try_cast(spark_type) == wanted
+
+
+def reject_may_hold_key(key_columns: Sequence[tuple[str, str]], key_prefix: str = "", separator: str = ",") -> F.Column:
+    """A join condition as :func:`reject_holds_key`'s: the reject does not hold the key by that rule, its key
+    cannot be parsed, and it holds each key value's text where its structure is lost: in a CSV line's field
+    that holds the ``separator`` too (an unclosed quote made one field of the rest of the line), or anywhere
+    in a record that is neither JSON nor a CSV line (a JSON or Debezium source's malformed line). It
+    cannot be checked: it may be the key's record. A value inside an ordinary longer field (``9876540``)
+    is not the key."""
+    unparsed = F.col(RAW_KEY_HASH).isNull() & ~F.coalesce(reject_holds_key(key_columns, key_prefix), F.lit(False))
+    for index in range(len(key_columns)):
+        text = F.col(f"{key_prefix}{_KEY_TEXT}{index}")
+        in_merged_field = F.exists(F.col(RAW_FIELDS), _field_holds(text, separator))
+        unparsed = unparsed & F.when(F.col(RAW_FIELDS).isNotNull(), in_merged_field).otherwise(F.contains(F.col(RAW_RECORD), text))
+    return unparsed
+
+
+def _field_holds(text: F.Column, separator: str):
+    return lambda field: F.contains(field, F.lit(separator)) & F.contains(field, text)
+
+
+def reject_separator(config: TableConfig) -> str:
+    """The delimiter a rejected CSV line of ``config``'s table is split at."""
+    options = reject_line_options(config)
+    return options.get("sep", options.get("delimiter", ","))
