@@ -537,3 +537,60 @@ def test_every_port_of_the_lake_refuses_an_unsigned_client_while_signed_s3_and_t
     assert len(held) > 10 and any(path.suffix == ".dat" for path in held)
     assert [path for path in held if os.stat(path).st_mode & 0o077] == []
     assert os.environ["AWS_SECRET_ACCESS_KEY"].encode() not in (lake.state_dir / "security.toml").read_bytes()
+
+
+# -- an erase leaves no byte on the lake's disk (issue 46, point 6) ------------------------------------------
+
+
+def _files_holding(folder: Path, needle: bytes) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file() and not path.is_symlink() and needle in path.read_bytes())
+
+
+def test_an_erase_on_the_lake_leaves_the_erased_value_in_no_file_of_the_lakes_data_folder(spark, tmp_path, monkeypatch, lake):
+    import secrets
+
+    value = f"erasable-{secrets.token_hex(12)}"
+    extracts, configs = tmp_path / "extracts", tmp_path / "configs"
+    (extracts / "full").mkdir(parents=True)
+    (extracts / "full" / f"{DAYS[0]}.csv").write_text(f"id,name,amount\n1,kept-one,1.00\n2,{value},2.00\n3,kept-three,3.00\n")
+    config = _config(configs, "full")
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    keys = tmp_path / "keys.csv"
+    keys.write_text("id\n2\n")
+    data = lake.state_dir / "data"
+    (tmp_path / "home").mkdir()
+    # The extract stays local (the erase is not its owner's deletion of it): the lake holds only what the runs wrote.
+    variables = {**lake_variables(lake), "CDC_DATA_ROOT": str(extracts)}
+    with pointed_at(monkeypatch, variables), DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
+        assert all(result.success for result in run_dates(definitions_for(config), DAYS[:1], instance))
+        held = _files_holding(data, value.encode())
+        assert any(path.endswith(".dat") for path in held), f"before the erase, a volume file holds the value: {held}"
+        assert _erase(config, keys) == 0
+        assert _files_holding(data, value.encode()) == [], "after the erase, no file of the lake's disk holds the value"
+        on_lake = WarehouseStorage(lake_variables(lake)["CDC_WAREHOUSE"])
+        assert [row[0] for row in _rows(on_lake, spark, config.name, CURRENT, DAYS[0])] == [1, 3]
+        assert [request["status"] for request in on_lake.erasure_requests(config.name)] == ["complete"]
+
+
+def test_compacting_refuses_a_versioned_bucket_naming_it_and_vacuums_the_lake_otherwise(lake, monkeypatch):
+    """A versioned bucket keeps what an erase deleted as noncurrent versions: the erase must not be recorded complete."""
+    import boto3
+
+    from resources.storage.object_store import ObjectStore, VersionedBucketError, compact_deleted_objects
+
+    client = boto3.client("s3", endpoint_url=lake.s3_endpoint, region_name="us-east-1")
+    versioned = f"versioned-{lake.records_bucket}"
+    client.create_bucket(Bucket=versioned)
+    client.put_bucket_versioning(Bucket=versioned, VersioningConfiguration={"Status": "Enabled"})
+    client.put_object(Bucket=versioned, Key="t/data.parquet", Body=b"an old version")
+    client.delete_object(Bucket=versioned, Key="t/data.parquet")
+    assert len(client.list_object_versions(Bucket=versioned, Prefix="t/").get("Versions", [])) == 1, "the old version stays"
+    store = ObjectStore(endpoint=lake.s3_endpoint)
+    monkeypatch.setenv("CDC_LAKE_SERVER_DIR", str(lake.state_dir))
+    with pytest.raises(VersionedBucketError, match=f"bucket {versioned} has versioning enabled.*run the erase again"):
+        compact_deleted_objects(store, [f"s3://{lake.records_bucket}/warehouse", f"s3://{versioned}/t"])
+    client.put_object(Bucket=lake.records_bucket, Key="warehouse/gone.bin", Body=os.urandom(4096))
+    client.delete_object(Bucket=lake.records_bucket, Key="warehouse/gone.bin")
+    assert compact_deleted_objects(store, [f"s3://{lake.records_bucket}/warehouse", "/a/local/folder"]) >= 4096
+    assert compact_deleted_objects(store, ["/a/local/folder"]) == 0, "a local warehouse: nothing to ask"

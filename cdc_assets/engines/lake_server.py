@@ -419,6 +419,8 @@ def lake_environment(handle: LakeHandle) -> dict[str, str]:
         settings.SECRET_KEY.name: secret,
         # The SQL catalog's Derby metastore needs a local folder (cdc-catalog, the SQL endpoint).
         settings.CATALOG_DIR.name: str((handle.state_dir / "sql-catalog").resolve()),
+        # An erase has the lake vacuum its volumes (object_store.compact_deleted_objects).
+        settings.LAKE_SERVER_DIR.name: str(handle.state_dir.resolve()),
     }
 
 
