@@ -152,6 +152,7 @@ class _CuttableProxy:
 
         self._target = target_port
         self._cut = threading.Event()
+        self._unanswered: list = []  # connections accepted after the cut: held open, never answered
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -169,7 +170,8 @@ class _CuttableProxy:
             except OSError:
                 return
             if self._cut.is_set():
-                continue  # accepted, never answered (kept open by the list below? no: left to time out)
+                self._unanswered.append(client)
+                continue
             upstream = socket.create_connection(("127.0.0.1", self._target))
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
@@ -185,6 +187,8 @@ class _CuttableProxy:
 
     def close(self) -> None:
         self._server.close()
+        for connection in self._unanswered:
+            connection.close()
 
 
 def test_a_holder_cut_off_from_the_store_fences_itself_before_another_run_can_take_the_lease(store):
