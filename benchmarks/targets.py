@@ -198,7 +198,7 @@ class Targets:
         from resources.storage.object_store import ObjectStore
 
         data = self.data()
-        handle = lake_server.start(self.workdir / "lake", s3_port=free_port(), catalog_port=free_port())
+        handle = lake_server.start(self.workdir / "lake", s3_port=free_port(), catalog_port=free_port(), metrics=True)
         proxy = CountingProxy(handle.catalog_port)
         variables = {**lake_server.lake_environment(handle), "CDC_CATALOG_URI": proxy.url}
 

@@ -17,6 +17,7 @@ from resources.storage.object_store import ObjectStore
 # What points the project at a lake; the local default is all of them unset.
 LAKE_VARIABLES = (
     "CDC_WAREHOUSE", "CDC_CATALOG_URI", "CDC_CATALOG_WAREHOUSE", "CDC_CATALOG_SIGNING_NAME", "CDC_S3_ENDPOINT", "CDC_DATA_ROOT", "CDC_CATALOG_DIR",
+    "CDC_LAKE_SERVER_DIR",
 )  # fmt: skip
 
 

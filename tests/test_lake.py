@@ -431,3 +431,168 @@ def test_the_landing_sensor_lists_a_dates_files_in_the_bucket_without_spark(tmp_
         upload(extracts, lake)
         after = fingerprint(landed(f"{prefix}/orders/{DAYS[0]}/"))
         assert (after.files, after.size) == (2, 5 + 9) and after.digest != before.digest
+
+
+# -- who can reach the lake (issue 46, point 8) --------------------------------------------------------------
+
+
+def _listening_sockets(group: int) -> tuple[list[int], list[str]]:
+    """Every TCP port and Unix socket the processes of ``group`` listen on, from /proc (not the ports the
+    project recorded: what the kernel says those processes hold)."""
+    inodes = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != group:
+                continue
+            for fd in (entry / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:  # a process that ended meanwhile
+            continue
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                address, port = fields[1].split(":")
+                assert address in ("0100007F", "00000000000000000000000001000000"), f"port {int(port, 16)} listens beyond loopback"
+                ports.append(int(port, 16))
+    unix = sorted({f[7] for f in (line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]) if f[6] in inodes and len(f) > 7})
+    return sorted(set(ports)), unix
+
+
+def _answers_unsigned(port: int, bucket: str) -> list[str]:
+    """What an unsigned client got from ``port``: each request (plain HTTP, TLS without a client certificate,
+    plain gRPC) that was answered with success. Empty: every one was refused."""
+    import http.client
+    import ssl
+
+    import grpc
+
+    answered = []
+    requests = [
+        ("GET", "/dir/assign"), ("GET", "/dir/lookup?volumeId=1"), ("GET", "/1,01"), ("GET", "/vol/status"),
+        ("GET", f"/buckets/{bucket}/warehouse/probe.txt"), ("GET", f"/{bucket}/warehouse/probe.txt"),
+        ("PUT", f"/buckets/{bucket}/warehouse/intruder.txt"), ("DELETE", f"/buckets/{bucket}/warehouse/probe.txt"),
+        ("GET", "/v1/namespaces"), ("GET", "/metrics"), ("GET", "/"),
+    ]  # fmt: skip
+    no_client_certificate = ssl.create_default_context()
+    no_client_certificate.check_hostname, no_client_certificate.verify_mode = False, ssl.CERT_NONE
+    for scheme, connect in (("http", lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=5)),
+                            ("https", lambda: http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=no_client_certificate))):  # fmt: skip
+        for method, path in requests:
+            connection = connect()
+            try:
+                connection.request(method, path, body=b"intruder" if method == "PUT" else None)
+                response = connection.getresponse()
+                if response.status < 300:
+                    answered.append(f"{scheme} {method} {path}: {response.status} {response.read(200)!r}")
+            except (OSError, http.client.HTTPException):  # refused: TLS wanted, a certificate wanted, not HTTP
+                pass
+            finally:
+                connection.close()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # any method: a server that answers at all was reached
+        for method in ("/master_pb.Seaweed/GetMasterConfiguration", "/filer_pb.SeaweedFiler/GetFilerConfiguration"):
+            try:
+                channel.unary_unary(method)(b"", timeout=5)
+                answered.append(f"grpc {method}: OK")
+            except grpc.RpcError as error:
+                if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    answered.append(f"grpc {method}: reached ({error.code().name})")
+    return answered
+
+
+def test_every_port_of_the_lake_refuses_an_unsigned_client_while_signed_s3_and_the_catalog_work(lake):
+    """Any local user can connect to loopback: every server of the lake must need its keys or its certificate."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    from cdc_assets.engines import lake_server
+
+    signed = boto3.client("s3", endpoint_url=lake.s3_endpoint, region_name="us-east-1")
+    signed.put_object(Bucket=lake.records_bucket, Key="warehouse/probe.txt", Body=b"the lake's own")
+    ports, unix_sockets = _listening_sockets(lake.pid)
+    assert {lake.s3_port, lake.catalog_port} < set(ports) and len(ports) >= 8, ports  # master, volume, filer, admin and gRPC
+    answered = {port: _answers_unsigned(port, lake.records_bucket) for port in ports}
+    assert {port: what for port, what in answered.items() if what} == {}
+    with pytest.raises(Exception, match="AccessDenied|403"):
+        boto3.client("s3", endpoint_url=lake.s3_endpoint, region_name="us-east-1", config=Config(signature_version=UNSIGNED)).get_object(
+            Bucket=lake.records_bucket, Key="warehouse/probe.txt"
+        )
+    # Nothing an unsigned client sent took: the object is as written, no intruder's object, and signed clients work.
+    assert signed.get_object(Bucket=lake.records_bucket, Key="warehouse/probe.txt")["Body"].read() == b"the lake's own"
+    assert "Contents" not in signed.list_objects_v2(Bucket=lake.records_bucket, Prefix="warehouse/intruder")
+    assert lake_server._list_namespaces(lake, os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]) == []
+    # The Unix sockets it opens (in /tmp, where anyone may look) take connections from their owner only.
+    assert unix_sockets and all(path.startswith("/") for path in unix_sockets)
+    assert {path: oct(os.stat(path).st_mode & 0o777) for path in unix_sockets if os.stat(path).st_mode & 0o077} == {}
+    # Its folder, data and records (the ports file too) are the owner's alone: every folder 0700 (so nothing in it
+    # is reached by another user, whatever its mode: weed writes a volume's .vif 0644 whatever the umask), and
+    # every file of data, keys and ports 0600.
+    folders = [lake.state_dir, *(path for path in lake.state_dir.rglob("*") if path.is_dir())]
+    assert [path for path in folders if os.stat(path).st_mode & 0o077] == []
+    held = [path for path in lake.state_dir.rglob("*") if path.is_file() and path.suffix != ".vif"]
+    assert len(held) > 10 and any(path.suffix == ".dat" for path in held)
+    assert [path for path in held if os.stat(path).st_mode & 0o077] == []
+    assert os.environ["AWS_SECRET_ACCESS_KEY"].encode() not in (lake.state_dir / "security.toml").read_bytes()
+
+
+# -- an erase leaves no byte on the lake's disk (issue 46, point 6) ------------------------------------------
+
+
+def _files_holding(folder: Path, needle: bytes) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file() and not path.is_symlink() and needle in path.read_bytes())
+
+
+def test_an_erase_on_the_lake_leaves_the_erased_value_in_no_file_of_the_lakes_data_folder(spark, tmp_path, monkeypatch, lake):
+    import secrets
+
+    value = f"erasable-{secrets.token_hex(12)}"
+    extracts, configs = tmp_path / "extracts", tmp_path / "configs"
+    (extracts / "full").mkdir(parents=True)
+    (extracts / "full" / f"{DAYS[0]}.csv").write_text(f"id,name,amount\n1,kept-one,1.00\n2,{value},2.00\n3,kept-three,3.00\n")
+    config = _config(configs, "full")
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    keys = tmp_path / "keys.csv"
+    keys.write_text("id\n2\n")
+    data = lake.state_dir / "data"
+    (tmp_path / "home").mkdir()
+    # The extract stays local (the erase is not its owner's deletion of it): the lake holds only what the runs wrote.
+    variables = {**lake_variables(lake), "CDC_DATA_ROOT": str(extracts)}
+    with pointed_at(monkeypatch, variables), DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
+        assert all(result.success for result in run_dates(definitions_for(config), DAYS[:1], instance))
+        held = _files_holding(data, value.encode())
+        assert any(path.endswith(".dat") for path in held), f"before the erase, a volume file holds the value: {held}"
+        assert _erase(config, keys) == 0
+        assert _files_holding(data, value.encode()) == [], "after the erase, no file of the lake's disk holds the value"
+        on_lake = WarehouseStorage(lake_variables(lake)["CDC_WAREHOUSE"])
+        assert [row[0] for row in _rows(on_lake, spark, config.name, CURRENT, DAYS[0])] == [1, 3]
+        assert [request["status"] for request in on_lake.erasure_requests(config.name)] == ["complete"]
+
+
+def test_compacting_refuses_a_versioned_bucket_naming_it_and_vacuums_the_lake_otherwise(lake, monkeypatch):
+    """A versioned bucket keeps what an erase deleted as noncurrent versions: the erase must not be recorded complete."""
+    import boto3
+
+    from resources.storage.object_store import ObjectStore, VersionedBucketError, compact_deleted_objects
+
+    client = boto3.client("s3", endpoint_url=lake.s3_endpoint, region_name="us-east-1")
+    versioned = f"versioned-{lake.records_bucket}"
+    client.create_bucket(Bucket=versioned)
+    client.put_bucket_versioning(Bucket=versioned, VersioningConfiguration={"Status": "Enabled"})
+    client.put_object(Bucket=versioned, Key="t/data.parquet", Body=b"an old version")
+    client.delete_object(Bucket=versioned, Key="t/data.parquet")
+    assert len(client.list_object_versions(Bucket=versioned, Prefix="t/").get("Versions", [])) == 1, "the old version stays"
+    store = ObjectStore(endpoint=lake.s3_endpoint)
+    monkeypatch.setenv("CDC_LAKE_SERVER_DIR", str(lake.state_dir))
+    with pytest.raises(VersionedBucketError, match=f"bucket {versioned} has versioning enabled.*run the erase again"):
+        compact_deleted_objects(store, [f"s3://{lake.records_bucket}/warehouse", f"s3://{versioned}/t"])
+    client.put_object(Bucket=lake.records_bucket, Key="warehouse/gone.bin", Body=os.urandom(4096))
+    client.delete_object(Bucket=lake.records_bucket, Key="warehouse/gone.bin")
+    assert compact_deleted_objects(store, [f"s3://{lake.records_bucket}/warehouse", "/a/local/folder"]) >= 4096
+    assert compact_deleted_objects(store, ["/a/local/folder"]) == 0, "a local warehouse: nothing to ask"

@@ -140,3 +140,103 @@ def test_a_warehouse_in_a_bucket_takes_the_lease_not_a_local_lock_file(store, mo
         assert not (tmp_path / "tmp").exists() or not any((tmp_path / "tmp").rglob("*.lock")), "no local lock file"
     finally:
         first.release()
+
+
+class _CuttableProxy:
+    """A loopback TCP proxy to the store that can be cut: from :meth:`cut` on it forwards nothing more and
+    answers nothing, on the connections it has and on new ones (as a store that went unreachable, or hangs)."""
+
+    def __init__(self, target_port: int):
+        import socket
+        import threading
+
+        self._target = target_port
+        self._cut = threading.Event()
+        self._unanswered: list = []  # connections accepted after the cut: held open, never answered
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            if self._cut.is_set():
+                self._unanswered.append(client)
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source, sink) -> None:
+        try:
+            while chunk := source.recv(65536):
+                if self._cut.is_set():
+                    return  # swallowed: the other side waits for an answer that never comes
+                sink.sendall(chunk)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self._server.close()
+        for connection in self._unanswered:
+            connection.close()
+
+
+def test_a_holder_cut_off_from_the_store_fences_itself_before_another_run_can_take_the_lease(store):
+    objects, bucket, key = _path(store)
+    path = f"s3://{bucket}/{key}"
+    proxy = _CuttableProxy(int(objects.endpoint.rsplit(":", 1)[1]))
+    through_proxy = ObjectStore(endpoint=f"http://127.0.0.1:{proxy.port}")
+    holder = WriterLeases("cut-off-run", through_proxy, timeout=5, term=3)
+    client = holder._client()
+    assert client.meta.config.connect_timeout <= 3 / 8 and client.meta.config.read_timeout <= 3 / 8
+    assert client.meta.config.retries["total_max_attempts"] == 1, "a renewal is tried once: the renewer tries again"
+    holder.take("t", path)
+    try:
+        time.sleep(1.5)
+        holder.confirm("t")  # renewed through the proxy: still its own
+        proxy.cut()
+        cut_at = time.monotonic()
+        # Another run, which reaches the store, takes the lease once it lapses (a term after the last renewal).
+        taker = WriterLeases("taker-run", objects, timeout=30, term=3)
+        taken: dict[str, float] = {}
+
+        def take_over() -> None:
+            taker.take("t", path)
+            taken["at"] = time.monotonic()
+
+        import threading
+
+        taking = threading.Thread(target=take_over, daemon=True)
+        taking.start()
+        commits, refusal = [], None
+        while time.monotonic() - cut_at < 10:
+            try:
+                holder.confirm("t")
+                commits.append(time.monotonic())  # what the run would commit now
+            except WriterLeaseLost as lost:
+                refusal = (time.monotonic(), str(lost))
+                break
+            time.sleep(0.05)
+        taking.join(timeout=30)
+        assert refusal is not None, "the cut-off holder went on committing"
+        refused_at, message = refusal
+        assert path in message and "fence" in message and "CDC_WRITER_LEASE_SECONDS" in message
+        assert refused_at - cut_at <= holder.fence_seconds + 0.5, "fenced within half a term of its last renewal"
+        assert "at" in taken and _holder(objects, bucket, key)["run_id"] == "taker-run"
+        assert not commits or max(commits) < taken["at"] - 1, "no commit after the fence, none near the takeover"
+        with pytest.raises(WriterLeaseLost, match="fence"):  # and it stays fenced
+            holder.confirm("t")
+        taker.release()
+    finally:
+        holder.release()
+        proxy.close()

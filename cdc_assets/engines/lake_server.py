@@ -9,6 +9,16 @@ port 8333) and the REST catalog (8181), and keeps its data under ``<state_dir>/d
 listens on 127.0.0.1 (``-ip.bind``), its telemetry is off, and its admin UI, WebDAV and Lance servers too.
 Every other port it opens is chosen free and recorded.
 
+Only the owner reaches the lake. S3 and the REST catalog check every request's SigV4 signature. Every
+other server of it (master, volume, filer, admin: their HTTP ports and their gRPC ports) speaks TLS and
+takes only a client presenting the lake's own certificate (``<state_dir>/tls``, 0600, made on its first
+start by a certificate authority whose key is then deleted), and on top of that the filer and the volume
+server take only requests signed with JWT keys made afresh at each start and handed to ``weed`` through
+its environment (``security.toml`` names the certificates, never a key). The Unix sockets it opens are
+0700 and its files 0600 (it runs under umask 077): the state folder, its data and the ports file are the
+owner's alone. No Prometheus port unless asked for (``metrics=True``: the benchmark's request counts).
+:func:`vacuum` has it compact deleted objects out of its volume files (an erase asks for it).
+
 It starts with two buckets: ``lake``, a table bucket (the REST catalog's warehouse: S3 Tables' kind of
 bucket, the only kind SeaweedFS's catalog keeps tables in), and ``cdc``, a plain one holding the project's
 own records (``s3://cdc/warehouse``) and a place for extracts (``s3://cdc/landing``). Its admin identity
@@ -25,8 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
+import stat
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -56,14 +69,30 @@ PID_FILE = "weed.pid"
 PORTS_FILE = "ports.json"
 LOG_FILE = "weed.log"
 CREDENTIALS_FILE = "credentials"
+SECURITY_FILE = "security.toml"  # weed reads it from its working folder, the state folder
+TLS_DIR = "tls"
+CERTIFICATE_DAYS = 3650
+VACUUM_TIMEOUT_SECONDS = 300.0
+# How long after an erase's deletes a vacuum keeps looking: the filer hands deleted chunks to the volumes
+# in batches, and the master hears of them on heartbeats (about 3 s after a delete, seen here).
+VACUUM_SETTLE_SECONDS = 6.0
+# What weed reads the JWT signing keys from (security.toml's keys, as environment variables): volume writes and
+# reads (signed by the master), filer writes and reads (signed by the S3 gateway and the catalog).
+JWT_KEY_VARIABLES = (
+    "WEED_JWT_SIGNING_KEY", "WEED_JWT_SIGNING_READ_KEY", "WEED_JWT_FILER_SIGNING_KEY", "WEED_JWT_FILER_SIGNING_READ_KEY",
+)  # fmt: skip
+# Each server's gRPC side (and weed's own gRPC clients, weed shell's too) presents and checks the lake's certificate.
+_GRPC_SERVERS = ("master", "volume", "filer", "s3", "admin", "worker", "msg_broker", "msg_agent", "mq", "client")
+_HTTPS_SERVERS = ("master", "volume", "filer", "admin")
 MARKER = "weed"  # in the command line of the process the pid file names
 START_TIMEOUT_SECONDS = 60.0
 # The servers weed mini starts beside S3 and the catalog, each on a port of its own (and gRPC on another).
-# metricsPort serves Prometheus counters on loopback: what the benchmark counts requests with.
 _OTHER_PORTS = (
     "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-    "s3.port.grpc", "admin.port", "admin.port.grpc", "metricsPort",
+    "s3.port.grpc", "admin.port", "admin.port.grpc",
 )  # fmt: skip
+# Prometheus counters, unsigned (no object, no name: counts by request type): opened only when asked for.
+METRICS_PORT = "metricsPort"
 
 
 class LakeServerError(RuntimeError):
@@ -91,7 +120,9 @@ class LakeHandle:
         """SeaweedFS's Prometheus counters (requests by type, bytes), as text."""
         import urllib.request
 
-        port = json.loads((self.state_dir / PORTS_FILE).read_text())["ports"]["metricsPort"]
+        port = json.loads((self.state_dir / PORTS_FILE).read_text())["ports"].get(METRICS_PORT)
+        if port is None:
+            raise LakeServerError(f"the lake in {self.state_dir} was started without its metrics port (start(..., metrics=True))")
         with urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10) as response:
             return response.read().decode("utf-8")
 
@@ -109,7 +140,7 @@ def credentials(state_dir: Path, key_pair: tuple[str, str] | None = None) -> tup
     """The lake's key pair, made on first use (or ``key_pair``) and kept in ``<state_dir>/credentials`` (mode 0600)."""
     path = state_dir / CREDENTIALS_FILE
     if not path.exists():
-        state_dir.mkdir(parents=True, exist_ok=True)
+        _private_folder(state_dir)
         key, secret = key_pair or (f"cdc{secrets.token_hex(6)}", secrets.token_urlsafe(24))
         pair = {"access_key_id": key, "secret_access_key": secret}
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -132,11 +163,13 @@ def status(state_dir: Path) -> LakeHandle | None:
 def start(
     state_dir: Path, s3_port: int = DEFAULT_S3_PORT, catalog_port: int = DEFAULT_CATALOG_PORT, timeout: float = START_TIMEOUT_SECONDS,
     table_bucket: str = TABLE_BUCKET, records_bucket: str = RECORDS_BUCKET, key_pair: tuple[str, str] | None = None,
+    metrics: bool = False,
 ) -> LakeHandle:
     """Start the lake (or find it running) and wait until its catalog lists namespaces.
 
     Tests give each lake buckets of its own names: one JVM's S3A keeps a client per bucket name, so two
-    lakes' buckets of one name would reach the first lake's endpoint."""
+    lakes' buckets of one name would reach the first lake's endpoint. ``metrics`` opens a Prometheus port
+    (unsigned, counters only)."""
     state_dir = state_dir.resolve()
     running = status(state_dir)
     if running is not None:
@@ -145,19 +178,30 @@ def start(
         if not port_is_free(port):
             raise LakeServerError(f"port {port} for {what} is in use: stop what listens there, or choose another port")
     key, secret = credentials(state_dir, key_pair)
-    (state_dir / "data").mkdir(parents=True, exist_ok=True)
+    _private_folder(state_dir)
+    _private_folder(state_dir / "data")
+    _tighten(state_dir)  # a lake first started by an older version left its files 0644
+    _write_security(state_dir, _certificates(state_dir))
     ports = {"s3.port": s3_port, "s3.port.iceberg": catalog_port, **{name: free_port() for name in _OTHER_PORTS}}
+    if metrics:
+        ports[METRICS_PORT] = free_port()
     command = [
         weed_binary(), "mini", f"-dir={state_dir / 'data'}", f"-ip={HOST}", f"-ip.bind={HOST}",
         "-master.telemetry=false", "-admin.ui=false", "-webdav=false", "-s3.port.lance=0",
         f"-tableBucket={table_bucket}", f"-bucket={records_bucket}",
         *(f"-{name}={port}" for name, port in ports.items()),
     ]  # fmt: skip
-    # The admin identity comes from these two variables: never on the command line.
-    env = {**os.environ, settings.ACCESS_KEY.name: key, settings.SECRET_KEY.name: secret}
-    pid = start_detached(command, state_dir / LOG_FILE, env, cwd=state_dir)
+    # The admin identity and the JWT keys come from the environment: never on the command line, nor in a file.
+    jwt_keys = {name: secrets.token_urlsafe(32) for name in JWT_KEY_VARIABLES}
+    env = {**os.environ, settings.ACCESS_KEY.name: key, settings.SECRET_KEY.name: secret, **jwt_keys}
+    previous_umask = os.umask(0o077)  # inherited by weed: its volumes, its filer's store and its Unix sockets, the owner's alone
+    try:
+        pid = start_detached(command, state_dir / LOG_FILE, env, cwd=state_dir)
+    finally:
+        os.umask(previous_umask)
     write_number_file(state_dir / PID_FILE, pid)
-    (state_dir / PORTS_FILE).write_text(json.dumps({"ports": ports, "buckets": {"table": table_bucket, "records": records_bucket}}))
+    os.chmod(state_dir / PID_FILE, 0o600)
+    _write_private(state_dir / PORTS_FILE, json.dumps({"ports": ports, "buckets": {"table": table_bucket, "records": records_bucket}}))
     handle = LakeHandle(pid, s3_port, catalog_port, state_dir, table_bucket, records_bucket)
     _wait_until_ready(handle, key, secret, timeout)
     return handle
@@ -200,6 +244,151 @@ def _records_bucket_exists(handle: LakeHandle, key: str, secret: str) -> None:
     client.head_bucket(Bucket=handle.records_bucket)
 
 
+def _private_folder(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` in a file only the owner reads (0600 from its creation: never readable for a moment)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "w") as stream:
+        stream.write(text)
+
+
+def _tighten(state_dir: Path) -> None:
+    """Every folder under the state folder 0700, every file 0600 (sockets and links left as they are)."""
+    for root, folders, files in os.walk(state_dir):
+        for name in folders:
+            os.chmod(os.path.join(root, name), 0o700)
+        for name in files:
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISREG(mode) and stat.S_IMODE(mode) & 0o077:
+                os.chmod(path, 0o600)
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """The lake's TLS material: a certificate authority's certificate and the one certificate (and key) every
+    server presents and every client of the lake's internals shows (weed checks no host name)."""
+
+    authority: Path
+    certificate: Path
+    key: Path
+
+
+def _certificates(state_dir: Path) -> Certificates:
+    """The lake's certificates in ``<state_dir>/tls``, made on its first start with openssl. The authority's key
+    signs the one certificate and is deleted: no other certificate can be made that the lake would take."""
+    folder = state_dir / TLS_DIR
+    found = Certificates(folder / "ca.crt", folder / "lake.crt", folder / "lake.key")
+    if all(path.exists() for path in (found.authority, found.certificate, found.key)):
+        return found
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise LakeServerError("openssl is not installed: the lake makes its TLS certificates with it (apt-get install openssl)")
+    _private_folder(folder)
+    authority_key, request, extensions = folder / "ca.key", folder / "lake.csr", folder / "lake.ext"
+    _write_private(extensions, "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    steps = [
+        [openssl, "req", "-x509", *curve, "-keyout", str(authority_key), "-out", str(found.authority),
+         "-days", str(CERTIFICATE_DAYS), "-subj", "/CN=cdc-lake-authority"],
+        [openssl, "req", *curve, "-keyout", str(found.key), "-out", str(request), "-subj", "/CN=cdc-lake"],
+        [openssl, "x509", "-req", "-in", str(request), "-CA", str(found.authority), "-CAkey", str(authority_key),
+         "-CAcreateserial", "-out", str(found.certificate), "-days", str(CERTIFICATE_DAYS), "-extfile", str(extensions)],
+    ]  # fmt: skip
+    previous_umask = os.umask(0o077)
+    try:
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True, cwd=folder)
+            if done.returncode != 0:
+                raise LakeServerError(f"openssl could not make the lake's certificates ({' '.join(step[1:3])}): {done.stderr.strip()}")
+    finally:
+        os.umask(previous_umask)
+        for leftover in (authority_key, request, extensions, folder / "ca.srl"):
+            leftover.unlink(missing_ok=True)
+    return found
+
+
+def _write_security(state_dir: Path, certificates: Certificates) -> None:
+    """weed's ``security.toml``: TLS with client certificates on every gRPC and internal HTTP server, no UI.
+    It holds paths only; the JWT keys are in weed's environment."""
+    pair = f'cert = "{certificates.certificate}"\nkey = "{certificates.key}"\n'
+    sections = [
+        "[access]\nui = false\n",  # the volume server's status page
+        "[filer.expose_directory_metadata]\nenabled = false\n",
+        f'[grpc]\nca = "{certificates.authority}"\n',
+        *(f"[grpc.{server}]\n{pair}" for server in _GRPC_SERVERS),
+        *(f'[https.{server}]\n{pair}ca = "{certificates.authority}"\n' for server in _HTTPS_SERVERS),
+        f'[https.client]\nenabled = true\n{pair}ca = "{certificates.authority}"\n',
+    ]
+    _write_private(state_dir / SECURITY_FILE, "\n".join(sections))
+
+
+def client_tls_context(state_dir: Path):
+    """An SSL context that reaches the lake's internal HTTP servers (the master's API): the lake's certificate."""
+    import ssl
+
+    folder = state_dir / TLS_DIR
+    context = ssl.create_default_context(cafile=str(folder / "ca.crt"))
+    context.load_cert_chain(str(folder / "lake.crt"), str(folder / "lake.key"))
+    return context
+
+
+def vacuum(state_dir: Path, settle: float = VACUUM_SETTLE_SECONDS, timeout: float = VACUUM_TIMEOUT_SECONDS) -> int:
+    """Have the lake compact its volumes now, so that the bytes of deleted objects leave its volume files
+    (SeaweedFS keeps them until a vacuum: by default every 14 minutes, and only of volumes past 30% garbage).
+
+    A deleted object's chunks leave the filer for the volume servers in batches, and the master hears of them
+    with the next heartbeats: so this lists the volumes (``volume.list``) and vacuums every one holding
+    deleted bytes, again until the listing shows none after ``settle`` seconds. Through ``weed shell``, whose
+    gRPC client shows the lake's certificate (``security.toml`` in the state folder); the master's HTTP
+    ``/vol/vacuum`` answered 200 but compacted nothing in SeaweedFS 4.48. Returns the most deleted bytes a
+    listing showed; raises :class:`LakeServerError` if the lake is not running, the shell reports an error,
+    or deleted bytes are left after ``timeout`` seconds."""
+    state_dir = state_dir.resolve()
+    if status(state_dir) is None:
+        raise LakeServerError(f"no lake running from {state_dir}: nothing to vacuum")
+    ports = json.loads((state_dir / PORTS_FILE).read_text())["ports"]
+    master = f"-master={HOST}:{ports['master.port']}.{ports['master.port.grpc']}"
+    started = time.monotonic()
+    most = 0
+    while True:
+        garbage = _deleted_bytes(_shell(state_dir, master, "volume.list\n", timeout))
+        most = max(most, garbage)
+        if garbage:
+            _shell(state_dir, master, "lock\nvolume.vacuum -garbageThreshold 0.000000001\nunlock\n", timeout)
+        elif time.monotonic() - started >= settle:
+            return most
+        if time.monotonic() - started > timeout:
+            raise LakeServerError(f"the lake's volumes still hold {garbage} deleted bytes after {timeout:.0f} s of vacuuming")
+        time.sleep(0.5)
+
+
+def _shell(state_dir: Path, master: str, script: str, timeout: float) -> str:
+    try:
+        done = subprocess.run([weed_binary(), "shell", master], input=script, capture_output=True, text=True, cwd=state_dir, timeout=timeout)
+    except subprocess.TimeoutExpired as error:
+        raise LakeServerError(f"weed shell did not answer within {timeout:.0f} s ({script.strip()!r})") from error
+    output = f"{done.stdout}{done.stderr}"
+    if done.returncode != 0 or "error" in output.lower():
+        raise LakeServerError(f"weed shell failed ({script.strip()!r}, exit {done.returncode}): {output.strip()[-2000:]}")
+    return output
+
+
+def _deleted_bytes(volume_list: str) -> int:
+    """The deleted bytes the volumes still hold, from ``volume.list``'s last line (``total size:...``, which
+    ends with ``deleted_bytes:N`` only when some are)."""
+    total = re.search(r"^total size:.*$", volume_list, re.MULTILINE)
+    if total is None:
+        raise LakeServerError(f"weed shell's volume.list gave no total: {volume_list.strip()[-500:]}")
+    deleted = re.search(r"deleted_bytes:(\d+)", total.group(0))
+    return int(deleted.group(1)) if deleted else 0
+
+
 def stop(state_dir: Path) -> bool:
     """Stop the lake running from ``state_dir`` (its data stays); whether one was running."""
     state_dir = state_dir.resolve()
@@ -209,7 +398,9 @@ def stop(state_dir: Path) -> bool:
     stop_group(handle.pid, grace=20)
     (state_dir / PID_FILE).unlink(missing_ok=True)
     ports = json.loads((state_dir / PORTS_FILE).read_text())["ports"]
-    for service, port in (("filer", ports["filer.port"]), ("s3", ports["s3.port"])):
+    sockets = [("filer", ports["filer.port"]), ("s3", ports["s3.port"])]
+    sockets += [(f"{server}-grpc", ports[f"{server}.port.grpc"]) for server in ("master", "volume", "filer", "s3", "admin")]
+    for service, port in sockets:
         Path(f"/tmp/seaweedfs-{service}-{port}.sock").unlink(missing_ok=True)  # weed leaves its sockets behind
     return True
 
@@ -228,6 +419,8 @@ def lake_environment(handle: LakeHandle) -> dict[str, str]:
         settings.SECRET_KEY.name: secret,
         # The SQL catalog's Derby metastore needs a local folder (cdc-catalog, the SQL endpoint).
         settings.CATALOG_DIR.name: str((handle.state_dir / "sql-catalog").resolve()),
+        # An erase has the lake vacuum its volumes (object_store.compact_deleted_objects).
+        settings.LAKE_SERVER_DIR.name: str(handle.state_dir.resolve()),
     }
 
 

@@ -58,6 +58,11 @@ CATALOG_SIGNING_NAME = _setting(
     "CDC_CATALOG_SIGNING_NAME", "", "none: unsigned", "the SigV4 signing name of the catalog's requests (`s3tables`, `glue`)"
 )
 S3_ENDPOINT = _setting("CDC_S3_ENDPOINT", "", "none: AWS", "the S3 API's URL for another store, e.g. `http://127.0.0.1:8333`")
+LAKE_SERVER_DIR = _setting(
+    "CDC_LAKE_SERVER_DIR", "", "none: the store compacts on its own schedule",
+    "the folder of the SeaweedFS lake `make lake-up` runs on this machine (`make -s lake-env` sets it): an erase has it "
+    "vacuum the deleted files' bytes out of its volumes ([object-storage.md](object-storage.md#what-a-store-does-with-deleted-objects))",
+)  # fmt: skip
 REGION = _setting("AWS_REGION", "us-east-1", "`us-east-1`", "the S3 region")
 ACCESS_KEY = _setting(
     "AWS_ACCESS_KEY_ID", "", "none: a profile or an instance role",
@@ -98,8 +103,8 @@ WRITER_LOCK_TIMEOUT = _setting(
 )
 WRITER_LEASE_SECONDS = _setting(
     "CDC_WRITER_LEASE_SECONDS", "60", "`60`",
-    "a warehouse in a bucket: seconds a run's writer lease lasts unrenewed (renewed every third); a host that dies blocks "
-    "the table that long ([object-storage.md](object-storage.md#many-hosts))",
+    "a warehouse in a bucket: seconds a run's writer lease lasts unrenewed (renewed every quarter; a holder whose renewals "
+    "fail stops committing half a term after the last one); a host that dies blocks the table that long ([object-storage.md](object-storage.md#many-hosts))",
 )  # fmt: skip
 CATALOG_DATABASE = _setting(
     "CDC_CATALOG_DATABASE", "cdc", "`cdc`", "the SQL catalog's database ([consumers.md](consumers.md#querying-by-name-the-sql-catalog))"

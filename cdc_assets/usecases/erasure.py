@@ -49,6 +49,7 @@ from cdc_assets.core.capture.erasure import (
 from cdc_assets.core.hashing import KEY_HASH
 from cdc_assets.model.names import CLASSIFICATION, CURRENT, REJECTS
 from resources.storage.state import state_rows
+from resources.storage.object_store import compact_deleted_objects
 from resources.storage import MissingPartitionError, WarehouseStorage
 from resources.storage.erasure import TORN
 
@@ -237,6 +238,8 @@ def erase_keys(
         record["bytes_rewritten"] = rewritten_before + result.bytes_rewritten
         storage.record_erasure(table, request_id, record)
     storage.purge_unreferenced_files(table)
+    # The store's own copies of the deleted files' bytes: compacted where it can be asked (a versioned bucket refuses).
+    compact_deleted_objects(storage.lake.store, [storage.root, storage.lake.warehouse])
     if tracks_state:
         result.state_rows_after = _state_rows(storage, table, current_dates)
     # Complete only when --verify would pass: the same scan of every data file, by key hash and by key value.

@@ -2,7 +2,7 @@
 
 A bucket has no ``flock``. Its writer lock is an object, ``{root}/{table}/_writer.lease``, created with a
 conditional PUT (``If-None-Match: *``: the store refuses the second of two creations, on any host), renewed
-by the holder every third of its term with a conditional PUT on its own version (``If-Match``), and
+by the holder every quarter of its term with a conditional PUT on its own version (``If-Match``), and
 deleted the same way when the run ends. Two Dagster instances sharing nothing but the lake therefore keep
 out of each other's way as two runs of one machine do (``lock.py``): a date's update spans several Iceberg
 tables, and an erase must not run between a date's read of the state and its commit.
@@ -14,7 +14,15 @@ taken over by a conditional PUT on the version read, so two hosts cannot both ta
 
 A holder whose renewal is refused (a pause longer than the term let another run take over) has lost the
 table: its next write raises :class:`WriterLeaseLost` before anything more is committed, and Iceberg's
-serializable commits (``tables.py``) refuse what it might still try. Readers never take a lease.
+serializable commits (``tables.py``) refuse what it might still try. A holder also fences itself: once its
+last successful renewal was sent longer ago than half the term (by its own monotonic clock), whatever kept
+the renewals from the store (unreachable, timing out, answering 5xx), it commits nothing more and its next
+write raises :class:`WriterLeaseLost` naming the lease (a fenced lease is not renewed again: the run is
+over). Another run takes over no sooner than a whole term after that renewal reached the store, so the
+other half of the term is the margin for a commit under way and the two clocks' drift. Renewals come
+every quarter of the term, a failed one again after a twelfth, and each request gives up within an eighth,
+tried once (``ObjectStore.client(within=...)``): a renewal never hangs past the fence. Readers never take
+a lease.
 """
 
 from __future__ import annotations
@@ -38,6 +46,14 @@ from resources.storage.object_store import ObjectStore
 
 LEASE_SECONDS_ENV = settings.WRITER_LEASE_SECONDS.name
 DEFAULT_LEASE_SECONDS = float(settings.WRITER_LEASE_SECONDS.default)
+# A holder commits only while its last successful renewal was sent less than this fraction of the term ago.
+FENCE_FRACTION = 0.5
+# It renews every quarter of the term, a failed renewal again after a twelfth, and each request of the lease
+# (to take, renew or let go of it) gives up within an eighth: a renewal that hangs leaves time for another
+# before the fence, and quick failures two or three.
+RENEW_FRACTION = 1 / 4
+RETRY_FRACTION = 1 / 12
+REQUEST_FRACTION = 1 / 8
 _log = logging.getLogger(__name__)
 
 
@@ -75,7 +91,9 @@ class _HeldLease:
     key: str
     etag: str
     pid: int  # the process that took it: only that process renews it and lets it go
-    lost: str = ""  # why the lease is no longer this run's; empty while it is
+    renewed_at: float  # time.monotonic() when the last request that wrote it successfully was sent
+    lost: str = ""  # why the lease is no longer this run's (taken over, or fenced); empty while it is
+    taken_over: bool = False  # a renewal was refused: the object is another run's now
 
 
 @dataclass
@@ -92,8 +110,16 @@ class WriterLeases:
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        if not self.term >= 3:  # renewed every third: a shorter term would renew faster than a request returns
+        if not self.term >= 3:  # renewed every quarter, each request bounded to an eighth: a shorter term leaves a request too little time
             raise ValueError(f"writer_lease_seconds={self.term:g} ({LEASE_SECONDS_ENV}): expected at least 3 seconds")
+
+    @property
+    def fence_seconds(self) -> float:
+        """How long after its last successful renewal was sent a holder stops committing."""
+        return self.term * FENCE_FRACTION
+
+    def _client(self):
+        return self.store.client(within=self.term * REQUEST_FRACTION)
 
     def holds(self, table: str) -> bool:
         return table in self._held
@@ -104,11 +130,12 @@ class WriterLeases:
 
         parsed = urlparse(path)
         bucket, key = parsed.netloc, parsed.path.lstrip("/")
-        client = self.store.client()
+        client = self._client()
         deadline = time.monotonic() + self.timeout
         waiting = False
         while True:
             body = self._holder_record()
+            sent = time.monotonic()
             try:
                 etag = client.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*", ContentType="application/json")["ETag"]
                 break
@@ -119,6 +146,7 @@ class WriterLeases:
             if holder_etag is None:
                 continue  # let go between the two requests: try again at once
             if stale:
+                sent = time.monotonic()
                 try:
                     etag = client.put_object(Bucket=bucket, Key=key, Body=body, IfMatch=holder_etag, ContentType="application/json")["ETag"]
                     _log.warning(f"table {table}: took over the stale writer lease {path} of {_describe(holder)}")
@@ -141,13 +169,25 @@ class WriterLeases:
                 )
             time.sleep(0.5)
         with self._guard:
-            self._held[table] = _HeldLease(bucket=bucket, key=key, etag=etag, pid=os.getpid())
+            self._held[table] = _HeldLease(bucket=bucket, key=key, etag=etag, pid=os.getpid(), renewed_at=sent)
         self._start_renewing()
 
     def confirm(self, table: str) -> None:
-        """Raise :class:`WriterLeaseLost` if the table's lease was taken over since this run took it."""
+        """Raise :class:`WriterLeaseLost` if the table's lease was taken over since this run took it, or if its
+        last successful renewal was sent more than :attr:`fence_seconds` ago (it may be taken over soon)."""
         held = self._held.get(table)
-        if held is not None and held.lost:
+        if held is None:
+            return
+        if not held.lost:
+            age = time.monotonic() - held.renewed_at
+            if age > self.fence_seconds:
+                held.lost = (
+                    f"its last successful renewal was sent {age:.1f}s ago, past its fence of {self.fence_seconds:.1f}s "
+                    f"(half its {self.term:g}s term, {LEASE_SECONDS_ENV}): the store did not answer its renewals, and "
+                    "another run may take it over a term after the last one"
+                )
+                _log.error(f"table {table}: fenced the writer lease s3://{held.bucket}/{held.key}; {held.lost}")
+        if held.lost:
             raise WriterLeaseLost(
                 f"table {table}: this run's writer lease s3://{held.bucket}/{held.key} is no longer its own ({held.lost}); "
                 "nothing more is committed. Run the date again once the other run is done."
@@ -164,13 +204,15 @@ class WriterLeases:
         with self._guard:
             held_leases, self._held = dict(self._held), {}
         for table, held in held_leases.items():
-            if held.pid != os.getpid() or held.lost:
+            if held.pid != os.getpid() or held.taken_over:
                 continue
-            try:  # on its own version only: a lease another run took over stays that run's
-                self.store.client().delete_object(Bucket=held.bucket, Key=held.key, IfMatch=held.etag)
+            try:  # on its own version only: a lease another run took over (or a fenced one since) stays that run's
+                self._client().delete_object(Bucket=held.bucket, Key=held.key, IfMatch=held.etag)
             except ClientError as error:
                 if not _refused(error) and _status(error) != 404:
                     _log.warning(f"table {table}: could not delete the writer lease s3://{held.bucket}/{held.key}: {error}")
+            except Exception as error:  # noqa: BLE001 — the store unreachable: the lease lapses a term after its last renewal
+                _log.warning(f"table {table}: could not delete the writer lease s3://{held.bucket}/{held.key}; it lapses on its own: {error}")
 
     # -- internals -----------------------------------------------------------------------------------------------
     def _holder_record(self) -> bytes:
@@ -209,22 +251,28 @@ class WriterLeases:
     def _renew_until_released(self) -> None:
         from botocore.exceptions import ClientError
 
-        while not self._stop.wait(self.term / 3):
+        pause = self.term * RENEW_FRACTION
+        while not self._stop.wait(pause):
+            pause = self.term * RENEW_FRACTION
             with self._guard:
                 held_leases = [(table, held) for table, held in self._held.items() if held.pid == os.getpid() and not held.lost]
             for table, held in held_leases:
+                sent = time.monotonic()
                 try:
-                    response = self.store.client().put_object(
+                    response = self._client().put_object(
                         Bucket=held.bucket, Key=held.key, Body=self._holder_record(), IfMatch=held.etag, ContentType="application/json"
                     )
-                    held.etag = response["ETag"]
+                    held.etag, held.renewed_at = response["ETag"], sent
                 except ClientError as error:
                     if _refused(error) or _status(error) == 404:
+                        held.taken_over = True
                         held.lost = f"its renewal was refused at {datetime.now(timezone.utc):%H:%M:%S} UTC: another run took it over"
                         _log.error(f"table {table}: lost the writer lease s3://{held.bucket}/{held.key}; {held.lost}")
-                    else:  # the store unreachable for a moment: the next renewal tries again, within the term
+                    else:  # the store unreachable, slow or failing: try again soon, before the fence
+                        pause = self.term * RETRY_FRACTION
                         _log.warning(f"table {table}: could not renew the writer lease s3://{held.bucket}/{held.key}: {error}")
                 except Exception as error:  # noqa: BLE001 — a renewal thread that dies would let the lease lapse silently
+                    pause = self.term * RETRY_FRACTION  # a timeout, a refused connection: botocore's own errors
                     _log.warning(f"table {table}: could not renew the writer lease s3://{held.bucket}/{held.key}: {error}")
 
 

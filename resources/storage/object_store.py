@@ -13,9 +13,12 @@ Spark conf, a command line, a run config or a log. No Dagster here.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from urllib.parse import urlparse
 
 from cdc_assets.model import settings
@@ -27,6 +30,16 @@ SECRET_KEY_ENV = settings.SECRET_KEY.name
 DEFAULT_REGION = settings.REGION.default
 # The schemes that name an object in a bucket; s3a:// is Hadoop's name for the same thing.
 OBJECT_SCHEMES = ("s3", "s3a")
+# Each S3 request of the project's own boto3 client gives up within these (seconds), and is tried at most
+# this many times in all: a request must return well inside the writer lease's term (lease.py), never hang.
+CONNECT_TIMEOUT_SECONDS = 2.0
+READ_TIMEOUT_SECONDS = 5.0
+MAX_ATTEMPTS = 3  # in all, the first one included
+_log = logging.getLogger(__name__)
+
+
+class VersionedBucketError(RuntimeError):
+    """A bucket keeps every version of what is deleted from it: a delete there erases nothing."""
 
 
 def is_object_store(path: str) -> bool:
@@ -72,9 +85,12 @@ class ObjectStore:
         return _s3_filesystem(self.endpoint, self.region)
 
     # -- boto3: the conditional requests pyarrow lacks (the writer lease, lease.py) ----------------------------
-    def client(self):
-        """A boto3 S3 client on this store (credentials from the environment's default chain)."""
-        return _s3_client(self.endpoint, self.region, os.environ.get(ACCESS_KEY_ENV, ""))
+    def client(self, within: float | None = None):
+        """A boto3 S3 client on this store (credentials from the environment's default chain). Each request
+        gives up after at most ``CONNECT_TIMEOUT_SECONDS`` to connect and ``READ_TIMEOUT_SECONDS`` between
+        reads; ``within``: at most that long for each, tried once (a writer lease's renewals, which must fail
+        inside the term and try again on their own schedule, lease.py)."""
+        return _s3_client(self.endpoint, self.region, os.environ.get(ACCESS_KEY_ENV, ""), within)
 
     # -- Spark: S3A for extracts and the project's files, S3FileIO for Iceberg's ---------------------------
     def hadoop_conf(self) -> dict[str, str]:
@@ -118,6 +134,48 @@ class ObjectStore:
         return f"CREATE OR REPLACE SECRET cdc_lake (TYPE s3, {', '.join(options)})"
 
 
+def compact_deleted_objects(store: ObjectStore, locations: Iterable[str]) -> int:
+    """After files were deleted at ``locations`` (``s3://`` paths; local ones are skipped), have the store
+    remove their bytes from its disks where it can be asked to; the bytes it compacted (0: nothing to ask).
+
+    First, a bucket with versioning enabled or suspended (``GetBucketVersioning``) keeps every deleted
+    object as a noncurrent version: the delete erased nothing, so this raises :class:`VersionedBucketError`
+    naming the bucket (an erase stays unfinished rather than be recorded complete). A store that does not
+    implement the call (SeaweedFS answers it) is taken as unversioned. Then, on the SeaweedFS lake of this
+    machine (``CDC_LAKE_SERVER_DIR``), a vacuum of its volumes (``lake_server.vacuum``); other stores reclaim
+    deleted objects' space on their own schedule (docs/object-storage.md)."""
+    from botocore.exceptions import ClientError
+
+    buckets = sorted({urlparse(path).netloc for path in locations if is_object_store(path)})
+    if not buckets:
+        return 0
+    client = store.client()
+    for bucket in buckets:
+        try:
+            versioning = client.get_bucket_versioning(Bucket=bucket).get("Status", "")
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code not in ("NotImplemented", "MethodNotAllowed", "501"):
+                raise
+            _log.warning(f"bucket {bucket}: the store does not say whether it keeps versions ({code}): taken as unversioned")
+            versioning = ""
+        if versioning in ("Enabled", "Suspended"):
+            raise VersionedBucketError(
+                f"bucket {bucket} has versioning {versioning.lower()}: the deleted files stay in it as noncurrent versions, "
+                "so nothing deleted from it is erased. Delete their noncurrent versions (a lifecycle rule "
+                "NoncurrentVersionExpiration, or DeleteObject with each VersionId), or keep the warehouse in a bucket "
+                "that never had versioning; then run the erase again to complete it."
+            )
+    lake = settings.LAKE_SERVER_DIR.value()
+    if not lake:
+        return 0
+    from cdc_assets.engines import lake_server
+
+    compacted = lake_server.vacuum(Path(lake))
+    _log.info(f"the lake in {lake} compacted {compacted} deleted bytes out of its volumes")
+    return compacted
+
+
 def _sql_text(value: str) -> str:
     return value.replace("'", "''")
 
@@ -132,11 +190,17 @@ def _s3_filesystem(endpoint: str, region: str):
     return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme, region=region, force_virtual_addressing=False)
 
 
-@lru_cache(maxsize=8)
-def _s3_client(endpoint: str, region: str, access_key: str):
-    """One client per store and key pair (``access_key`` is in the cache's key so new keys get a new client)."""
+@lru_cache(maxsize=16)
+def _s3_client(endpoint: str, region: str, access_key: str, within: float | None = None):
+    """One client per store, key pair and bound (``access_key`` is in the cache's key so new keys get a new client)."""
     import boto3
     from botocore.config import Config
 
     addressing = {"s3": {"addressing_style": "path"}} if endpoint else {}
-    return boto3.client("s3", endpoint_url=endpoint or None, region_name=region, config=Config(retries={"max_attempts": 3}, **addressing))
+    connect, read, attempts = CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, MAX_ATTEMPTS
+    if within is not None:
+        connect, read, attempts = min(connect, within), min(read, within), 1
+    config = Config(
+        connect_timeout=connect, read_timeout=read, retries={"total_max_attempts": attempts, "mode": "standard"}, **addressing,
+    )  # fmt: skip
+    return boto3.client("s3", endpoint_url=endpoint or None, region_name=region, config=config)
