@@ -235,7 +235,7 @@ def credentials_conf(root: str, lake: LakeCatalog) -> dict[str, str]:
 # the operations that run statements log each one at INFO ("Submitting query ..."), and a failed one's
 # error, often with its text, at WARN/ERROR (the client is told the error all the same).
 LOG4J_CONF = """\
-rootLogger.level = info
+rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
 appender.console.name = console
@@ -249,7 +249,7 @@ logger.statements.level = off
 logger.operations.name = org.apache.spark.sql.hive.thriftserver.SparkSQLOperationManager
 logger.operations.level = off
 logger.thriftcli.name = org.apache.hive.service.cli
-logger.thriftcli.level = info
+logger.thriftcli.level = error
 logger.connect.name = org.apache.spark.sql.connect
 logger.connect.level = error
 """
