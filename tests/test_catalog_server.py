@@ -251,9 +251,11 @@ def test_every_name_is_there_at_each_start_and_during_syncs_and_a_gained_column_
     }  # fmt: skip
 
 
-def test_a_batch_the_server_refused_runs_again(capfd):
+def test_a_batch_the_server_refused_runs_again(capfd, tmp_path):
     """beeline on a port where no server listens (yet): the batch is tried again, then its error passed on."""
-    assert run_beeline(free_port(), "cdc", ["-e", "SELECT 1; SELECT 2"], Path("/nonexistent/password"), attempts=2) != 0
+    password = tmp_path / "password"
+    password.write_text("unused")
+    assert run_beeline(free_port(), "cdc", ["-e", "SELECT 1; SELECT 2"], password, attempts=2) != 0
     captured = capfd.readouterr()
     assert captured.err.count("rejected the statement (Could not open client transport); trying again") == 1
     assert "Connection refused" in captured.err  # the last attempt's own error, passed on
