@@ -46,7 +46,20 @@ $(BIN)/dagster: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-install: $(BIN)/dagster jars
+install: $(BIN)/dagster jars sql-server-jar
+
+# The SQL server's read-only rule and password check (cdc_assets/cli/sql_server.py): Java 17 sources in
+# java/sql-server/, compiled against the .venv's pyspark jars into .build/ (never committed). Rebuilt when
+# a source changes; needs a JDK's javac and jar (Debian: openjdk-17-jdk-headless).
+SQL_SERVER_SOURCES := $(shell find java/sql-server -name '*.java')
+SQL_SERVER_JAR := .build/sql-server.jar
+.PHONY: sql-server-jar
+sql-server-jar: $(SQL_SERVER_JAR)
+$(SQL_SERVER_JAR): $(SQL_SERVER_SOURCES) $(BIN)/dagster
+	@command -v javac >/dev/null 2>&1 || { echo "sql-server-jar: javac is not installed (a JDK 17: apt-get install openjdk-17-jdk-headless)" >&2; exit 1; }
+	@rm -rf .build/classes && mkdir -p .build/classes
+	javac --release 17 -nowarn -d .build/classes -cp "$$($(BIN)/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars", "*"))')" $(SQL_SERVER_SOURCES)
+	jar cf $@.partial -C .build/classes . && mv $@.partial $@
 
 # The jars every Spark the project starts loads (cdc_assets/engines/iceberg_runtime.py puts each .jar of
 # .jars/ on its classpath), copied from Maven Central by mvn, pinned by version and checked by sha256.

@@ -21,7 +21,7 @@ from cdc_assets.model.config import load_table_config
 from cdc_assets.usecases.readers import scd2_view
 from cdc_assets.engines.process import free_port
 from cdc_assets.engines.spark_home import spark_env
-from cdc_assets.cli.sql_server import CONNECT_PORT_FILE, PID_FILE, SERVER_FOLDER, CatalogBusy, beeline_command, hold_catalog
+from cdc_assets.cli.sql_server import CONNECT_PORT_FILE, PID_FILE, CatalogBusy, beeline_command, hold_catalog, password_file, server_state_dir
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, run_range
 from tests.test_listening import LOOPBACK, _listening, _tree
@@ -51,7 +51,7 @@ def lake(spark, tmp_path_factory):
     env = {key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}
     env.update(
         PYTHONPATH=str(REPO), DAGSTER_HOME=str(home), CDC_TABLE_CONFIGS=str(configs), CDC_DATA_ROOT=str(REPO),
-        CDC_WAREHOUSE=str(root / "warehouse"),
+        CDC_WAREHOUSE=str(root / "warehouse"), CDC_SQL_SERVER_DIR=str(root / "sql-server"),
         CDC_SPARK_CONF='{"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false", "spark.driver.memory": "1g"}',
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
@@ -85,11 +85,19 @@ def _spark_sql(env, *queries: str) -> list[list[list[str]]]:
 
 def _beeline(env, port: int, query: str) -> list[list[str]]:
     """Rows of ``query`` through the SQL server, with pyspark's beeline as a JDBC client would send it (header dropped)."""
-    command = beeline_command(port, "cdc", ["--silent=true", "--outputformat=tsv2", "-e", query])
+    command = beeline_command(port, "cdc", ["--silent=true", "--outputformat=tsv2", "-e", query], password_file(_server_state(env)))
     done = subprocess.run(command, env={**spark_env(), **env}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     lines = [_PROMPT.sub("", line) for line in done.stdout.splitlines()]
     return [line.split("\t") for line in lines if line.strip()][1:]
+
+
+def _server_state(env) -> Path:
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("CDC_WAREHOUSE", "CDC_SQL_SERVER_DIR"):
+            if key in env:
+                patch.setenv(key, env[key])
+        return server_state_dir(catalog_dir(_storage(env)))
 
 
 def _counts_by_date(rows: list[list[str]]) -> dict[str, int]:
@@ -151,7 +159,7 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
     with pytest.raises(CatalogBusy, match=f"the SQL server on 127.0.0.1:{port}"):
         hold_catalog(catalog_dir(storage), "a test")
     # The server's JVM listens on loopback only: Thrift, and Spark Connect, the syncs' way into its metastore.
-    state = catalog_dir(storage) / SERVER_FOLDER
+    state = _server_state(lake)
     listening = _listening(_tree(int((state / PID_FILE).read_text())))
     assert {port, int((state / CONNECT_PORT_FILE).read_text())} <= {bound for _, _, bound in listening}, listening
     assert {address for _, address, _ in listening} <= LOOPBACK, listening

@@ -24,7 +24,7 @@ import yaml
 
 from cdc_assets.engines.process import free_port, port_accepts
 from cdc_assets.engines.spark_home import spark_env, spark_home
-from cdc_assets.cli.sql_server import beeline_command, run_beeline
+from cdc_assets.cli.sql_server import PASSWORD_FILE, beeline_command, run_beeline
 from resources.storage import WarehouseStorage
 
 pytestmark = pytest.mark.slow
@@ -77,6 +77,7 @@ def tiny_lake(spark, tmp_path_factory):
     env = {key: value for key, value in os.environ.items() if key != "SPARK_REMOTE"}
     env.update(
         PYTHONPATH=str(REPO), CDC_TABLE_CONFIGS=str(configs), CDC_WAREHOUSE=str(warehouse), CDC_SPARK_MASTER="local[1]",
+        CDC_SQL_SERVER_DIR=str(root / "sql-server"),
         # C1 only: a server that lives for a few queries starts faster without the optimizing compiler.
         CDC_SPARK_CONF='{"spark.sql.shuffle.partitions": "1", "spark.ui.enabled": "false", "spark.driver.memory": "1g", '
                        '"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}',
@@ -96,6 +97,7 @@ class Client:
     """
 
     def __init__(self, env):
+        self.env = env
         command = [os.path.join(spark_home(), "bin", "beeline"), "--silent=true", "--showHeader=false", "--outputformat=tsv2"]
         self.process = subprocess.Popen(command, env={**env, **spark_env()}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
@@ -119,7 +121,8 @@ class Client:
         self.process.stdin.flush()
 
     def connect(self, port: int) -> None:
-        self.send(f"!connect jdbc:hive2://127.0.0.1:{port}/cdc {getpass.getuser()} unused")
+        password = (Path(self.env["CDC_SQL_SERVER_DIR"]) / PASSWORD_FILE).read_text().strip()  # on stdin, not a command line
+        self.send(f"!connect jdbc:hive2://127.0.0.1:{port}/cdc {getpass.getuser()} {password}")
 
     def counts(self, queries: dict[str, str], timeout: float = 300) -> dict[str, str]:
         """Each query's answer: its count, or the error line in place of it."""
@@ -180,7 +183,8 @@ def _every_name_the_moment_each_start_listens(tiny_lake) -> int:
 def _created(env, port: int) -> dict[str, str]:
     """Each object's creation time in the metastore: what a sync that dropped and re-created it changes."""
     statements = " ".join(f"DESCRIBE TABLE EXTENDED cdc.{name};" for name in OBJECTS)
-    command = beeline_command(port, "cdc", ["--silent=true", "--showHeader=false", "--outputformat=tsv2", "-e", statements])
+    command = beeline_command(port, "cdc", ["--silent=true", "--showHeader=false", "--outputformat=tsv2", "-e", statements],
+                              Path(env["CDC_SQL_SERVER_DIR"]) / PASSWORD_FILE)  # fmt: skip
     done = subprocess.run(command, env={**env, **spark_env()}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-5000:]
     created = [line.split("\t")[1] for line in done.stdout.splitlines() if line.split("\t")[0].endswith("Created Time")]
@@ -247,9 +251,11 @@ def test_every_name_is_there_at_each_start_and_during_syncs_and_a_gained_column_
     }  # fmt: skip
 
 
-def test_a_batch_the_server_refused_runs_again(capfd):
+def test_a_batch_the_server_refused_runs_again(capfd, tmp_path):
     """beeline on a port where no server listens (yet): the batch is tried again, then its error passed on."""
-    assert run_beeline(free_port(), "cdc", ["-e", "SELECT 1; SELECT 2"], attempts=2) != 0
+    password = tmp_path / "password"
+    password.write_text("unused")
+    assert run_beeline(free_port(), "cdc", ["-e", "SELECT 1; SELECT 2"], password, attempts=2) != 0
     captured = capfd.readouterr()
     assert captured.err.count("rejected the statement (Could not open client transport); trying again") == 1
     assert "Connection refused" in captured.err  # the last attempt's own error, passed on

@@ -119,3 +119,33 @@ def test_a_warehouse_in_a_bucket_needs_a_local_catalog_folder_and_says_which_var
         catalog_dir(storage)
     monkeypatch.setenv("CDC_CATALOG_DIR", str(tmp_path / "sql-catalog"))
     assert catalog_dir(storage) == tmp_path / "sql-catalog"
+
+
+def test_the_sql_servers_keys_go_in_its_conf_file_and_not_its_environment(monkeypatch, tmp_path):
+    """A warehouse in a bucket: the SQL server's S3 keys are in the conf it reads from its 0600 file, for S3A,
+    Iceberg's S3FileIO and the REST catalog's signer; its environment has none, nor CDC_SPARK_CONF."""
+    from cdc_assets.cli.sql_server import credentials_conf, server_env, server_state_dir
+    from resources.storage.lake import LakeCatalog
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key-id-1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret-2")
+    monkeypatch.setenv("CDC_SPARK_CONF", '{"spark.hadoop.fs.s3a.secret.key": "secret-3"}')
+    monkeypatch.setenv("CDC_S3_ENDPOINT", "http://127.0.0.1:1")
+    monkeypatch.setenv("CDC_CATALOG_URI", "http://127.0.0.1:2")
+    monkeypatch.setenv("CDC_CATALOG_WAREHOUSE", "s3://bucket")
+    root = "s3://bucket/warehouse"
+    conf = credentials_conf(root, LakeCatalog.from_environment(root))
+    assert conf["spark.hadoop.fs.s3a.secret.key"] == conf["spark.sql.catalog.lake.s3.secret-access-key"] == "secret-2"
+    assert conf["spark.sql.catalog.lake.rest.access-key-id"] == "key-id-1"
+    env = server_env()
+    assert not {key for key in env if key.startswith("AWS_") or key.startswith("CDC_")}, sorted(env)
+    assert not [value for value in env.values() if "secret-" in value]
+    monkeypatch.delenv("CDC_CATALOG_URI")
+    assert credentials_conf(str(tmp_path), LakeCatalog.from_environment(str(tmp_path))) == {}  # a local warehouse needs none
+
+    # The server's folder: outside the catalog, 0700, and each catalog's own by default.
+    monkeypatch.delenv("CDC_SQL_SERVER_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    state = server_state_dir(tmp_path / "warehouse" / "_catalog")
+    assert state.is_relative_to(tmp_path / "home" / ".local" / "state") and (state.stat().st_mode & 0o777) == 0o700
+    assert server_state_dir(tmp_path / "other" / "_catalog") != state

@@ -2,7 +2,8 @@
 
     cdc-catalog sync                      register every table (what `make sql` and the SQL server do first)
     cdc-catalog sql [spark-sql args]      spark-sql on the catalog (`make sql`), e.g. -e "SELECT ..."
-    cdc-catalog server start|status|stop  the SQL server (Spark Thrift server) on 127.0.0.1:10000 (`make sql-server`)
+    cdc-catalog server start|status|stop  the SQL server (Spark Thrift server) on 127.0.0.1:10000 (`make sql-server`):
+                                          read-only, a password in its 0600 file (docs/consumers.md)
     cdc-catalog describe TABLE --json     what pyiceberg needs to read any asset's any date (no Spark)
 
 Database ``cdc`` (``CDC_CATALOG_DATABASE``) in Spark's Hive metastore holds, as views over the
@@ -29,11 +30,12 @@ from cdc_assets.engines.process import HOST
 from cdc_assets.cli.sql_server import (
     DEFAULT_SQL_PORT,
     LOG_FILE,
-    SERVER_FOLDER,
     SQL_PORT_ENV,
     CatalogBusy,
+    password_file,
     run_spark_sql,
     running_sql_server,
+    server_state_dir,
     start_sql_server,
     stop_sql_server,
     sync,
@@ -76,13 +78,17 @@ def main(argv: list[str] | None = None) -> int:
             port = args.port or int(settings.SQL_PORT.value())
             began = time.monotonic()
             pid, port = start_sql_server(storage, port)
-            print(f"SQL server ready in {time.monotonic() - began:.1f} s: pid {pid}, log {location / SERVER_FOLDER / LOG_FILE}", file=sys.stderr)
+            state = server_state_dir(location)
+            print(f"SQL server ready in {time.monotonic() - began:.1f} s: pid {pid}, log {state / LOG_FILE}; "
+                  f"read-only; log in with any user name and the password in {password_file(state)}", file=sys.stderr)  # fmt: skip
             print(f"jdbc:hive2://{HOST}:{port}/{catalog_database()}")
             return 0
         if args.action == "stop":
             print("stopped" if stop_sql_server(storage) else "not running", file=sys.stderr)
             return 0
         running = running_sql_server(location)
+        if running is not None:
+            print(f"password in {password_file(server_state_dir(location))}", file=sys.stderr)
         print("not running" if running is None else f"jdbc:hive2://{HOST}:{running[1]}/{catalog_database()} pid {running[0]}")
         return 0 if running is not None else 1
     except (CatalogBusy, ValueError, RuntimeError, TimeoutError) as error:

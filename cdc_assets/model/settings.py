@@ -117,6 +117,11 @@ SQL_PORT = _setting(
     "CDC_SQL_PORT", "10000", "`10000`",
     "the SQL server's port for `cdc-catalog server start` without `--port` (`make sql-server` passes `SQL_PORT`)",
 )  # fmt: skip
+SQL_SERVER_DIR = _setting(
+    "CDC_SQL_SERVER_DIR", "", "`~/.local/state/cdc_assets/sql-server/<catalog>`",
+    "the SQL server's own folder, outside the warehouse (mode 0700): its password, pid, ports, conf and logs "
+    "([consumers.md](consumers.md#the-sql-server-reads-only))",
+)  # fmt: skip
 GIT_COMMIT = _setting(
     "CDC_GIT_COMMIT", "", "the source tree's `git rev-parse HEAD`",
     "the commit the runs log records ([operations.md](operations.md#audit-columns-and-the-runs-log))",
