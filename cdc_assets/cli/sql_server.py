@@ -80,7 +80,7 @@ from cdc_assets.engines.process import (
     wait_for_port,
     write_number_file,
 )
-from cdc_assets.engines.spark_conf import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, NO_UI, PIPELINE_DEFAULTS, spark_conf_from_env
+from cdc_assets.engines.spark_conf import LOCAL_DEFAULTS, LOOPBACK_DEFAULTS, NO_UI, PIPELINE_DEFAULTS, file_mode_conf, spark_conf_from_env
 from cdc_assets.engines.spark_home import launcher, spark_env, write_properties_file
 from resources.storage import WAREHOUSE_ENV, WarehouseStorage, warehouse_root
 from resources.storage.lake import CATALOG_NAME, LakeCatalog
@@ -259,7 +259,8 @@ def catalog_conf(location: Path, root: str) -> dict[str, str]:
     """Spark conf of a session on the catalog at ``location`` (spark-sql, the Thrift server) over the
     warehouse under ``root``: the Hive metastore, the Iceberg runtime, and ``lake`` opened on the warehouse."""
 
-    conf = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS}
+    # Hadoop's writes ignore the process's umask: file_mode_conf gives them CDC_UMASK (docs/operations.md, File modes).
+    conf = {**PIPELINE_DEFAULTS, **LOOPBACK_DEFAULTS, **file_mode_conf()}
     master = settings.SPARK_MASTER.value() or "local[*]"
     conf["spark.master"] = master
     if master.startswith("local"):
@@ -299,7 +300,7 @@ def hold_catalog(location: Path, holder: str) -> int:
     Raises :class:`CatalogBusy` naming the current holder.
     """
     location.mkdir(parents=True, exist_ok=True)
-    fd = os.open(location / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(location / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -675,7 +676,7 @@ def _wait_until_catalog_free(location: Path, timeout: float) -> None:
     path = location / LOCK_FILE
     deadline = time.monotonic() + timeout
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdc_assets.model import settings
+from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.engines.process import (
     HOST,
     free_port,
@@ -425,6 +426,7 @@ def lake_environment(handle: LakeHandle) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_umask()  # first: the lake's folders and every process it starts are its owner's only (CDC_UMASK)
     parser = argparse.ArgumentParser(prog="python -m cdc_assets.engines.lake_server", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["start", "stop", "status", "env"])
     parser.add_argument("--state-dir", default=DEFAULT_STATE_DIR, type=Path)
