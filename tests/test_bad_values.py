@@ -116,3 +116,23 @@ def test_a_full_loads_reject_without_a_key_fails_the_date_unless_quarantine_unke
     # The unkeyed record's key is unknown: key 2 counts as absent from the snapshot.
     assert {key: value[2] for key, value in _current(spark, warehouse, DAY2).items()} == {1: "N"}
     assert _metadata(instance, "hash_join_classification", DAY2)["held_by_reject"] == 0
+
+
+def test_a_parquet_double_into_an_int_column_is_rejected_not_a_silent_no_change(spark, warehouse, tmp_path):
+    landing = tmp_path / "parquet"
+    for day, rows in ((DAY1, [(1, "a", 3.0), (2, "b", 5.0)]), (DAY2, [(1, "a", 3.7), (2, "b", 5.0)])):
+        spark.createDataFrame(rows, "id int, name string, score double").coalesce(1).write.parquet(str(landing / day))
+    config = write_table_config(
+        tmp_path / "configs", TABLE, f"{landing}/{{date}}/", start_date=DAY1, source={"path": f"{landing}/{{date}}/", "format": "parquet"},
+        **COLUMNS,
+    )
+    instance = DagsterInstance.ephemeral()
+
+    first, second = run_dates(definitions_for(config), [DAY1, DAY2], instance)
+
+    assert first.success and second.success
+    # 3.7 would have become 3, equal to day 1's 3.0: no change. It is a bad record, and its key is held.
+    [reject] = read_stored(spark, partition_dir(warehouse, TABLE, "rejects", DAY2)).collect()
+    assert reject["reason"] == "lossy_cast: column score, from double to int: value '3.7'"
+    assert _current(spark, warehouse, DAY2) == {1: ("a", 3, "X", DAY1), 2: ("b", 5, "N", DAY1)}
+    assert _metadata(instance, "hash_join_classification", DAY2)["held_by_reject"] == 1
