@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dagster import AssetCheckSeverity, AssetKey, AssetRecordsFilter, DagsterInstance
 
-from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, write_table_config
+from tests.pipeline import definitions_for, partition_dir, read_stored, run_dates, run_range, write_table_config
 
 TABLE = "scores"
 DAY1, DAY2, DAY3 = "2024-01-01", "2024-01-02", "2024-01-03"
@@ -93,6 +93,25 @@ def test_a_full_load_holds_a_key_whose_record_is_rejected(spark, warehouse, tmp_
     assert third.success
     assert _current(spark, warehouse, DAY3)[2] == ("b", 25, "U", DAY3)
     assert _checks(third, DAY3)["hash_join_classification.no_key_held_by_reject"][0] is True
+
+
+def test_a_range_of_full_loads_in_one_run_holds_the_key_as_day_by_day(spark, warehouse, tmp_path):
+    _land(tmp_path, DAY1, HEADER + "1,a,10\n2,b,20\n3,c,30\n")
+    _land(tmp_path, DAY2, HEADER + "1,a,11\n2,b,oops\n3,c,30\n")
+    _land(tmp_path, DAY3, HEADER + "1,a,11\n2,b,25\n")  # key 3 deleted; key 2 updated from its held version
+    instance = DagsterInstance.ephemeral()
+
+    result = run_range(definitions_for(_table(tmp_path)), DAY1, DAY3, instance)
+
+    assert result.success
+    assert _current(spark, warehouse, DAY2) == {1: ("a", 11, "U", DAY2), 2: ("b", 20, "X", DAY1), 3: ("c", 30, "N", DAY1)}
+    assert _current(spark, warehouse, DAY3) == {1: ("a", 11, "N", DAY2), 2: ("b", 25, "U", DAY3)}
+    assert [_metadata(instance, "hash_join_classification", day)["held_by_reject"] for day in (DAY2, DAY3)] == [1, 0]
+    blocking = {
+        (name, day): passed for day in (DAY1, DAY2, DAY3) for name, (passed, severity, _) in _checks(result, day).items()
+        if severity == AssetCheckSeverity.ERROR
+    }
+    assert blocking and all(blocking.values()), blocking
 
 
 def test_a_full_loads_reject_without_a_key_fails_the_date_unless_quarantine_unkeyed(spark, warehouse, tmp_path):

@@ -309,7 +309,7 @@ def capture_changes(
             touched_keys_only=incremental,
             previous_rows=previous_rows,
             untracked_columns=[column.name for column in table.untracked_columns],
-            held_keys=keys_held_by_rejects(spark, storage, table, days) if previous_state is not None else None,
+            held_keys=keys_held_by_rejects(spark, storage, table, days),
         )
     capture = Capture(
         table, list(days), run, plan, storage, previous_rows, previous_state is not None, evolution, log,
