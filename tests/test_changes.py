@@ -261,3 +261,23 @@ def test_the_payload_join_classifies_as_the_hash_only_join(full_run, delta_run, 
     # I/U/N take today's payload, D/X the stored one (a NULL today is not replaced by yesterday's value).
     assert (by_id[2]["val"], by_id[5]["note"], by_id[3]["val"], by_id[3][OPERATION]) == ("b2", "new", "c", missing)
     assert by_id[6]["val"] is None and by_id[6][OPERATION] == "N"
+
+
+def test_a_full_loads_key_held_by_a_reject_is_kept_as_it_was(spark):
+    incoming = incoming_frame(spark, INCOMING)
+    previous = previous_frame(spark, PREVIOUS)
+    held = add_hashes(local_frame(spark, [(3,), (4,), (9,)], [("id", "int")]), KEYS, []).select(KEY_HASH)
+
+    changes = classify_changes(incoming, previous, DAY, LoadType.full, PAYLOAD, held=held)
+
+    rows = {row["id"]: (row["val"], row[OPERATION], row[EFF_START_DATE]) for row in changes.collect()}
+    # Key 3, missing today but with a rejected record, is X with its stored values instead of D; a held
+    # key the incoming rows supply (4) or the state lacks (9) is classified as without the hold.
+    assert rows[3] == ("c", "X", date(2024, 1, 3))
+    assert rows[4] == ("d", "I", DAY)
+    assert 9 not in rows
+    assert count_operations(changes) == {"I": 1, "U": 1, "D": 0, "X": 1, "N": 3}
+    assert {row["id"] for row in build_current(changes).collect()} == {1, 2, 3, 4, 5, 6}
+    # A delta's absent key is X already: the hold changes nothing.
+    delta = classify_changes(incoming, previous, DAY, LoadType.delta, PAYLOAD, held=held)
+    assert count_operations(delta) == count_operations(classify_changes(incoming, previous, DAY, LoadType.delta, PAYLOAD))

@@ -577,3 +577,29 @@ def test_a_single_byte_encoding_is_decoded(spark, tmp_path):
         (None, None, "invalid_encoding: the line has bytes that are not valid windows-1252 (raw_record: its bytes as ISO-8859-1)"),
     ]
     assert found[1][RAW_LINE].encode("latin-1") == lines[1]
+
+
+def test_an_event_value_that_its_column_does_not_hold_exactly_is_a_bad_record(spark, tmp_path):
+    """A number in an event (decimal.handling.mode=double, or a double column) is a text to cast: 3.7 is not
+    an int (ANSI), and 12.345 is not a decimal(10,2), which the cast would round to 12.35 (issue 46, point 9)."""
+    from cdc_assets.core.intake.source import REJECT_REASON, validate_records
+
+    events = [
+        {"after": {"id": 1, "score": 3.7, "amount": 12.3}, "op": "c", "ts_ms": 1},
+        {"after": {"id": 2, "score": 4, "amount": 12.345}, "op": "c", "ts_ms": 2},
+        {"after": {"id": 3, "score": 4, "amount": 12.34}, "op": "c", "ts_ms": 3},
+    ]
+    config = make_config(
+        tmp_path, path=_landed(tmp_path, [json.dumps(event) for event in events]),
+        non_keys=[{"name": "score", "type": "int"}, {"name": "amount", "type": "decimal(10,2)"}], untracked_columns=[],
+        changes={"sequence_columns": ["ts_ms"]},
+    )
+
+    validated = validate_records(read_debezium(spark, config, DAY1), config)
+
+    reasons = {row["id"]: row[REJECT_REASON] for row in validated.select("id", REJECT_REASON).collect()}
+    assert reasons == {
+        1: "column score: value '3.7' is not a valid int",
+        2: "lossy_cast: column amount, from string to decimal(10,2): value '12.345' has more decimal places",
+        3: None,
+    }

@@ -138,10 +138,11 @@ BAD_CSV = (
 )
 
 
-def test_bad_records_are_quarantined_by_default(spark, warehouse, tmp_path):
+def test_bad_records_are_quarantined(spark, warehouse, tmp_path):
     source = _land(tmp_path, DAY1, BAD_CSV)
     instance = DagsterInstance.ephemeral()
-    [result] = run_dates(definitions_for(_table(tmp_path)), [DAY1], instance)
+    # Records 2 and 4 name no key: a full load quarantines them only when told to (tests/test_bad_values.py).
+    [result] = run_dates(definitions_for(_table(tmp_path, bad_records="quarantine_unkeyed")), [DAY1], instance)
     assert result.success
 
     rejects = read_stored(spark, partition_dir(warehouse, TABLE, REJECTS, DAY1))
@@ -238,9 +239,10 @@ def test_duplicate_keys_fail_by_default_and_can_be_quarantined(spark, warehouse,
     assert sorted(row["id"] for row in incoming.collect()) == [1, 3, 4, 6]
     assert _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=9) == (4, 5)
     assert _metadata(instance, HASHED_INCOMING, DAY2)["duplicate_keys"] == 2
-    # Quarantined keys are missing from a full extract: they leave the current state (2 of 6, under the guard).
-    assert operation_counts(spark, partition_dir(warehouse, TABLE, "current_table", DAY2)) == {"N": 4}
-    assert operation_counts(spark, partition_dir(warehouse, TABLE, "deletes", DAY2)) == {"D": 2}
+    # Quarantined keys are held as they were (X), not deleted for their absence from the accepted rows.
+    assert operation_counts(spark, partition_dir(warehouse, TABLE, "current_table", DAY2)) == {"N": 4, "X": 2}
+    assert operation_counts(spark, partition_dir(warehouse, TABLE, "deletes", DAY2)) == {}
+    assert _metadata(instance, "hash_join_classification", DAY2)["held_by_reject"] == 2
     assert _for_day(_snapshot(spark, warehouse), DAY1) == before
 
 
@@ -411,7 +413,7 @@ def test_every_asset_and_check_runs_in_its_tables_pool_and_the_instance_limits_p
         assert graph.get(key).pools == {f"cdc_{key.path[0]}"}, key
         assert graph.get(key).assets_def.op.pool == f"cdc_{key.path[0]}", key
     assert {key.path[0] for key in graph.get_all_asset_keys()} == {TABLE, "other"}
-    assert len(graph.asset_check_keys) == 2 * 10
+    assert len(graph.asset_check_keys) == 2 * 11  # a full load has no_key_held_by_reject too
     for check_key in graph.asset_check_keys:
         assert graph.assets_def_for_key(check_key).op.pool == f"cdc_{check_key.asset_key.path[0]}", check_key
 

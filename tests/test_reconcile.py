@@ -9,7 +9,9 @@ from cdc_assets.core.capture.reconcile import (
     keyed_figures_by_date,
     operations_by_date,
     reconcile_changes,
+    reconcile_held_by_reject,
     reconcile_incoming,
+    reconcile_stored_state,
 )
 
 D1, D2 = date(2024, 1, 1), date(2024, 1, 2)
@@ -56,3 +58,17 @@ def test_intake_rules_count_every_row_read():
     assert passed.passed and unique.passed
     lost, _ = reconcile_incoming(rows_read=10, accepted=KeyedFigures(7, 7), rejected_rows=2)
     assert not lost.passed and lost.metadata["difference"] == 1
+
+
+def test_a_full_loads_held_keys_are_counted_as_x_and_warned_of():
+    # 3 keys before: key 1 unchanged, key 2 updated, key 3 held for a rejected record (X, not D).
+    operations = {"I": 0, "U": 1, "D": 0, "X": 1, "N": 1}
+    outcomes = reconcile_changes(operations, incoming_rows=2, previous_rows=3, current=KeyedFigures(3, 3, 0), history_rows=1)
+    assert all(outcome.passed for outcome in outcomes), [outcome.equation for outcome in outcomes]
+    held = reconcile_held_by_reject(1, operations["X"])
+    assert not held.passed and held.metadata["held_by_reject"] == 1
+    assert held.equation == "keys held as they were for a rejected record (1) ≠ zero (0)"
+    assert reconcile_held_by_reject(0, 0).passed
+    # A merged state's date stores the held row like an I or U: I + U + X rows.
+    assert reconcile_stored_state(operations, False, 2, "N").passed
+    assert not reconcile_stored_state(operations, False, 1, "N").passed

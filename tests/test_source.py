@@ -83,6 +83,9 @@ def make_config(tmp_path: Path, **overrides) -> TableConfig:
         "source": {"path": str(tmp_path / "landing" / "{date}") + "/", "format": "csv"},
         "keys": [{"name": "id", "type": "int"}],
         "non_keys": [{"name": "name", "type": "string"}, {"name": "qty", "type": "int"}],
+        # These tests quarantine every bad record; what a full load does with one that names no key
+        # (the date fails under `quarantine`) is tested in tests/test_bad_values.py.
+        "bad_records": "quarantine_unkeyed",
     }
     data.update(overrides)
     return TableConfig.model_validate(data)
@@ -458,7 +461,7 @@ BAD_CSV = (
 
 
 def test_bad_records_quarantined(spark, tmp_path):
-    config = make_config(tmp_path, bad_records="quarantine")
+    config = make_config(tmp_path, bad_records="quarantine_unkeyed")
     source_file = land(tmp_path, BAD_CSV)
     batch = prepare_incoming(spark, config, DAY)
     try:
@@ -794,3 +797,90 @@ def test_a_run_quarantines_keys_that_differ_only_in_bytes_that_are_not_utf8(spar
         if event.asset_key.path[-1] == "hashed_incoming"
     ]
     assert read == len(current) + len(rejects) == 3
+
+
+# --- typed sources: a lossy cast is a bad record (issue 46, point 9) ------------------------------
+
+
+def _typed_config(tmp_path: Path, source_format: str, non_keys: list[dict], **overrides) -> TableConfig:
+    return make_config(
+        tmp_path,
+        source={"path": str(tmp_path / "landing" / "{date}") + "/", "format": source_format},
+        non_keys=non_keys,
+        **overrides,
+    )
+
+
+def _outcome(spark, config) -> dict[int, str | tuple]:
+    """Each record's outcome by id: its reason if rejected, else its typed values (the id not included)."""
+    validated = read_validated(spark, config)
+    names = [column.name for column in config.non_keys]
+    return {
+        row["id"]: row[REJECT_REASON] if row[REJECT_REASON] else tuple(row[name] for name in names)
+        for row in validated.select("id", REJECT_REASON, *names).collect()
+    }
+
+
+def test_a_parquet_value_that_a_cast_would_change_is_rejected_as_a_lossy_cast(spark, tmp_path):
+    folder = tmp_path / "landing" / DAY_TEXT
+    spark.createDataFrame(
+        [(1, 3.7, Decimal("12.345"), 5, True), (2, 3.0, Decimal("12.340"), 5, False), (3, 2.0, Decimal("1.000"), 3_000_000_000, None)],
+        "id int, score double, price decimal(10,3), big bigint, flag boolean",
+    ).coalesce(1).write.parquet(str(folder))
+    config = _typed_config(
+        tmp_path,
+        "parquet",
+        [
+            {"name": "score", "type": "int"},
+            {"name": "price", "type": "decimal(10,2)"},
+            {"name": "big", "type": "int"},
+            {"name": "flag", "type": "string"},
+        ],
+    )
+
+    outcome = _outcome(spark, config)
+
+    assert outcome[1] == "lossy_cast: column score, from double to int: value '3.7'"
+    # A value the narrower type holds exactly passes; a boolean into a string column keeps its exact text.
+    assert outcome[2] == (3, Decimal("12.34"), 5, "false")
+    assert outcome[3] == "lossy_cast: column big, from bigint to int: value '3000000000'"  # an overflow
+    rounded = read_validated(spark, _typed_config(tmp_path, "parquet", [{"name": "price", "type": "decimal(10,2)"}], allow_extra_columns=True))
+    reasons = {row["id"]: row[REJECT_REASON] for row in rounded.collect()}
+    assert reasons == {1: "lossy_cast: column price, from decimal(10,3) to decimal(10,2): value '12.345'", 2: None, 3: None}
+
+
+def test_a_widening_cast_of_a_typed_source_is_accepted(spark, tmp_path):
+    folder = tmp_path / "landing" / DAY_TEXT
+    spark.createDataFrame(
+        [(1, 2_147_483_647, 1.5, Decimal("12345678.91"), 42)],
+        "id int, wide int, ratio float, amount decimal(10,2), whole int",
+    ).coalesce(1).write.parquet(str(folder))
+    config = _typed_config(
+        tmp_path,
+        "parquet",
+        [
+            {"name": "wide", "type": "bigint"},
+            {"name": "ratio", "type": "double"},
+            {"name": "amount", "type": "decimal(12,2)"},
+            {"name": "whole", "type": "decimal(10,2)"},
+        ],
+    )
+
+    assert _outcome(spark, config) == {1: (2_147_483_647, 1.5, Decimal("12345678.91"), Decimal("42.00"))}
+
+
+def test_json_numbers_and_csv_decimals_that_a_cast_would_round_are_rejected(spark, tmp_path):
+    land(tmp_path, '{"id":1,"qty":3.7,"price":12.345}\n{"id":2,"qty":4,"price":12.3}\n', "part-0.json")
+    config = _typed_config(tmp_path, "json", [{"name": "qty", "type": "int"}, {"name": "price", "type": "decimal(10,2)"}])
+
+    outcome = _outcome(spark, config)
+
+    assert outcome[1] == "lossy_cast: column qty, from double to int: value '3.7'"
+    assert outcome[2] == (4, Decimal("12.30"))
+    csv_config = make_config(tmp_path / "csv", non_keys=[{"name": "price", "type": "decimal(10,2)"}])
+    land(tmp_path / "csv", "id,price\n1,12.345\n2,12.3\n3,7\n")
+    assert _outcome(spark, csv_config) == {
+        1: "lossy_cast: column price, from string to decimal(10,2): value '12.345' has more decimal places",
+        2: (Decimal("12.30"),),
+        3: (Decimal("7.00"),),
+    }

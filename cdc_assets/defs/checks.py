@@ -26,7 +26,7 @@ from dagster import (
     multi_asset_check,
 )
 
-from cdc_assets.model.config import TableConfig
+from cdc_assets.model.config import LoadType, TableConfig
 from cdc_assets.core.capture.reconcile import (
     Reconciliation,
 )
@@ -75,6 +75,16 @@ WARNING_CHECKS = {ERASED_KEYS_CHECK}
 STATE_CHECKS = [(CURRENT, "stored_state_reconciles")]
 INCOMING_CHECKS = [(HASHED_INCOMING, "rows_read_reconcile"), (HASHED_INCOMING, "keys_unique"), ERASED_KEYS_CHECK]
 CDC_CHECKS = [key for key in CHECK_DESCRIPTIONS if key not in INCOMING_CHECKS and key != (CURRENT, "stored_state_reconciles")]
+# A full load keeps a key with a rejected record as it was (X): it warns, naming their count. Not blocking:
+# the state is as right as the extract allows (the key neither updated from nor deleted for a bad record),
+# and the rejects say what to fix; a blocking check would stop nothing the warning does not show.
+HELD_BY_REJECT_CHECK = (CLASSIFICATION, "no_key_held_by_reject")
+CHECK_DESCRIPTIONS[HELD_BY_REJECT_CHECK] = (
+    "Warns when a full load kept keys as they were because a record of theirs is in the date's rejects "
+    "(held_by_reject, counted as X): neither updated nor deleted until an extract supplies them again."
+)
+WARNING_CHECKS.add(HELD_BY_REJECT_CHECK)
+FULL_LOAD_CHECKS = [HELD_BY_REJECT_CHECK]
 # A change set holds several records per key, and its incoming records are not one per classified key.
 CHANGESET_DESCRIPTIONS = {
     (HASHED_INCOMING, "rows_read_reconcile"): (
@@ -93,8 +103,11 @@ CHANGESET_CDC_CHECKS = [(CLASSIFICATION, "records_reconcile"), (CURRENT, "previo
 
 
 def _specs(config: TableConfig, partitions_def: DailyPartitionsDefinition, checks) -> list[AssetCheckSpec]:
-    if config.storage.incremental and checks in (CDC_CHECKS, CHANGESET_CDC_CHECKS):
+    cdc = checks in (CDC_CHECKS, CHANGESET_CDC_CHECKS)
+    if config.storage.incremental and cdc:
         checks = checks + STATE_CHECKS
+    if config.load_type is LoadType.full and cdc:
+        checks = checks + FULL_LOAD_CHECKS
     return [
         AssetCheckSpec(
             name,

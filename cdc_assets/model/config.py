@@ -78,10 +78,16 @@ class LoadType(str, Enum):
 
 class BadRecordPolicy(str, Enum):
     """What to do with a record that is malformed, does not cast, has a NULL/empty key, or has bytes that are
-    not valid in ``source.encoding``."""
+    not valid in ``source.encoding``.
+
+    On a full load a quarantined record's key is *held* (kept as it was, neither updated nor deleted), so a
+    record whose key cannot be parsed at all fails the date under ``quarantine``: the key it hides would be
+    deleted. ``quarantine_unkeyed`` quarantines such records too, and their keys count as absent (D).
+    """
 
     fail = "fail"
     quarantine = "quarantine"
+    quarantine_unkeyed = "quarantine_unkeyed"
 
 
 class DuplicateKeyPolicy(str, Enum):

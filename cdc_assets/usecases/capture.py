@@ -26,7 +26,8 @@ from cdc_assets.core.capture.schema import migrate_state, values_for_added_colum
 from cdc_assets.core.capture.state import StateSince, compaction_due, untouched_operation
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.intake.columns import CHANGE_SEQUENCE
-from cdc_assets.model.config import DuplicateKeyPolicy, Retention, TableConfig
+from cdc_assets.core.intake.incoming import rejected_keys
+from cdc_assets.model.config import DuplicateKeyPolicy, LoadType, Retention, TableConfig
 from cdc_assets.model.masking import ValueMask
 from cdc_assets.model.names import (
     APPLIED_SEQUENCES,
@@ -36,6 +37,7 @@ from cdc_assets.model.names import (
     HISTORY,
     INSERTS,
     LATE_CHANGES,
+    REJECTS,
     UPDATES,
     cdc_outputs,
     day_before,
@@ -308,6 +310,7 @@ def capture_changes(
             touched_keys_only=incremental,
             previous_rows=previous_rows,
             untracked_columns=[column.name for column in table.untracked_columns],
+            held_keys=keys_held_by_rejects(spark, storage, table, days),
         )
     capture = Capture(
         table, list(days), run, plan, storage, previous_rows, previous_state is not None, evolution, log,
@@ -316,11 +319,29 @@ def capture_changes(
     try:
         capture.counts = {day.isoformat(): by_op for day, by_op in plan.counts.items()}
         capture.figures = {day.isoformat(): found for day, found in plan.figures.items()}
+        if table.load_type is LoadType.full:  # a full load's X: a key kept as it was for its rejected record
+            for day in days:
+                capture.figures.setdefault(day, {})[HELD_BY_REJECT] = capture.counts[day][cdc.NOT_SUPPLIED]
         log.info(capture.summary())
     except BaseException:
         capture.release()
         raise
     return capture
+
+
+HELD_BY_REJECT = "held_by_reject"
+
+
+def keys_held_by_rejects(spark: SparkSession, storage: WarehouseStorage, table: TableConfig, days: list[str]) -> DataFrame | None:
+    """A full load's keys (``business_date``, ``key_hash``) with a rejected record on a date of ``days``: the
+    CDC step keeps each as it was instead of deleting it (X, counted as held_by_reject). Read from the
+    stored rejects, their keys parsed from the raw records; None for another load type or no rejects
+    (counted from the footers, no Spark job)."""
+    if table.load_type is not LoadType.full:  # a delta's or change set's absent key is X already
+        return None
+    if not any(storage.row_counts(table.name, REJECTS, days).values()):
+        return None
+    return rejected_keys(storage.read(spark, table.name, REJECTS, days), table)
 
 
 def _in_new_schema(log: StepLog, table: TableConfig, previous_state: DataFrame, incoming: DataFrame, evolution, first_day: str) -> DataFrame:

@@ -26,6 +26,7 @@ from cdc_assets.core.capture.reconcile import (
     reconcile_change_set_intake,
     reconcile_changes,
     reconcile_erased_keys,
+    reconcile_held_by_reject,
     reconcile_incoming,
     reconcile_stored_state,
     reconcile_updates,
@@ -34,7 +35,7 @@ from cdc_assets.core.capture.schema import SchemaChangeError, schema_change, sha
 from cdc_assets.core.capture.state import untouched_operation
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.compare import CHANGED_COLUMNS
-from cdc_assets.model.config import TableConfig
+from cdc_assets.model.config import LoadType, TableConfig
 from cdc_assets.model.names import CLASSIFICATION, CURRENT, HASHED_INCOMING, HISTORY, LATE_CHANGES, REJECTS, UPDATES, day_before
 from cdc_assets.usecases.schema_changes import configured_spec
 from resources.session.spark_session import side_by_side
@@ -74,6 +75,9 @@ def cdc_outcomes(
             outcomes = reconcile_change_set(**stored, **figures, late_rows=late[day])
         else:
             outcomes = reconcile_changes(**stored)
+        if config.load_type is LoadType.full:
+            held = recorded(CLASSIFICATION, day, ("held_by_reject",))["held_by_reject"]
+            outcomes.append(reconcile_held_by_reject(held, by_operation[NOT_SUPPLIED]))
         outcomes += _stored_part_outcomes(config, day, by_operation, parts)
         outcomes.append(_updates_outcome(spark, storage, config, day, updates_naming_none.get(on, 0)))
         yield day, outcomes

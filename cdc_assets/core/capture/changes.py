@@ -83,9 +83,18 @@ def changed_columns_of_update(
     )
 
 
-def _operation(incoming_hash: F.Column, previous_hash: F.Column, load_type: LoadType) -> F.Column:
-    """I/U/N/D/X from the two sides' non-key hashes of one key (NULL: the side has no row)."""
+def _operation(incoming_hash: F.Column, previous_hash: F.Column, load_type: LoadType, held: F.Column | None = None) -> F.Column:
+    """I/U/N/D/X from the two sides' non-key hashes of one key (NULL: the side has no row); a full load's
+    key that ``held`` marks (a rejected record of it) is X, not D: kept as it was."""
     missing = DELETE if load_type is LoadType.full else NOT_SUPPLIED
+    if held is not None and load_type is LoadType.full:
+        return (
+            F.when(previous_hash.isNull(), F.lit(INSERT))
+            .when(incoming_hash.isNull() & held, F.lit(NOT_SUPPLIED))
+            .when(incoming_hash.isNull(), F.lit(DELETE))
+            .when(incoming_hash == previous_hash, F.lit(UNCHANGED))
+            .otherwise(F.lit(UPDATE))
+        )
     return (
         F.when(previous_hash.isNull(), F.lit(INSERT))
         .when(incoming_hash.isNull(), F.lit(missing))
@@ -102,8 +111,12 @@ def classify_changes(
     payload_columns: Sequence[str] = (),
     audit: RunAudit | None = None,
     non_key_columns: Sequence[str] | None = None,
+    held: DataFrame | None = None,
 ) -> DataFrame:
     """One row per key_hash: ``payload_columns``, ``key_hash``, ``non_key_hash``, ``operation``, ``eff_start_date``.
+
+    ``held`` (a full load's ``key_hash`` values with a rejected record that date): such a key absent from
+    ``incoming`` is X (held as it was, counted as held_by_reject), not D.
 
     With ``audit``, also ``process_id`` and ``processed_at`` (this run's on I/U/D rows, the stored ones
     on N/X rows); with ``non_key_columns`` (a subset of ``payload_columns``), also ``changed_columns``.
@@ -139,11 +152,17 @@ def classify_changes(
         F.col(EFF_START_DATE).alias(f"{_PREVIOUS}eff"),
         *(stored_audit(previous_current, lambda name: f"{_PREVIOUS}{name}") if audit else ()),
     )
+    held_flag = None
+    if held is not None and load_type is LoadType.full:
+        # The day's rejected keys are few: broadcast, joined to the previous state where it lies.
+        marks = F.broadcast(held.select(KEY_HASH).distinct().withColumn(f"{_PREVIOUS}held", F.lit(True)))
+        previous_side = previous_side.join(marks, on=KEY_HASH, how="left")
+        held_flag = F.coalesce(F.col(f"{_PREVIOUS}held"), F.lit(False))
     joined = incoming_side.join(previous_side, on=KEY_HASH, how="full_outer")
     incoming_hash, previous_hash = F.col(f"{_IN}hash"), F.col(f"{_PREVIOUS}hash")
     # A row's hash is never NULL, so a NULL hash means the side has no row for the key.
     from_incoming = incoming_hash.isNotNull()
-    operation = _operation(incoming_hash, previous_hash, load_type)
+    operation = _operation(incoming_hash, previous_hash, load_type, held_flag)
     kept = operation.isin(UNCHANGED, NOT_SUPPLIED)
     index_of = {name: index for index, name in enumerate(payload_columns)}
     return joined.select(

@@ -87,6 +87,7 @@ def plan_changes(
     touched_keys_only: bool = False,
     previous_rows: int = 0,
     untracked_columns: Sequence[str] = (),
+    held_keys: DataFrame | None = None,
 ) -> ChangePlan:
     """Classify every date of the range against the state the date before left; the outputs to write.
 
@@ -104,7 +105,9 @@ def plan_changes(
     previous state's rows) less the keys the date touched; ``current`` then holds the touched keys
     only, and ``full_states`` gives the whole state. ``untracked_columns`` name the payload columns that
     are neither keys nor tracked: a full load's N rows whose values of them changed are state changes too
-    (:func:`state.stored_changes`).
+    (:func:`state.stored_changes`). ``held_keys`` (``business_date``, ``key_hash``: a full load's keys with a
+    rejected record on the date) are kept as they were, X, where the snapshot lacks them; with any, a range
+    of full loads goes date by date.
     """
     dates = sorted(business_dates)
     # What every output row is annotated with: the run's audit stamp, and the non-key columns U rows name
@@ -121,7 +124,9 @@ def plan_changes(
             incoming, previous, previous_sequences, dates, payload_columns, max_write_tasks, change_set_rules, annotations
         )
     full_states = None
-    if load_type is LoadType.full and len(dates) > 1:
+    if load_type is not LoadType.full:
+        held_keys = None
+    if load_type is LoadType.full and len(dates) > 1 and held_keys is None:
         classification, changed, counts, cached = _full_loads_in_one_query(incoming, previous, dates, payload_columns, annotations)
     elif load_type is LoadType.delta and touched_keys_only:
         classification, changed, counts, cached, full_states = _deltas_by_touched_keys(
@@ -129,7 +134,7 @@ def plan_changes(
         )
     else:
         classification, changed, counts, cached = _date_by_date(
-            incoming, previous, dates, load_type, payload_columns, max_write_tasks, annotations
+            incoming, previous, dates, load_type, payload_columns, max_write_tasks, annotations, held_keys
         )
     tasks = write_tasks(sum(sum(by_op.values()) for by_op in counts.values()), max_write_tasks)
     changed = changed.coalesce(tasks)
@@ -178,12 +183,16 @@ def _full_loads_in_one_query(incoming: DataFrame, previous: DataFrame | None, da
     return classification.select(*cdc.CLASSIFICATION_COLUMNS, BUSINESS_DATE), changed, counts, [changed, classification]
 
 
-def _date_by_date(incoming, previous, dates: list[date], load_type: LoadType, payload_columns, max_partitions: int, annotations):
+def _date_by_date(
+    incoming, previous, dates: list[date], load_type: LoadType, payload_columns, max_partitions: int, annotations,
+    held_keys: DataFrame | None = None,
+):
     classified, changed, counts, cached = [], [], {}, []
     for day in dates:
         # Filtering on the partition column prunes the scan to the date's folder.
         rows = incoming.filter(F.col(BUSINESS_DATE) == F.lit(day)).drop(BUSINESS_DATE)
-        changes = cdc.classify_changes(rows, previous, day, load_type, payload_columns, **annotations)
+        held = None if held_keys is None else held_keys.filter(F.col(BUSINESS_DATE) == F.lit(day))
+        changes = cdc.classify_changes(rows, previous, day, load_type, payload_columns, **annotations, held=held)
         if len(dates) > 1:
             # A local checkpoint (not a cache) cuts the lineage: the next date's plan starts from this
             # date's rows instead of nesting every earlier date's plan (a 10-day range failed). The

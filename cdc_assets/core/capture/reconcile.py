@@ -118,19 +118,27 @@ def reconcile_changes(
     ]
 
 
+def reconcile_held_by_reject(held_by_reject: int, not_supplied: int) -> Reconciliation:
+    """A full load's keys kept as they were, neither updated nor deleted, because a record of theirs is
+    in the date's rejects (its X): a warning naming their count; none is the norm."""
+    return _rule("hash_join_classification", "no_key_held_by_reject", "keys held as they were for a rejected record",
+                 held_by_reject, "zero", 0, held_by_reject=held_by_reject, not_supplied=not_supplied)
+
+
 def reconcile_stored_state(
     operations: Mapping[str, int], full_copy: bool, stored_rows: int, untouched: str, stored_untouched: int = 0
 ) -> Reconciliation:
     """What a merged state stored for the date: a full copy holds I + U + N + X rows; the date's MERGE
     wrote a row for each I and U and, but for ``untouched``'s (N after a full load, X otherwise), each
-    N (its D keys left the table), plus the ``stored_untouched`` N rows of a full load whose untracked
+    N and X (its D keys left the table), plus the ``stored_untouched`` N rows of a full load whose untracked
     values changed (at most N of them: more stored fails the check)."""
     counts = {op: operations[op] for op in (INSERT, UPDATE, DELETE, UNCHANGED, NOT_SUPPLIED)}
     extra = {}
     if full_copy:
         expected, label = sum(counts[op] for op in (INSERT, UPDATE, UNCHANGED, NOT_SUPPLIED)), "I + U + N + X"
     else:
-        kept = [op for op in (INSERT, UPDATE, UNCHANGED) if op != untouched]
+        # A full load's X (a key held for a rejected record) is stored like its I and U.
+        kept = [op for op in (INSERT, UPDATE, UNCHANGED, NOT_SUPPLIED) if op != untouched and (op != NOT_SUPPLIED or counts[op])]
         expected, label = sum(counts[op] for op in kept), " + ".join(kept)
         if stored_untouched:
             expected += min(stored_untouched, counts[untouched])

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from cdc_assets.model.config import INTERNAL_PREFIX, BadRecordPolicy, DuplicateKeyPolicy, ErasedKeys, LoadType, TableConfig
 from cdc_assets.model.masking import ValueMask
 from cdc_assets.core.caching import persist
+from cdc_assets.core.capture.erasure import RAW_KEY_HASH, with_raw_key_hash
 from cdc_assets.core.errors import SummarizedError
 from cdc_assets.core.hashing import KEY_HASH, add_hashes
 from cdc_assets.core.columns import BUSINESS_DATE
@@ -75,21 +76,28 @@ def _hash_specs(config: TableConfig):
     return keys, non_keys
 
 
-def _bad_records_error(validated: DataFrame, config: TableConfig, business_date: date, count: int) -> BadRecordsError:
+def _bad_records_error(
+    validated: DataFrame, config: TableConfig, business_date: date, count: int, unkeyed: bool = False
+) -> BadRecordsError:
+    """The error for a date's bad records (``unkeyed``: those whose key cannot be parsed, on a full load
+    with ``bad_records: quarantine``), naming the first ones' file, record number and reason."""
     # Record numbers are only worked out on this failure path: a window over the whole input is too
     # dear for every run. Within one file the scan emits records in file order, so the rank of the
     # record id is the record's position (1-based, header not counted).
     numbered = validated.withColumn(
         "_record_number", F.row_number().over(Window.partitionBy(SOURCE_FILE).orderBy(RECORD_ID))
     )
+    shown = (SOURCE_FILE, "_record_number", REJECT_REASON, RAW_RECORD)
+    bad = numbered.filter(F.col(REJECT_REASON).isNotNull()).select(*shown)
+    if unkeyed:
+        keys = [(column.name, column.type) for column in config.keys]
+        parsed = with_raw_key_hash(bad.withColumn("raw_record", F.col(RAW_RECORD)), keys)
+        bad = parsed.filter(F.col(RAW_KEY_HASH).isNull()).select(*shown)
     samples = (
-        numbered.filter(F.col(REJECT_REASON).isNotNull())
-        .orderBy(SOURCE_FILE, "_record_number")
-        .select(SOURCE_FILE, "_record_number", REJECT_REASON, RAW_RECORD)
+        bad.orderBy(SOURCE_FILE, "_record_number")
         .limit(SAMPLE_SIZE)
         .collect()
     )
-    summary = f"table {config.name}, {business_date}: {count} bad record(s); nothing was written for this date."
     # The message stays in Dagster's event log, beyond an erase: the raw record (every field of it) and a
     # masked column's value in the reason are shown only as CDC_SHOW_VALUES allows (model/masking.py).
     mask = ValueMask.for_table(config)
@@ -97,7 +105,19 @@ def _bad_records_error(validated: DataFrame, config: TableConfig, business_date:
         f"  {row[SOURCE_FILE]} record {row['_record_number']}: {mask.reason(row[REJECT_REASON])} (raw: {mask.raw(row[RAW_RECORD])})"
         for row in samples
     ]
-    lines.append("Fix the extract, or set bad_records: quarantine to set such rows aside.")
+    if unkeyed:
+        summary = (
+            f"table {config.name}, {business_date}: {count} bad record(s) whose key cannot be parsed, in a full load"
+            + (f" (the first: {samples[0][SOURCE_FILE]} record {samples[0]['_record_number']})" if samples else "")
+            + "; nothing was written for this date. Their keys would be taken as deleted from the snapshot."
+        )
+        lines.append(
+            "Fix the extract, or set bad_records: quarantine_unkeyed to set such rows aside and let their keys "
+            "count as deleted (docs/load-types.md)."
+        )
+    else:
+        summary = f"table {config.name}, {business_date}: {count} bad record(s); nothing was written for this date."
+        lines.append("Fix the extract, or set bad_records: quarantine to set such rows aside.")
     return BadRecordsError(summary, "\n".join(lines))
 
 
@@ -139,6 +159,10 @@ class DateFigures:
     tombstone_lines: int = 0
     erased_records: int = 0
     set_aside: int = 0
+    # A full load's rejects whose key cannot be parsed (``bad_records: quarantine_unkeyed`` keeps them),
+    # and its good records set aside because another record of their key was rejected (in rows_rejected).
+    unkeyed_rejects: int = 0
+    held_records: int = 0
 
     @property
     def rows_accepted(self) -> int:
@@ -280,12 +304,28 @@ def prepare_incoming_dates(
         cached.unpersist()
         raise error
 
+    full = config.load_type is LoadType.full
+    if full and failing:
+        # A full load holds a rejected record's key as it was (the CDC step); one whose key cannot be
+        # parsed would hide a key that the snapshot then seems to have deleted.
+        unkeyed = _unkeyed_rejects_by_date(validated, config)
+        figures = {day: replace(found, unkeyed_rejects=unkeyed.get(day, 0)) for day, found in figures.items()}
+        first_unkeyed = next((day for day in days if unkeyed.get(day)), None)
+        if first_unkeyed and config.bad_records is BadRecordPolicy.quarantine:
+            error = _bad_records_error(
+                validated.filter(on(first_unkeyed)), config, date.fromisoformat(first_unkeyed), unkeyed[first_unkeyed], unkeyed=True
+            )
+            cached.unpersist()
+            raise error
+
     dated = validated.withColumn(BUSINESS_DATE, F.col(BUSINESS_DATE).cast("date"))
     accepted = accepted_records(dated)
     rejected = rejected_records(dated)
     if changeset:  # its ties are decided by the CDC step, once late records are set aside
         return IncomingDates(accepted=accepted, rejected=rejected, figures=figures, _cached=cached)
+    bad_keys = rejected_keys(rejected, config) if full and failing else None
     duplicated_day = next((day for day in days if figures[day].duplicate_keys), None)
+    duplicate_ids = None
     if duplicated_day:
         duplicates = accepted.groupBy(BUSINESS_DATE, KEY_HASH).count().filter(F.col("count") > 1)
         if config.duplicate_keys is DuplicateKeyPolicy.fail:
@@ -298,8 +338,64 @@ def prepare_incoming_dates(
             )
             cached.unpersist()
             raise duplicate_error
-        accepted, rejected = _quarantine_duplicates(config, dated, accepted, rejected, duplicates.select(BUSINESS_DATE, KEY_HASH))
+        duplicate_ids = duplicates.select(BUSINESS_DATE, KEY_HASH)
+        accepted, rejected = _quarantine_duplicates(config, dated, accepted, rejected, duplicate_ids)
         figures = {
             day: replace(found, rows_rejected=found.rows_rejected + duplicate_rows.get(day, 0)) for day, found in figures.items()
         }
+    if bad_keys is not None:
+        accepted, rejected, figures = _holdrejected_keys(config, dated, accepted, rejected, figures, bad_keys, duplicate_ids)
     return IncomingDates(accepted=accepted, rejected=rejected, figures=figures, _cached=cached)
+
+
+HELD_REASON = "key held: another record of this key in this date's input was rejected"
+
+
+def rejected_keys(rejected: DataFrame, config: TableConfig) -> DataFrame:
+    """(``business_date``, ``key_hash``) of each rejected record whose key parses from its raw record
+    (``rejects`` as stored; core/capture/erasure.py): the keys a full load holds as they were."""
+    parsed = with_raw_key_hash(rejected, [(column.name, column.type) for column in config.keys])
+    return parsed.filter(F.col(RAW_KEY_HASH).isNotNull()).select(BUSINESS_DATE, F.col(RAW_KEY_HASH).alias(KEY_HASH)).distinct()
+
+
+def _unkeyed_rejects_by_date(validated: DataFrame, config: TableConfig) -> dict[str, int]:
+    """Rejected records per date (dates as text) whose key cannot be parsed from the raw record the rejects
+    keep, as the CDC step parses it: a small job over the cached rejected rows."""
+    rejected = validated.filter(F.col(REJECT_REASON).isNotNull()).select(BUSINESS_DATE, F.col(RAW_RECORD).alias("raw_record"))
+    parsed = with_raw_key_hash(rejected, [(column.name, column.type) for column in config.keys])
+    unkeyed = parsed.filter(F.col(RAW_KEY_HASH).isNull()).groupBy(BUSINESS_DATE).count().collect()
+    return {row[BUSINESS_DATE]: row["count"] for row in unkeyed}
+
+
+def _holdrejected_keys(
+    config: TableConfig,
+    dated: DataFrame,
+    accepted: DataFrame,
+    rejected: DataFrame,
+    figures: dict[str, DateFigures],
+    bad_keys: DataFrame,
+    duplicate_ids: DataFrame | None,
+) -> tuple[DataFrame, DataFrame, dict[str, DateFigures]]:
+    """A full load's good records of a key that also has a rejected record that date go to the rejects too:
+    the key is held as it was (neither updated from one record nor deleted for the other). A small job
+    counts them; rows read = accepted + rejected still holds."""
+    good = dated.filter(F.col(REJECT_REASON).isNull()).join(bad_keys, on=[BUSINESS_DATE, KEY_HASH], how="left_semi")
+    if duplicate_ids is not None:  # already set aside as duplicates
+        good = good.join(duplicate_ids, on=[BUSINESS_DATE, KEY_HASH], how="left_anti")
+    held = {row[BUSINESS_DATE].isoformat(): row["count"] for row in good.groupBy(BUSINESS_DATE).count().collect()}
+    if not held:
+        return accepted, rejected, figures
+    rejected = rejected.unionByName(
+        good.select(
+            F.to_json(F.struct(*(F.col(column.name).cast("string").alias(column.name) for column in config.columns))).alias("raw_record"),
+            F.lit(HELD_REASON).alias("reason"),
+            F.col(SOURCE_FILE).alias("source_file"),
+            F.col(BUSINESS_DATE),
+        )
+    )
+    accepted = accepted.join(bad_keys, on=[BUSINESS_DATE, KEY_HASH], how="left_anti").select(*accepted.columns)
+    figures = {
+        day: replace(found, rows_rejected=found.rows_rejected + held.get(day, 0), held_records=held.get(day, 0))
+        for day, found in figures.items()
+    }
+    return accepted, rejected, figures

@@ -13,7 +13,9 @@ from urllib.parse import unquote
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType, DataType, DateType, NumericType, StringType, StructField, StructType, TimestampNTZType, TimestampType,
+)
 
 from cdc_assets.model.config import DEBEZIUM_OPERATIONS, INTAKE_COLUMNS, INTERNAL_PREFIX, SourceFormat, TableConfig
 from cdc_assets.model.masking import ValueMask
@@ -358,18 +360,10 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
         candidates.append((F.col(_CORRUPT).isNotNull(), F.lit(f"malformed record: expected {len(raw_columns)} fields")))
     if changes:
         candidates += change_problems(config, raw, F.col(f"{INTERNAL_PREFIX}{CHANGE_FLAG}"))
+    source_types = {field.name.lower(): field.dataType for field in raw.schema.fields}
     for column in config.columns:
         value = F.col(typed_alias[column.name])
-        candidates.append(
-            (
-                source[column.name].isNotNull() & value.isNull(),
-                F.concat(
-                    F.lit(f"column {column.name}: value '"),
-                    source[column.name].cast("string"),
-                    F.lit(f"' is not a valid {column.type}"),
-                ),
-            )
-        )
+        candidates.append(_cast_problem(column.name, column.type, source[column.name], value, source_types[column.name.lower()]))
     # A truncate (Debezium op t) names no key: it applies to every key.
     keyed = F.col(f"{INTERNAL_PREFIX}{CHANGE_FLAG}").isNull() | (F.col(f"{INTERNAL_PREFIX}{CHANGE_FLAG}") != TRUNCATE) if changes else F.lit(True)
     for key in config.keys:
@@ -398,6 +392,47 @@ def validate_records(raw: DataFrame, config: TableConfig) -> DataFrame:
         F.when(F.col(bad_alias), F.coalesce(raw_record, raw_json)).alias(RAW_RECORD),
         *carried,
     )
+
+
+# Source types whose values a cast can be checked on by casting back (a typed source: Parquet, JSON numbers).
+_ATOMIC = (NumericType, BooleanType, DateType, TimestampType, TimestampNTZType)
+
+
+def _cast_problem(name: str, target: str, source: F.Column, typed: F.Column, source_type: DataType) -> tuple[F.Column, F.Column]:
+    """The condition and reason of a value that does not cast to its column's type, or casts with a loss.
+
+    A text value (CSV, Debezium, a JSON string) is bad when ``try_cast`` gives NULL, as Spark's ANSI cast
+    refuses '3.7' for an int; a decimal's extra digits, which the cast rounds away, make it bad too. A typed
+    value (Parquet, a JSON number or boolean) is bad when the cast overflows (NULL) or loses anything:
+    cast back to the source's type, it differs from the value read (``lossy_cast``). A widening cast
+    (int to bigint, float to double, int to a decimal that holds it, a decimal to one with more digits)
+    casts back to the same value, and so does any value into a string column (its exact text).
+    """
+    shown = source.cast("string")
+    if isinstance(source_type, _ATOMIC):
+        kind = source_type.simpleString()
+        lost = typed.isNull() | ~typed.try_cast(kind).eqNullSafe(source)
+        reason = F.concat(F.lit(f"lossy_cast: column {name}, from {kind} to {target}: value '"), shown, F.lit("'"))
+        return source.isNotNull() & lost, reason
+    invalid = source.isNotNull() & typed.isNull()
+    reason = F.concat(F.lit(f"column {name}: value '"), shown, F.lit(f"' is not a valid {target}"))
+    wide = _wider_decimal(target) if isinstance(source_type, StringType) else None
+    if wide is None:
+        return invalid, reason
+    # The text read with more decimal places than the column has: a rounded value differs from it.
+    rounded = typed.isNotNull() & ~typed.try_cast(wide).eqNullSafe(source.try_cast(wide))
+    rounded_reason = F.concat(F.lit(f"lossy_cast: column {name}, from string to {target}: value '"), shown, F.lit("' has more decimal places"))
+    return invalid | rounded, F.when(invalid, reason).otherwise(rounded_reason)
+
+
+def _wider_decimal(target: str) -> str | None:
+    """``decimal(38, s')`` with the target's integer digits and every spare digit as a decimal place, for a
+    decimal target that has a spare digit; else None."""
+    match = re.fullmatch(r"\s*decimal\s*\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*", target.lower())
+    if match is None:
+        return None
+    precision, scale = int(match[1]), int(match[2])
+    return f"decimal(38,{scale + 38 - precision})" if precision < 38 else None
 
 
 def change_columns(config: TableConfig, raw: DataFrame, typed_alias: dict[str, str]) -> dict[str, F.Column]:
