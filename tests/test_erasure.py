@@ -164,10 +164,12 @@ def test_a_keys_file_that_is_not_the_tables_keys_is_refused_naming_the_lines(spa
     with pytest.raises(KeysFileError, match=r"keys.csv: .*missing store_code; not a key column: store"):
         erased_key_hashes(wrong_header, columns, "orders", "keys.csv")
     bad_value = spark.createDataFrame([("LON", "1001"), ("PAR", "x12")], ["store_code", "order_id"])
-    with pytest.raises(KeysFileError, match=r"1 line\(s\) .*order_id='x12'.*Nothing was erased"):
+    # The message may reach Dagster's event log (the erase job): it says what is wrong, not the values.
+    with pytest.raises(KeysFileError, match=r"1 line\(s\) .*store_code=\(masked\), order_id=\(masked\) \(not a int\).*Nothing was erased") as refused:
         erased_key_hashes(bad_value, columns, "orders", "keys.csv")
+    assert "x12" not in str(refused.value) and "PAR" not in str(refused.value)
     blank = spark.createDataFrame([("   ", "1001")], ["store_code", "order_id"])
-    with pytest.raises(KeysFileError, match=r"1 line\(s\) .*store_code='   '"):  # the intake rejects a blank key
+    with pytest.raises(KeysFileError, match=r"1 line\(s\) .*store_code=\(empty\)"):  # the intake rejects a blank key
         erased_key_hashes(blank, columns, "orders", "keys.csv")
     rows = [(" LON", "1001"), ("LON", "1001"), ("LON", " 1001 "), ("lon", "1001")]
     hashes = erased_key_hashes(spark.createDataFrame(rows, ["ORDER_ID", "store_code"][::-1]), columns, "orders", "k")

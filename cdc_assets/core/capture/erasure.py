@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from cdc_assets.model.config import INTERNAL_PREFIX, SourceFormat, TableConfig
+from cdc_assets.model.masking import MASKED, ValueMask
 from cdc_assets.core.hashing import KEY_HASH, NON_KEY_HASH, add_hashes
 from cdc_assets.core.intake.source import CSV_DEFAULTS
 
@@ -101,8 +102,12 @@ def erased_key_values(keys: DataFrame, key_columns: Sequence[tuple[str, str]], t
     )
     shown = bad.limit(_SHOWN_BAD_LINES).collect()
     if shown:
+        # Under the erase job this message stays in Dagster's event log, past the erase: a key's value (or a
+        # near miss of one) is shown only as CDC_SHOW_VALUES allows, with what is wrong with it.
+        mask = ValueMask.for_columns([])
         described = "; ".join(
-            ", ".join(f"{name}={row[text]!r}" for text, (name, _) in zip(texts, key_columns)) for row in shown
+            ", ".join(_bad_key_field(mask, name, spark_type, row[name], row[text]) for text, (name, spark_type) in zip(texts, key_columns))
+            for row in shown
         )
         types = ", ".join(f"{name} {spark_type}" for name, spark_type in key_columns)
         raise KeysFileError(
@@ -110,6 +115,13 @@ def erased_key_values(keys: DataFrame, key_columns: Sequence[tuple[str, str]], t
             f"({types}): {described}. Nothing was erased; correct the file and run the erase again."
         )
     return typed.select(*(name for name, _ in key_columns)).distinct()
+
+
+def _bad_key_field(mask: ValueMask, name: str, spark_type: str, typed: object, text: str | None) -> str:
+    if text is None or not text.strip():
+        return f"{name}={text!r} (empty)" if mask.shows(name) else f"{name}=(empty)"
+    shown = repr(text) if mask.shows(name) else MASKED
+    return f"{name}={shown}" if typed is not None else f"{name}={shown} (not a {spark_type})"
 
 
 def erased_key_hashes(keys: DataFrame, key_columns: Sequence[tuple[str, str]], table: str, path: str) -> DataFrame:
