@@ -159,9 +159,18 @@ def test_an_erase_from_one_instance_while_the_other_runs_a_date_waits_and_leaves
             # Host B erases the key meanwhile, with cdc-erase as an operator would.
             env_b = _instance_environment(host_b, variables, CDC_TABLE_CONFIGS=str(configs))
             erase_b = _start([str(Path(sys.executable).parent / "cdc-erase"), config.name, "--keys", str(keys)], host_b, env_b)
-            time.sleep(15)  # more than two of host A's lease terms: its renewals keep the erase out
-            assert erase_b.poll() is None, (host_b / "output.log").read_text()[-3000:]
-            assert on_lake.erasure_requests(config.name) == [], "the erase began while host A was between its read and its commit"
+            # Host A stays paused until the erase says it waits for A's lease, however long B's JVM takes to start
+            # (a fixed sleep raced it on a loaded machine); and for two of A's lease terms more, so that only
+            # A's renewals keep the erase out. Meanwhile the erase must not begin.
+            deadline, waiting_since = time.monotonic() + 300, None
+            while waiting_since is None or time.monotonic() < waiting_since + 12:
+                output = (host_b / "output.log").read_text()
+                assert erase_b.poll() is None, output[-3000:]
+                assert on_lake.erasure_requests(config.name) == [], "the erase began while host A was between its read and its commit"
+                if waiting_since is None and "waiting for the writer lease" in output:
+                    waiting_since = time.monotonic()
+                assert time.monotonic() < deadline, f"the erase never waited for host A's lease: {output[-3000:]}"
+                time.sleep(0.5)
             release.touch()
             _finished(run_a, host_a)
             erased = _finished(erase_b, host_b)
