@@ -375,7 +375,9 @@ def test_names_that_only_look_made_up_are_checked_as_usual(spark, tmp_path):
     with pytest.raises(Exception) as raised:
         read_source(spark, config, DAY_TEXT).collect()
     message = str(header_mismatch(config, raised.value))
-    assert "id, name, qty, c3, c4" in message and "id, name, qty, c4, c3" in message
+    # The file's own header names columns the config does not (extra ones): it could be a first record, so it
+    # is masked in a message Dagster keeps (model/masking.py); the date's other header is named.
+    assert "id, name, qty, c4, c3" in message and "(masked)" in message
 
 
 def test_header_mismatch_leaves_other_errors_alone(tmp_path):
