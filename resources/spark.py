@@ -78,7 +78,7 @@ class PipelineSparkResource(LazyPySparkResource):
         run_id = context.run_id or ""
         target = _RUN_TARGETS.get(run_id)
         if target is None:
-            target = resolve_spark_target(master=self._master())
+            target = resolve_spark_target(master=self._master(), spark_conf=resolved_field(self.spark_conf_json))
             if run_id:
                 _RUN_TARGETS[run_id] = target
             if context.log is not None:
@@ -90,7 +90,7 @@ class PipelineSparkResource(LazyPySparkResource):
     @property
     def spark_target(self) -> SparkTarget:
         if self._target is None:
-            self._target = resolve_spark_target(master=self._master())
+            self._target = resolve_spark_target(master=self._master(), spark_conf=resolved_field(self.spark_conf_json))
         return self._target
 
     def session_config(self) -> dict[str, str]:

@@ -6,7 +6,9 @@ Spark Connect server (resources/session/spark_target.py; pid, port and log in ``
 ``.spark-server/``) or reuses the one ``make spark-server`` left running, and every run it launches (from
 the UI, the daemon's schedules and sensors, backfills) goes through it with ``CDC_SPARK=server``: a run
 that finds the server dead starts a new one. When ``make ui`` stops, it stops the server it or its runs
-started, and leaves alone one it found running.
+started, and leaves alone one it found running. A server found running that was started with other settings
+than the UI's (:mod:`cdc_assets.engines.server_settings`: the lake's keys, ``CDC_SPARK_CONF``, ...) is not
+used: ``make ui`` says why, and each run starts a session of its own.
 
 Pools. Each table's runs share the pool ``cdc_<table>`` (limit 1 from instance/dagster.yaml). Dagster
 1.13.27 creates a pool's limit row on the daemon's first pass over it, after it has read the known
@@ -93,10 +95,23 @@ class WarmSpark:
             _say(f"runs use SPARK_REMOTE={settings.SPARK_REMOTE.value()}; no project Spark server started")
         elif spark_mode() == "local":
             _say("CDC_SPARK=local: each run starts a Spark session of its own (cold)")
+        elif (why := self._running_server_refuses()) is not None:
+            # Not sent to a server started for other settings (the lake's keys, CDC_SPARK_CONF, ...): each
+            # run then starts a session of its own and its log says why; nothing fails for it.
+            self.env.setdefault(MODE_ENV, "auto")
+            _say(f"runs start Spark sessions of their own (cold): {why}")
         else:
             self.enabled = True
             self.env.update({MODE_ENV: "server", SERVER_DIR_ENV: str(self.state), OWNER_ENV: self.owner})
         self._starting: threading.Thread | None = None
+
+    def _running_server_refuses(self) -> str | None:
+        """Why the server already running in the state folder cannot serve this UI's runs, or None."""
+        from cdc_assets.engines import connect_server
+        from cdc_assets.engines.server_settings import why_not_served
+
+        running = connect_server.running_server(self.state)
+        return None if running is None else why_not_served(running.state_dir, running.url)
 
     def start(self) -> None:
         """Start (or find) the server in the background: the UI comes up meanwhile, and a run waits for it."""

@@ -33,6 +33,7 @@ from cdc_assets.usecases.erasure import MAY_HOLD, Verification, erase_keys, veri
 from cdc_assets.defs.erasure_events import describe, erasure_check_evaluations, erasure_materializations, not_rechecked, touched_days
 from resources.parquet_io_manager import PartitionedParquetIOManager
 from resources.spark import PipelineSparkResource
+from resources.session.spark_target import ServerCannotServeRunError
 from cdc_assets.engines.spark_conf import NO_UI
 from resources.storage.erasure import TORN, torn_ledger_error
 
@@ -80,9 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TableConfigError) as error:
         print(f"cdc-erase: error: {error}", file=sys.stderr)
         return 2
-    io_manager = PartitionedParquetIOManager.from_environment(
-        PipelineSparkResource.from_environment(spark_config=NO_UI),
-    )
+    spark_resource = PipelineSparkResource.from_environment(spark_config=NO_UI)
+    io_manager = PartitionedParquetIOManager.from_environment(spark_resource)
+    try:
+        target = spark_resource.spark_target  # where Spark runs: the warm server only if it can serve this
+    except ServerCannotServeRunError as error:
+        print(f"cdc-erase: error: {error}", file=sys.stderr)
+        return 2
+    if target.refusal:
+        print(f"cdc-erase: Spark: {target.description}", file=sys.stderr)
     spark, storage = io_manager.pyspark.spark_session, io_manager.storage
     try:
         if args.verify:

@@ -39,6 +39,7 @@ from cdc_assets.usecases.readers import (
 from cdc_assets.core.views.between import CHANGE_TYPE, UPDATE_POSTIMAGE
 from cdc_assets.engines.spark_conf import NO_UI
 from resources.session.spark_session import build_spark_session
+from resources.session.spark_target import ServerCannotServeRunError
 from resources.storage import warehouse_root
 
 # Without --out, cdc-changes prints at most this many rows.
@@ -134,7 +135,8 @@ def _run(
 ) -> int:
     """Parse ``argv``, check the table and dates, build the frame, then write it to ``--out`` or print it.
 
-    Usage errors and ValueErrors (an unknown table, dates without stored data) exit 2 with one line.
+    Usage errors, ValueErrors (an unknown table, dates without stored data) and a warm server named by
+    ``SPARK_REMOTE`` that cannot serve the command exit 2 with one line.
     """
     try:
         args = parser.parse_args(argv)
@@ -149,7 +151,7 @@ def _run(
         # and it is left running for its owner.
         spark = build_spark_session(conf=NO_UI, app_name=parser.prog)
         frame = build(spark, config, args)
-    except ValueError as error:
+    except (ValueError, ServerCannotServeRunError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     if args.out is None:  # cdc-changes only: cdc-scd2 requires --out

@@ -14,7 +14,10 @@ driver RPC, block manager and UI alike: ``spark.connect.grpc.binding.address`` p
 its UI cannot kill jobs). It serves only clients that present its token: a fresh secret made at each start
 (Spark's ``spark.connect.authenticate.token``), kept in ``<state_dir>/server.token`` and in the properties
 file, both mode 0600, so another user of the machine who can open the port is refused
-(``UNAUTHENTICATED``) instead of running code as the server's owner.
+(``UNAUTHENTICATED``) instead of running code as the server's owner. What its JVM fixes at the start and no
+session can change (the S3 keys of its environment, ``CDC_SPARK_CONF``, the jars, ...) is recorded in
+``<state_dir>/server.settings`` (:mod:`cdc_assets.engines.server_settings`), and a run goes to the server only
+when its own match.
 
 Runs then reach it with :attr:`ServerHandle.client_url`, ``sc://localhost:<port>/;token=...`` (pyspark sends
 a token over a plain loopback channel only to a host named ``localhost``); :attr:`ServerHandle.url`,
@@ -46,6 +49,7 @@ from pathlib import Path
 
 from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.model import settings
+from cdc_assets.engines import server_settings
 from cdc_assets.engines.iceberg_runtime import with_iceberg_runtime
 from cdc_assets.engines.process import (
     HOST,
@@ -232,6 +236,8 @@ def _start_locked(port: int, state: Path, master: str | None, conf: dict[str, st
     # The conf is in a file only the owner reads, not on the command line, which any local user reads.
     properties = write_properties_file(state / PROPERTIES_FILE, merged)
     _write_private(state / TOKEN_FILE, token)
+    # What the JVM fixes now and no run can change on its session: a run checks it before it comes here.
+    server_settings.record(state)
     command = [launcher("spark-submit"), "--class", SERVER_CLASS, "--name", "cdc_assets Spark Connect server", "--master", resolved_master,
                "--properties-file", str(properties), "spark-internal"]  # fmt: skip
 
@@ -352,7 +358,7 @@ def _recorded_server(state: Path) -> tuple[int, int] | None:
 
 
 def _forget(state: Path) -> None:
-    for name in (PID_FILE, PORT_FILE, OWNER_FILE, TOKEN_FILE):
+    for name in (PID_FILE, PORT_FILE, OWNER_FILE, TOKEN_FILE, server_settings.SETTINGS_FILE):
         (state / name).unlink(missing_ok=True)
 
 

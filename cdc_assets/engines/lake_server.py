@@ -425,6 +425,23 @@ def lake_environment(handle: LakeHandle) -> dict[str, str]:
     }
 
 
+def warm_server_comment(env: dict[str, str]) -> str | None:
+    """A shell comment on the project's warm Spark server, when one of this checkout runs: what it was
+    started for, and whether runs with ``env`` (the lake's settings) go to it; None when none runs."""
+    from cdc_assets.engines import connect_server, server_settings
+
+    state = Path(settings.SPARK_SERVER_DIR.value(env)).resolve()
+    running = connect_server.running_server(state)
+    if running is None:
+        return None
+    why = server_settings.why_not_served(state, running.url, env)
+    what = f"# the warm Spark server of this checkout, {running.url} (pid {running.pid}), was {server_settings.served_description(state)}"
+    if why is None:
+        return f"{what}: runs with these settings use it"
+    return (f"{what}: runs with these settings start sessions of their own, as it cannot serve them ({why}); "
+            "for a warm lake, restart it after this eval: make spark-server-stop spark-server")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     apply_umask()  # first: the lake's folders and every process it starts are its owner's only (CDC_UMASK)
     parser = argparse.ArgumentParser(prog="python -m cdc_assets.engines.lake_server", description=__doc__.splitlines()[0])
@@ -449,8 +466,12 @@ def main(argv: list[str] | None = None) -> int:
             if handle is None:
                 print("no lake running: make lake-up", file=sys.stderr)
                 return 1
-            for name, value in lake_environment(handle).items():
+            variables = lake_environment(handle)
+            for name, value in variables.items():
                 print(f"export {name}={value}")
+            warm = warm_server_comment({**os.environ, **variables})
+            if warm:
+                print(warm)
     except LakeServerError as error:
         print(f"lake: {error}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -26,12 +27,13 @@ class Setting:
     meaning: str
     documented: bool = True  # False: the tests' own seams and what the project passes to its own processes
 
-    def value(self) -> str:
-        """The variable's value, stripped; :attr:`default` when it is unset or blank."""
-        return os.environ.get(self.name, "").strip() or self.default
+    def value(self, env: Mapping[str, str] | None = None) -> str:
+        """The variable's value in ``env`` (default: this process's environment), stripped; :attr:`default`
+        when it is unset or blank."""
+        return (os.environ if env is None else env).get(self.name, "").strip() or self.default
 
-    def is_set(self) -> bool:
-        return bool(os.environ.get(self.name, "").strip())
+    def is_set(self, env: Mapping[str, str] | None = None) -> bool:
+        return bool((os.environ if env is None else env).get(self.name, "").strip())
 
 
 def _setting(*args, **kwargs) -> Setting:

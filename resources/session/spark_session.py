@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -161,9 +162,14 @@ def is_connect(spark: SparkSession) -> bool:
 def build_spark_session(master: str | None = None, conf: dict[str, Any] | None = None, app_name: str = "cdc_assets") -> SparkSession:
     """The process's SparkSession with the run's conf (:func:`spark_config_from_environment`), for scripts and tests.
 
-    ``getOrCreate`` keeps an existing session's static conf, so the first session in a process wins.
+    ``getOrCreate`` keeps an existing session's static conf, so the first session in a process wins. Where
+    the project's warm server runs but cannot serve the command's settings, a line on stderr says so (the
+    session is then the command's own); where ``SPARK_REMOTE`` names that server,
+    :class:`~resources.session.spark_target.ServerCannotServeRunError` is raised.
     """
     target = resolve_spark_target(start_server=False)
+    if target.refusal:  # the one line that says why a command runs cold beside a warm server
+        print(f"{app_name}: Spark: {target.description}", file=sys.stderr)
     config = spark_config_from_environment(master, conf)
     if not target.is_remote:
         config["spark.app.name"] = app_name

@@ -13,6 +13,12 @@ Chosen when a run first needs Spark (never when the code location loads), from t
 The project's server is the one recorded in ``CDC_SPARK_SERVER_DIR`` (default ``./.spark-server``, where
 ``make spark-server`` and ``make ui`` keep its pid and port), so no ``SPARK_REMOTE`` is needed to find it.
 
+A found server serves the run only if it was started with the run's settings where a session cannot change
+them (:mod:`cdc_assets.engines.server_settings`: the S3 keys of its environment for a run on an object store,
+``CDC_SPARK_CONF``, the master, the jars, the umask). Otherwise, in ``auto`` mode, the run starts a session
+of its own and its description says why; where the run asked for that server (``SPARK_REMOTE`` naming it,
+``CDC_SPARK=server``), :class:`ServerCannotServeRunError` fails it before any work, naming both settings.
+
 A Connect client retries an unreachable server for about ten minutes by default. A run here gives up after
 ``CDC_SPARK_CONNECT_TIMEOUT`` seconds (default 30) and fails with :class:`SparkServerGoneError`, which says
 the server died and how to get a new one, instead of hanging.
@@ -20,6 +26,7 @@ the server died and how to get a new one, instead of hanging.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +62,8 @@ class SparkTarget:
     server_pid: int | None = None
     server_log: Path | None = None
     shown_url: str | None = None
+    # Why the project's running server was not used (it cannot serve this run), for a command to say.
+    refusal: str | None = None
 
     @property
     def is_remote(self) -> bool:
@@ -71,6 +80,10 @@ class SparkTarget:
 
 class SparkServerGoneError(RuntimeError):
     """The Spark Connect server the run used stopped answering: the run cannot go on."""
+
+
+class ServerCannotServeRunError(RuntimeError):
+    """The run asked for the project's server, which was started with settings the run does not have."""
 
 
 def spark_mode() -> str:
@@ -102,31 +115,49 @@ def connect_timeout() -> float:
     return value
 
 
-def resolve_spark_target(start_server: bool | None = None, master: str | None = None) -> SparkTarget:
+def resolve_spark_target(start_server: bool | None = None, master: str | None = None, spark_conf: str | None = None) -> SparkTarget:
     """The run's :class:`SparkTarget` from the environment (see the module's docstring).
 
     In ``server`` mode a server that is not running is started here (``start_server`` overrides whether);
     if it cannot start, the run falls back to a session of its own and the description says why.
-    ``master`` stands for ``CDC_SPARK_MASTER`` (the Spark resource passes its ``spark_master`` field).
+    ``master`` and ``spark_conf`` stand for ``CDC_SPARK_MASTER`` and ``CDC_SPARK_CONF`` (the Spark resource
+    passes its fields). Raises :class:`ServerCannotServeRunError` when the run asked for the project's
+    server and that server cannot serve it.
     """
+    from cdc_assets.engines import connect_server
+
+    state = server_state_dir()
+    run_env = _run_environment(master, spark_conf)
     remote = settings.SPARK_REMOTE.value()
     if remote:
-        from cdc_assets.engines.connect_server import redacted_url
-
-        return SparkTarget(REMOTE_MODE, remote, f"the Spark Connect server SPARK_REMOTE={redacted_url(remote)}")
+        shown = connect_server.redacted_url(remote)
+        project_server = _project_server_at(remote, state)
+        if project_server is not None:
+            why = _why_not_served(project_server, run_env)
+            if why:
+                raise ServerCannotServeRunError(
+                    f"{settings.SPARK_REMOTE.name}={shown} names the project's warm Spark Connect server, which cannot serve this run: {why}. "
+                    f"{_RESTART_HINT} Or unset {settings.SPARK_REMOTE.name}: the run then starts a session of its own."
+                )
+        return SparkTarget(REMOTE_MODE, remote, f"the Spark Connect server SPARK_REMOTE={shown}")
     mode = spark_mode()
     if mode == "local":
         return SparkTarget(mode, None, f"a Spark session of the run's own ({MODE_ENV}=local; the JVM starts cold)")
 
-    master = (spark_master_from_env() if master is None else master).strip()
+    master = settings.SPARK_MASTER.value(run_env)
     if mode == "auto" and master:
         return SparkTarget(mode, None, f"a Spark session of the run's own on the master {master}")
 
-    from cdc_assets.engines import connect_server
-
-    state = server_state_dir()
     handle = connect_server.running_server(state)
     if handle is not None and _accepts(handle.url):
+        why = _why_not_served(handle, run_env)
+        if why and mode == "server":
+            raise ServerCannotServeRunError(
+                f"{MODE_ENV}=server, and the project's Spark Connect server cannot serve this run: {why}. {_RESTART_HINT} "
+                f"Or set {MODE_ENV}=auto: the run then starts a session of its own."
+            )
+        if why:
+            return SparkTarget(mode, None, f"a Spark session of the run's own (cold): {why}: starting a session of its own", refusal=why)
         description = f"the project's warm Spark Connect server {handle.url} (pid {handle.pid})"
         return SparkTarget(mode, handle.client_url, description, handle.pid, handle.log_path, handle.url)
     if start_server if start_server is not None else mode == "server":
@@ -140,6 +171,39 @@ def resolve_spark_target(start_server: bool | None = None, master: str | None = 
     return SparkTarget(
         mode, None, f"a Spark session of the run's own (cold: no project Connect server running in {state}; `make ui` or `make spark-server` keeps one warm)"
     )
+
+
+_RESTART_HINT = (
+    "Restart the server with this run's settings (`make spark-server-stop`, then `make spark-server` in the shell the "
+    "run's settings are in)."
+)
+
+
+def _run_environment(master: str | None, spark_conf: str | None) -> dict[str, str]:
+    """This process's environment with the Spark resource's fields where it passed them."""
+    env = dict(os.environ)
+    if master is not None:
+        env[settings.SPARK_MASTER.name] = master
+    if spark_conf is not None:
+        env[settings.SPARK_CONF.name] = spark_conf
+    return env
+
+
+def _why_not_served(handle, run_env: dict[str, str]) -> str | None:
+    from cdc_assets.engines.server_settings import why_not_served
+
+    return why_not_served(handle.state_dir, handle.url, run_env)
+
+
+def _project_server_at(url: str, state: Path):
+    """The project's server recorded in ``state`` if ``url`` (``SPARK_REMOTE``) addresses it, else None."""
+    from cdc_assets.engines import connect_server
+
+    host, port = _address(url)
+    handle = connect_server.running_server(state)
+    if handle is None or handle.port != port or host not in ("localhost", "127.0.0.1", "::1"):
+        return None
+    return handle
 
 
 def connect_session(url: str, conf: dict[str, str]):
