@@ -5,7 +5,8 @@ SeaweedFS lake, and real runs through the dagster CLI and the commands.
 - A lake run beside it succeeds on a session of its own, and its log says why in one line.
 - The same run with ``SPARK_REMOTE`` naming the server fails before any work, naming both settings.
 - A local run still goes through the server; one with another ``CDC_SPARK_CONF`` does not.
-- ``cdc-current`` on the lake says it runs cold and why; ``make -s lake-env`` says what the server serves.
+- ``cdc-current`` on the lake says it runs cold and why; ``make -s lake-env`` says what the server serves;
+  ``make ui`` beside a server it cannot use sends its runs elsewhere.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 
 import pytest
 
+from cdc_assets.cli import dev_ui
 from cdc_assets.engines import connect_server
 from cdc_assets.model.names import CURRENT
 from resources.session import spark_target
@@ -108,6 +110,11 @@ def test_a_lake_run_beside_a_warm_server_for_the_local_default_runs_on_its_own_s
             other = spark_target.resolve_spark_target()
             assert other.url is None and "CDC_SPARK_CONF (another value; not shown)" in other.description, other.description
             assert spark_target.resolve_spark_target(spark_conf=SERVER_CONF).url == server.client_url  # the resource's field
+            # make ui beside it: its runs are not sent there (they start their own, saying why), unless it matches.
+            assert not dev_ui.WarmSpark().enabled and dev_ui.WarmSpark().env["CDC_SPARK"] == "auto"
+            patch.setenv("CDC_SPARK_CONF", SERVER_CONF)
+            assert dev_ui.WarmSpark().enabled and dev_ui.WarmSpark().env["CDC_SPARK"] == "server"
+            patch.setenv("CDC_SPARK_CONF", OTHER_CONF)
             patch.setenv("CDC_SPARK", "server")
             with pytest.raises(spark_target.ServerCannotServeRunError, match="CDC_SPARK=server, and the project's Spark Connect server cannot"):
                 spark_target.resolve_spark_target()
