@@ -27,11 +27,12 @@ from dagster import (
 )
 
 from cdc_assets.model.config import LoadType, TableConfig
+from cdc_assets.model.declared_checks import DeclaredCheck, Severity
 from cdc_assets.core.capture.reconcile import (
     Reconciliation,
 )
 from cdc_assets.defs.asset_keys import asset_key, asset_keys
-from cdc_assets.usecases import reconcile
+from cdc_assets.usecases import declared_checks, reconcile
 from cdc_assets.model.names import (
     CLASSIFICATION,
     CURRENT,
@@ -120,10 +121,12 @@ def _specs(config: TableConfig, partitions_def: DailyPartitionsDefinition, check
     ]
 
 
-def evaluation(keys: dict[str, AssetKey], day: str, outcome: Reconciliation) -> AssetCheckEvaluation:
+def evaluation(keys: dict[str, AssetKey], day: str, outcome: Reconciliation, warning: bool | None = None) -> AssetCheckEvaluation:
     """A check's result for one date, as the UI shows it: the equation and both of its sides; ``keys``: the
-    table's asset keys by asset name."""
-    warning = (outcome.asset, outcome.name) in WARNING_CHECKS
+    table's asset keys by asset name; ``warning``: whether it warns rather than blocks (default: the
+    pipeline's own rule, ``WARNING_CHECKS``)."""
+    if warning is None:
+        warning = (outcome.asset, outcome.name) in WARNING_CHECKS
     return AssetCheckEvaluation(
         asset_key=keys[outcome.asset],
         check_name=outcome.name,
@@ -176,7 +179,51 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
                 yield evaluation(keys, day, outcome)
             context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
 
-    return [intake_checks, cdc_checks]
+    return [intake_checks, cdc_checks, *build_declared_checks(config, partitions_def)]
+
+
+def build_declared_checks(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> list:
+    """The table's declared checks (``checks:`` in its config, docs/checks.md) as one check step after the
+    CDC step: each its own Dagster check on the output it reads, blocking unless ``severity: warn``. None
+    without a ``checks:`` section."""
+    if not config.checks:
+        return []
+    table, keys = config.name, asset_keys(config)
+    specs = [
+        AssetCheckSpec(
+            check.check_name,
+            asset=keys[declared_checks.check_asset(check)],
+            description=_declared_description(check),
+            blocking=check.severity is Severity.error,
+            partitions_def=partitions_def,
+        )
+        for check in config.checks
+    ]
+
+    @multi_asset_check(name=f"{table}__declared_checks", specs=specs, can_subset=True, pool=pool_name(config))
+    def declared(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
+        spark, storage = parquet_io_manager.pyspark.spark_session, parquet_io_manager.storage
+        for day, outcomes in declared_checks.declared_outcomes(spark, storage, config, list(context.partition_keys)):
+            for check, outcome in outcomes:
+                yield evaluation(keys, day, outcome, warning=check.severity is Severity.warn)
+            failed = [outcome.name for _, outcome in outcomes if not outcome.passed]
+            context.log.info(f"{table} {day}: declared checks " + (f"failed: {', '.join(failed)}" if failed else "passed"))
+
+    return [declared]
+
+
+def _declared_description(check: DeclaredCheck) -> str:
+    """The UI's text for a declared check: what it demands, then the owner's own words."""
+    text = {
+        "volume": "Declared volume bounds on the date's inserts, updates and deletes and the state's rows after it.",
+        "not_null": "Declared: no NULL in the columns named.",
+        "unique": "Declared: no two rows share the values of the columns named.",
+        "accepted_values": "Declared: every non-NULL value of the column is an accepted value.",
+        "sql": "Declared SQL: no row may match it.",
+    }[check.type]
+    shown = check.model_dump(exclude={"type", "name", "severity", "description"}, exclude_none=True, mode="json")
+    text += " " + ", ".join(f"{name}: {value}" for name, value in shown.items())
+    return text + (f" {check.description}" if check.description else "")
 
 
 def cdc_outcomes(

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from cdc_assets.model import settings
+from cdc_assets.model.declared_checks import DeclaredCheck, SqlCheck
 
 TABLE_CONFIGS_ENV = settings.TABLE_CONFIGS.name
 DEFAULT_TABLE_CONFIGS = Path(__file__).resolve().parents[2] / "table_configs"
@@ -538,6 +539,8 @@ class TableConfig(BaseModel):
     storage: StateStorage = StateStorage()
     erased_keys: ErasedKeys = ErasedKeys.drop
     freshness: Freshness | None = None
+    # Checks the table's owner declares on each date's outputs (cdc_assets/model/declared_checks.py, docs/checks.md).
+    checks: list[DeclaredCheck] = Field(default_factory=list)
     owners: list[str] = Field(default_factory=list)
     description: str | None = None
     # The file the config was read from, for errors that must name it (None: built in code).
@@ -648,6 +651,24 @@ class TableConfig(BaseModel):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _checks_name_columns(self) -> "TableConfig":
+        by_lower = {column.name.lower() for column in self.columns}
+        seen: dict[str, int] = {}
+        for index, check in enumerate(self.checks):
+            for name in check.columns_named():
+                if name.lower() not in by_lower:
+                    raise ValueError(f"checks.{index}: {name!r} is not a configured column of table {self.name}")
+            name = check.check_name
+            if name in RESERVED_CHECK_NAMES:
+                raise ValueError(f"checks.{index}.name: {name!r} is the name of one of the pipeline's own checks; choose another")
+            if name in seen:
+                raise ValueError(f"checks.{index}.name: {name!r} is also the name of checks.{seen[name]} (give one a `name`)")
+            seen[name] = index
+            if isinstance(check, SqlCheck) and check.query is not None and not _NAMES_AN_OUTPUT.search(check.query):
+                raise ValueError(f"checks.{index}.query: the query reads neither `current` nor `changes`, the date's outputs")
+        return self
+
     @property
     def sequence_column_names(self) -> list[str]:
         """A flagged changeset's sequence columns as configured (empty for other loads and for Debezium)."""
@@ -664,6 +685,15 @@ class TableConfig(BaseModel):
     @property
     def key_names(self) -> list[str]:
         return [column.name for column in self.keys]
+
+
+# The pipeline's own check names (cdc_assets/defs/checks.py, freshness.py): a declared check may not take one.
+RESERVED_CHECK_NAMES = {
+    "rows_read_reconcile", "keys_unique", "no_erased_keys_in_extract", "incoming_reconciles", "previous_state_reconciles",
+    "row_count_reconciles", "key_hash_unique", "keys_not_null", "no_update_without_change", "stored_state_reconciles",
+    "no_key_held_by_reject", "records_reconcile", "previous_plus_changes", "freshness",
+}
+_NAMES_AN_OUTPUT = re.compile(r"\b(current|changes)\b", re.IGNORECASE)
 
 
 class TableConfigError(ValueError):
