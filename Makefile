@@ -129,8 +129,13 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(UMASK) && $(BIN)/dagster asset materialize -m cdc_assets.defs.definitions --select 'group:synthetic' --partition-range $(DEMO_FIRST)...$(DEMO_LAST)
 	$(BIN)/python -m cdc_assets.cli.report synthetic
 
+# Two workers, each file's tests on one of them (pyproject.toml's pytest-xdist pin says why); PYTEST_WORKERS=0
+# runs the suite in this process, e.g. to debug one test with -s.
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: install browser lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # Ruff's rules and mypy's settings are pyproject.toml's [tool.ruff] and [tool.mypy]; `make test` runs this first.
 lint: install
@@ -138,7 +143,7 @@ lint: install
 	$(BIN)/mypy
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 # Chromium for the browser test (tests/test_ui_browser.py), from Debian's package: Playwright's own browser
 # download cannot be reached from here. Installs only when no Chromium is found and apt-get can run as root;
