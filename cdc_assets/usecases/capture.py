@@ -21,7 +21,7 @@ from cdc_assets.core.capture import changes as cdc
 from cdc_assets.core.capture.changeset import ChangeSetRules
 from cdc_assets.core.capture.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.capture.plan import ChangePlan, plan_changes
-from cdc_assets.core.capture.rerun import RerunDecision, rerun_decision
+from cdc_assets.core.capture.rerun import RerunDecision, require_wholly_stored, rerun_decision
 from cdc_assets.core.capture.schema import migrate_state, values_for_added_columns, with_hash_spec
 from cdc_assets.core.capture.state import StateSince, compaction_due, untouched_operation
 from cdc_assets.core.columns import BUSINESS_DATE
@@ -264,6 +264,22 @@ def decide_rerun(storage: WarehouseStorage, table: TableConfig, days: list[str],
     return rerun_decision(table.name, days, storage.stored_dates(table.name, CURRENT), backfill_dates)
 
 
+def require_previous_wholly_stored(storage: WarehouseStorage, table: TableConfig, days: list[str]) -> None:
+    """Refuse to build ``days`` on a day before whose run stopped after committing current_table but before
+    an output it commits later (history_partition, a change set's late_changes and applied_sequences):
+    checked from the tables, not from Dagster's records. A table's first date builds on nothing."""
+    previous = day_before(days[0])
+    if date.fromisoformat(previous) < table.start_date or not storage.has_partition(table.name, CURRENT, previous):
+        return
+    outputs = cdc_outputs(table)
+    after_current = outputs[outputs.index(CURRENT) + 1:]
+    missing = [
+        name for name in after_current
+        if not storage.has_partition(table.name, name, previous) and storage.dropped_partition(table.name, name, previous) is None
+    ]  # fmt: skip
+    require_wholly_stored(table.name, days, previous, missing)
+
+
 def capture_changes(
     spark: SparkSession,
     storage: WarehouseStorage,
@@ -283,6 +299,7 @@ def capture_changes(
     # A run that later stored dates were computed from: refused, or (inside a backfill that recomputes
     # them) each output drops them in the same commit as it writes the run's dates.
     decision = decide_rerun(storage, table, days, run.backfill_dates)
+    require_previous_wholly_stored(storage, table, days)
     if decision.dropped:
         log.info(
             f"{table.name}: this run is part of a backfill that recomputes {', '.join(decision.dropped)}; each output "

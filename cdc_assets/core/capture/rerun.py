@@ -55,3 +55,24 @@ def rerun_decision(table: str, run_dates: list[str], stored_dates: list[str], ba
         f"--partition-range {first}...{newest}), or in the UI Materialize all... with the partition range "
         f"[{first}...{newest}] and Launch backfill."
     )
+
+
+class PartlyStoredDateError(SummarizedError, RuntimeError):
+    """The date a run would build on is stored in current_table but not in every output written after it."""
+
+
+def require_wholly_stored(table: str, run_dates: list[str], previous: str, missing: list[str]) -> None:
+    """Refuse a run of ``run_dates`` built on ``previous`` (the day before its first date), whose
+    current_table is stored while ``missing`` (the outputs a date's run commits after current_table) lack
+    it: a run of ``previous`` stopped between its commits (a kill, a lost server). Building on it would
+    leave those outputs without ``previous`` for good, with every later check passing."""
+    if not missing:
+        return
+    first, last = min(run_dates), max(run_dates)
+    run = first if first == last else f"{first}..{last}"
+    raise PartlyStoredDateError(
+        f"{table}: the run of {run} is refused, nothing was written: {previous}, the date it builds on, is not wholly "
+        f"stored: current_table holds it, {' and '.join(missing)} {'does' if len(missing) == 1 else 'do'} not (a run of "
+        f"{previous} stopped between its commits). Run {previous} again first (dagster asset materialize -m "
+        f"cdc_assets.defs.definitions --select 'group:{table}' --partition {previous}, or Materialize in the UI), then {run}."
+    )
