@@ -43,6 +43,7 @@ class Rows(str, Enum):
 class _DeclaredCheck(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    type: str  # each kind's Literal: the discriminator
     name: str | None = Field(default=None, description="The check's name in the UI (default: from its type and columns).")
     severity: Severity = Severity.error
     description: str | None = Field(default=None, description="What the check means, shown in the UI beside the built-in text.")
@@ -108,30 +109,26 @@ class _RowCheck(_DeclaredCheck):
         return self.on
 
 
-class NotNullCheck(_RowCheck):
+class _ColumnsCheck(_RowCheck):
+    columns: list[str] = Field(min_length=1)
+
+    def default_name(self) -> str:
+        return f"{self.type}_{'_'.join(self.columns)}".lower()
+
+    def columns_named(self) -> list[str]:
+        return list(self.columns)
+
+
+class NotNullCheck(_ColumnsCheck):
     """No row with a NULL in any of ``columns``."""
 
     type: Literal["not_null"]
-    columns: list[str] = Field(min_length=1)
-
-    def default_name(self) -> str:
-        return f"not_null_{'_'.join(self.columns)}".lower()
-
-    def columns_named(self) -> list[str]:
-        return list(self.columns)
 
 
-class UniqueCheck(_RowCheck):
+class UniqueCheck(_ColumnsCheck):
     """No two rows with the same values in ``columns`` (rows with a NULL among them are not compared)."""
 
     type: Literal["unique"]
-    columns: list[str] = Field(min_length=1)
-
-    def default_name(self) -> str:
-        return f"unique_{'_'.join(self.columns)}".lower()
-
-    def columns_named(self) -> list[str]:
-        return list(self.columns)
 
 
 class AcceptedValuesCheck(_RowCheck):
