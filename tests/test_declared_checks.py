@@ -82,10 +82,10 @@ def test_each_row_rule_keeps_exactly_the_rows_that_break_it(spark):
     assert failing(SqlCheck(type="sql", name="negative", predicate="quantity < 0 OR email = 'x'")) == ["k1", "k5"]
 
     check = SqlCheck(type="sql", name="z_status", query="SELECT key_hash FROM current WHERE status = 'Z' AND key_hash NOT IN (SELECT key_hash FROM changes)")
-    returned = query_rows(spark, check, frame, frame.filter(F.col("key_hash") != "k3"))
+    returned = query_rows(check, frame, frame.filter(F.col("key_hash") != "k3"))
     outcome = row_outcome("current_table", check, failure_figures(returned))
     assert not outcome.passed and outcome.metadata["failing_rows"] == 1 and outcome.metadata["sample_key_hashes"] == "k3"
-    passed = row_outcome("current_table", check, failure_figures(query_rows(spark, check, frame, frame)))
+    passed = row_outcome("current_table", check, failure_figures(query_rows(check, frame, frame)))
     assert passed.passed and "sample_key_hashes" not in passed.metadata
 
 

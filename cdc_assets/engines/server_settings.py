@@ -42,7 +42,7 @@ _UNSET = ""
 _OBJECT_SCHEMES = ("s3", "s3a")
 
 # Compared for every run: what the JVM took at its start. Secret: recorded as a keyed digest.
-_JVM: tuple[tuple[Setting, bool], ...] = (
+_FIXED_AT_START: tuple[tuple[Setting, bool], ...] = (
     (settings.SPARK_CONF, True),
     (settings.SPARK_MASTER, False),
     (settings.UMASK, False),
@@ -84,7 +84,7 @@ def settings_of(env: Mapping[str, str], salt: str, jars: list[str] | None = None
                 values[setting.name] = value or setting.default
         return values
 
-    jvm = shown(_JVM)
+    jvm = shown(_FIXED_AT_START)
     jvm[JARS] = ",".join(sorted(Path(jar).name for jar in (_project_jars() if jars is None else jars)))
     return ServerSettings(jvm=jvm, store=shown(_STORE), warehouse=settings.WAREHOUSE.value(env), salt=salt)
 

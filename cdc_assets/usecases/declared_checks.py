@@ -53,7 +53,7 @@ def declared_outcomes(
                 counts = operations.get(date.fromisoformat(day), {})
                 outcome = volume_outcome(asset, check, counts, _previous_rows(storage, config, day), state_rows(storage, table, CURRENT, day))
             elif isinstance(check, SqlCheck) and check.query is not None:
-                outcome = row_outcome(asset, check, failure_figures(query_rows(spark, check, current, changes)))
+                outcome = row_outcome(asset, check, failure_figures(query_rows(check, current, changes)))
             else:
                 rows: DataFrame = current if check.reads is Rows.current else changes
                 outcome = row_outcome(asset, check, failure_figures(failing_rows(rows, check, types)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import reduce
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from cdc_assets.core.capture.changes import DELETE, INSERT, UPDATE
@@ -52,15 +52,17 @@ def failing_rows(frame: DataFrame, check: NotNullCheck | UniqueCheck | AcceptedV
     raise TypeError(f"{type(check).__name__} is not a row-level check")
 
 
-def query_rows(spark: SparkSession, check: SqlCheck, current: DataFrame, changes: DataFrame) -> DataFrame:
+def query_rows(check: SqlCheck, current: DataFrame, changes: DataFrame) -> DataFrame:
     """The rows a sql check's query returns over the date's outputs, named ``current`` and ``changes``.
 
-    The query is read as a subquery, so only a SELECT parses; the names are the session's temporary views
-    (a Connect session's own on a shared server).
+    The query is read as a subquery, so only a SELECT parses. The names are temporary views of the outputs'
+    own session (a Connect session's own on a shared server), where the query runs: a view is its session's,
+    and the pipeline's reads may come from a session other than the step's.
     """
+    session = current.sparkSession
     current.createOrReplaceTempView(CURRENT_VIEW)
     changes.createOrReplaceTempView(CHANGES_VIEW)
-    return spark.sql(f"SELECT * FROM ({check.query}) AS declared_check")  # noqa: S608 - the table owner's own query, as a subquery
+    return session.sql(f"SELECT * FROM ({check.query}) AS declared_check")  # noqa: S608 - the table owner's own query, as a subquery
 
 
 def failure_figures(failing: DataFrame) -> Failures:
