@@ -129,22 +129,24 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(UMASK) && $(BIN)/dagster asset materialize -m cdc_assets.defs.definitions --select 'group:synthetic' --partition-range $(DEMO_FIRST)...$(DEMO_LAST)
 	$(BIN)/python -m cdc_assets.cli.report synthetic
 
-# Two pytest sessions at once: the slow tests (servers, whole processes, the dagster CLI: mostly a JVM
-# starting or a server coming up) and the rest (in-process runs on one session's Spark), each in its own
-# process with its own Spark and temp folder; the slow ones' output follows the others'. On the 2-core
-# machines the suite is sized for, this takes about half the time of one session (docs/testing.md).
-# PYTEST_ARGS go to both sessions.
+# Two pytest sessions at once, each in its own process with its own Spark and temp folder: the slow tests
+# that start servers and whole processes (the dagster CLI, Connect, the SQL server, make ui), and the rest
+# with the lake's tests (SeaweedFS), which balance the two. Much of a slow test is a JVM starting or a
+# server coming up, which the other session overlaps on the 2-core machines the suite is sized for
+# (docs/testing.md). The second session's output follows the first's. PYTEST_ARGS go to both.
+SUITE_FIRST := not slow or lake
+SUITE_SECOND := slow and not lake
 test: install browser lint
-	@slow_log=$$(mktemp); slow_tmp=$$(mktemp -d); \
-	$(BIN)/python -m pytest -m slow -p no:cacheprovider --basetemp="$$slow_tmp/basetemp" $(PYTEST_ARGS) > "$$slow_log" 2>&1 & slow=$$!; \
-	trap 'kill $$slow 2>/dev/null' INT TERM; \
-	echo "make test: the slow tests run beside these (pid $$slow); their output follows"; \
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); fast_rc=$$?; \
-	wait $$slow; slow_rc=$$?; \
-	echo "================ the slow tests (pytest -m slow), run beside the others ================"; \
-	cat "$$slow_log"; rm -rf "$$slow_log" "$$slow_tmp"; \
-	echo "make test: not slow exited $$fast_rc, slow exited $$slow_rc"; \
-	test $$fast_rc = 0 && test $$slow_rc = 0
+	@second_log=$$(mktemp); second_tmp=$$(mktemp -d); \
+	$(BIN)/python -m pytest -m "$(SUITE_SECOND)" -p no:cacheprovider --basetemp="$$second_tmp/basetemp" $(PYTEST_ARGS) > "$$second_log" 2>&1 & second=$$!; \
+	trap 'kill $$second 2>/dev/null' INT TERM; \
+	echo "make test: the tests '$(SUITE_SECOND)' run beside these (pid $$second); their output follows"; \
+	$(BIN)/python -m pytest -m "$(SUITE_FIRST)" $(PYTEST_ARGS); first_rc=$$?; \
+	wait $$second; second_rc=$$?; \
+	echo "================ the tests '$(SUITE_SECOND)', run beside the others ================"; \
+	cat "$$second_log"; rm -rf "$$second_log" "$$second_tmp"; \
+	echo "make test: '$(SUITE_FIRST)' exited $$first_rc, '$(SUITE_SECOND)' exited $$second_rc"; \
+	test $$first_rc = 0 && test $$second_rc = 0
 
 # Ruff's rules and mypy's settings are pyproject.toml's [tool.ruff] and [tool.mypy]; `make test` runs this first.
 lint: install
