@@ -131,11 +131,12 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 
 # Two pytest sessions at once, each in its own process with its own Spark and temp folder: the slow tests
 # that start servers and whole processes (the dagster CLI, Connect, the SQL server, make ui), and the rest
-# with the lake's tests (SeaweedFS), which balance the two. Much of a slow test is a JVM starting or a
-# server coming up, which the other session overlaps on the 2-core machines the suite is sized for
-# (docs/testing.md). The second session's output follows the first's. PYTEST_ARGS go to both.
-SUITE_FIRST := not slow or lake
-SUITE_SECOND := slow and not lake
+# with the lake's tests (SeaweedFS) and the slow in-process ones (marker in_process), which balance the
+# two. Much of a slow test is a JVM starting or a server coming up, which the other session overlaps on
+# the 2-core machines the suite is sized for (docs/testing.md). The second session's output follows the
+# first's. PYTEST_ARGS go to both.
+SUITE_FIRST := not slow or lake or in_process
+SUITE_SECOND := slow and not lake and not in_process
 test: install browser lint
 	@second_log=$$(mktemp); second_tmp=$$(mktemp -d); \
 	$(BIN)/python -m pytest -m "$(SUITE_SECOND)" -p no:cacheprovider --basetemp="$$second_tmp/basetemp" $(PYTEST_ARGS) > "$$second_log" 2>&1 & second=$$!; \

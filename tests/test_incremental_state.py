@@ -36,7 +36,8 @@ from resources.storage import WarehouseStorage
 from tests.engines import assert_engines_read_as_spark
 from tests.pipeline import AUDIT_COLUMNS, definitions_for, partition_dir, read_stored, run_dates, run_range, sorted_rows, write_table_config
 
-pytestmark = pytest.mark.slow
+# Slow, but in-process runs on the session's Spark: `make test` runs them in its first session (balance).
+pytestmark = [pytest.mark.slow, pytest.mark.in_process]
 
 FIRST = date(2021, 3, 1)
 DAYS = [(FIRST + timedelta(days=n)).isoformat() for n in range(5)]

@@ -23,7 +23,8 @@ from resources.storage.state import read_state, stored_fields
 from resources.storage import WarehouseStorage
 from tests.pipeline import definitions_for, run_dates, run_range, write_table_config
 
-pytestmark = pytest.mark.slow
+# Slow, but in-process runs on the session's Spark: `make test` runs them in its first session (balance).
+pytestmark = [pytest.mark.slow, pytest.mark.in_process]
 
 DAYS = ["2024-05-01", "2024-05-02", "2024-05-03", "2024-05-04", "2024-05-05", "2024-05-06"]
 KEYS = [{"name": "id", "type": "int"}]
