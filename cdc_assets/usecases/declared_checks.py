@@ -18,7 +18,8 @@ from cdc_assets.core.capture.reconcile import Reconciliation, operations_by_date
 from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.model.config import TableConfig
 from cdc_assets.model.declared_checks import DeclaredCheck, Rows, SqlCheck, VolumeCheck
-from cdc_assets.model.names import CLASSIFICATION, CURRENT, HISTORY, day_before
+from cdc_assets.model.names import CLASSIFICATION, CURRENT, HISTORY
+from cdc_assets.usecases.reconcile import previous_state_rows
 from resources.storage import WarehouseStorage
 from resources.storage.state import read_state, state_rows
 
@@ -51,7 +52,7 @@ def declared_outcomes(
             asset = check_asset(check)
             if isinstance(check, VolumeCheck):
                 counts = operations.get(date.fromisoformat(day), {})
-                outcome = volume_outcome(asset, check, counts, _previous_rows(storage, config, day), state_rows(storage, table, CURRENT, day))
+                outcome = volume_outcome(asset, check, counts, previous_state_rows(storage, config, day), state_rows(storage, table, CURRENT, day))
             elif isinstance(check, SqlCheck) and check.query is not None:
                 outcome = row_outcome(asset, check, failure_figures(query_rows(check, current, changes)))
             else:
@@ -60,10 +61,3 @@ def declared_outcomes(
             outcomes.append((check, outcome))
         yield day, outcomes
 
-
-def _previous_rows(storage: WarehouseStorage, config: TableConfig, day: str) -> int:
-    """Rows of the state the date was classified against (0 before the table's first date)."""
-    previous = day_before(day)
-    if date.fromisoformat(previous) < config.start_date:
-        return 0
-    return state_rows(storage, config.name, CURRENT, previous)

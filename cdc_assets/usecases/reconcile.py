@@ -66,7 +66,7 @@ def cdc_outcomes(
         stored: dict[str, Any] = dict(
             operations=by_operation,
             incoming_rows=incoming[day],
-            previous_rows=current[before].rows if before in current else _previous_rows(storage, config, day),
+            previous_rows=current[before].rows if before in current else previous_state_rows(storage, config, day),
             current=current.get(on, KeyedFigures()),
             history_rows=history[day],
         )
@@ -150,7 +150,7 @@ def _state_figures(spark: SparkSession, storage: WarehouseStorage, config: Table
     return figures, parts
 
 
-def _previous_rows(storage: WarehouseStorage, config: TableConfig, day: str) -> int:
+def previous_state_rows(storage: WarehouseStorage, config: TableConfig, day: str) -> int:
     """Rows of the state the first date of a run was classified against (0 before the table's start).
 
     Only its rows enter the equations, so they are counted from what is stored (footers, and a change
