@@ -31,10 +31,7 @@ from cdc_assets.usecases.readers import table_config
 from cdc_assets.core.capture.erasure import KeysFileError
 from cdc_assets.usecases.erasure import MAY_HOLD, Verification, erase_keys, verify_erased
 from cdc_assets.defs.erasure_events import describe, erasure_check_evaluations, erasure_materializations, not_rechecked, touched_days
-from resources.parquet_io_manager import PartitionedParquetIOManager
-from resources.spark import PipelineSparkResource
-from resources.session.spark_target import ServerCannotServeRunError
-from cdc_assets.engines.spark_conf import NO_UI
+from cdc_assets.cli.writer_session import writer_session
 from resources.storage.erasure import TORN, torn_ledger_error
 
 # What the erase leaves outside the warehouse, said at the end of every erase (docs/erasure.md, "What holds
@@ -81,16 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TableConfigError) as error:
         print(f"cdc-erase: error: {error}", file=sys.stderr)
         return 2
-    spark_resource = PipelineSparkResource.from_environment(spark_config=NO_UI)
-    io_manager = PartitionedParquetIOManager.from_environment(spark_resource)
-    try:
-        target = spark_resource.spark_target  # where Spark runs: the warm server only if it can serve this
-    except ServerCannotServeRunError as error:
-        print(f"cdc-erase: error: {error}", file=sys.stderr)
+    found = writer_session("cdc-erase")  # where Spark runs: the warm server only if it can serve this
+    if found is None:
         return 2
-    if target.refusal:
-        print(f"cdc-erase: Spark: {target.description}", file=sys.stderr)
-    spark, storage = io_manager.pyspark.spark_session, io_manager.storage
+    io_manager, spark = found
+    storage = io_manager.storage
     try:
         if args.verify:
             return _report_verification(config.name, verify_erased(spark, storage, config, args.keys))

@@ -242,6 +242,8 @@ def describe(config: TableConfig, result: ErasureResult) -> str:
         + (f"; {copies} stored row(s) of the keys in data files of an incremental state rewritten" if copies else "")
         + f"; {result.bytes_rewritten} of {result.bytes_stored} stored bytes rewritten"
         + (f"; {unverifiable} reject(s) may hold a key and could not be checked (kept)" if unverifiable else "")
+        + (f"; the undo point of rollback(s) {', '.join(result.undo_points_dropped)} dropped (it held the keys): "
+           "cdc-rollback --undo can no longer restore them" if result.undo_points_dropped else "")
         + f". Replaced snapshots expired and their files deleted; ledger {os.path.join('_erasures', result.request_id)}"
         + (f", incomplete: {len(result.left)} thing(s) left, listed in its request.json (left)." if result.left else ", complete (verified).")
     )

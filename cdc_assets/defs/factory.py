@@ -68,6 +68,7 @@ from cdc_assets.usecases.intake import Intake, read_intake
 from cdc_assets.usecases.step_log import StageClock
 from resources.storage import WarehouseStorage
 from cdc_assets.defs.erasure_events import build_erase_job
+from cdc_assets.defs.rollback_job import build_rollback_job
 from resources.parquet_io_manager import (
     CONFIGURED_COLUMNS,
     RENAMED_COLUMNS,
@@ -312,7 +313,7 @@ def build_table_definitions(config: TableConfig) -> TableDefinitions:
         partitions_def=partitions_def,
         assets=assets,
         asset_checks=build_table_checks(config, partitions_def),
-        jobs=[job, build_erase_job(config)],
+        jobs=[job, build_erase_job(config), build_rollback_job(config)],
         schedules=[build_daily_schedule(config, job)],
         sensors=[build_landing_sensor(config, job, partitions_def)],
     )

@@ -281,6 +281,21 @@ class Retention(BaseModel):
     )
 
 
+class Publish(BaseModel):
+    """``publish:`` in a table config: how long what a table no longer publishes stays recoverable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keep_rolled_back_days: int = Field(
+        default=7,
+        ge=1,
+        strict=True,
+        description="Keep the dates a rollback removed (cdc-rollback TABLE --to D) restorable by cdc-rollback TABLE "
+        "--undo for N days: an Iceberg tag keeps the snapshot each output had before, and the files it reads, "
+        "until then. An erase ends it at once (the tags' snapshots hold the erased keys).",
+    )
+
+
 class ErasedKeys(str, Enum):
     """What a date's extract does with a key that ``cdc-erase`` erased (it is in the table's ``_erasures`` ledger)."""
 
@@ -536,6 +551,7 @@ class TableConfig(BaseModel):
     changes: Changes | None = None
     scd2: Scd2 = Scd2()
     retention: Retention | None = None
+    publish: Publish = Publish()
     storage: StateStorage = StateStorage()
     erased_keys: ErasedKeys = ErasedKeys.drop
     freshness: Freshness | None = None

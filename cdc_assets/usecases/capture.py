@@ -47,6 +47,7 @@ from cdc_assets.usecases.schema_changes import SchemaEvolution, configured_spec,
 from cdc_assets.usecases.step_log import StageClock, StepLog, span
 from resources.session.spark_session import SCHEDULER_POOL
 from resources.storage import WarehouseStorage
+from resources.storage.rollback import require_no_unfinished_rollback
 from resources.storage.state import (
     CHANGE_DATES_SINCE_FULL_COPY,
     CHANGE_ROWS_SINCE_FULL_COPY,
@@ -259,8 +260,10 @@ class Capture:
 def decide_rerun(storage: WarehouseStorage, table: TableConfig, days: list[str], backfill_dates: set[str] | None) -> RerunDecision:
     """Whether a run may write ``days`` while current_table stores later dates (cdc_assets/core/capture/rerun.py),
     given the dates of current_table its backfill targets (None outside a backfill). Takes the table's
-    writer lock first and keeps it for the run: no run adds a date between this look and the run's writes."""
+    writer lock first and keeps it for the run: no run adds a date between this look and the run's writes.
+    A rollback of the table that stopped half-way refuses the run (resources/storage/rollback.py)."""
     storage.hold_writer_lock(table.name)
+    require_no_unfinished_rollback(storage, table.name)
     return rerun_decision(table.name, days, storage.stored_dates(table.name, CURRENT), backfill_dates)
 
 

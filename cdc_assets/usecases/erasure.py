@@ -52,6 +52,7 @@ from resources.storage.state import state_rows
 from resources.storage.object_store import compact_deleted_objects
 from resources.storage import MissingPartitionError, WarehouseStorage
 from resources.storage.erasure import TORN
+from resources.storage.rollback import forget_undo_points
 
 # A request's status: being erased; erased and verified; erased as far as it could be, with what is left
 # (``left``) listed. The same command again resumes an erasing or incomplete request.
@@ -88,6 +89,8 @@ class ErasureResult:
     bytes_stored: int = 0  # of every current version of the table, before the erase
     # What the erase's own verification still found (each a line, as --verify lists it); empty: complete.
     left: list[str] = field(default_factory=list)
+    # Rollbacks that can no longer be undone: their undo points (tagged snapshots) held the keys.
+    undo_points_dropped: list[str] = field(default_factory=list)
 
     @property
     def rows_removed(self) -> int:
@@ -201,6 +204,8 @@ def erase_keys(
     erased = spark.read.parquet(stored["key_hashes"])
     for_rejects = _keys_for_rejects(read_key_values(spark, config, keys_path), config)
     result = ErasureResult(request_id=request_id, keys=count, resumed=bool(unfinished))
+    # First: a rollback's undo point keeps snapshots that hold the keys, which the expiry below must reach.
+    result.undo_points_dropped = forget_undo_points(spark, storage, table, f"dropped by erase request {request_id}")
     rewritten_before = record.get("bytes_rewritten", 0)  # by an attempt that was killed
     tracks_state = config.load_type is not LoadType.full and CURRENT in storage.stored_assets(table)
     current_dates = storage.stored_dates(table, CURRENT)

@@ -8,6 +8,7 @@
 - ``retention``: which dates ``retention.current_days`` / ``staging_days`` drop, and the record of a drop;
 - ``reading``: what a reader is told about a date that is not stored;
 - ``erasure``: the erase ledger;
+- ``rollback``: undo (``cdc-rollback``): a table's outputs back to a date, kept restorable by tags;
 - ``files``: the POSIX operations the ledger needs;
 - ``fault_injection``: the one test seam, pausing a write so a fault test can kill the run there.
 """

@@ -8,6 +8,7 @@ Per table::
     {root}/{table}/_writer.lock                           who is writing the table (in a bucket: _writer.lease)
     {root}/{table}/_erasures/{request}/request.json       an erase: when, who, why, what it removed
     {root}/{table}/_erasures/{request}/key_hashes/*.parquet the erased keys' hashes (no key value)
+    {root}/{table}/_rollbacks/{id}.json                   a rollback: each output's snapshot before and after (rollback.py)
     {root}/lake_catalog.db                                the Iceberg catalog (resources/storage/lake.py)
     {root}/.lake_catalog.init.lock                        held while a new catalog's tables are created
     {root}/_runs/{table}-{time}-{run}-{id}.parquet        the runs log, a file per append

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -335,9 +336,17 @@ class LakeTables:
         current = None if loaded is None else loaded.current_snapshot()
         if current is None:
             return 0
-        kept = {current.snapshot_id} | {ref.snapshot_id for ref in loaded.metadata.refs.values()}
+        # A ref keeps its snapshot unless its own retention (``RETAIN``: a rollback's undo tag) has passed:
+        # Iceberg's procedure then removes the ref and expires the snapshot with the others.
+        now_ms = time.time() * 1000
+        by_id = {snapshot.snapshot_id: snapshot for snapshot in loaded.snapshots()}
+        aged = {
+            name for name, ref in loaded.metadata.refs.items()
+            if ref.max_ref_age_ms is not None and ref.snapshot_id in by_id and now_ms - by_id[ref.snapshot_id].timestamp_ms > ref.max_ref_age_ms
+        }
+        kept = {current.snapshot_id} | {ref.snapshot_id for name, ref in loaded.metadata.refs.items() if name not in aged}
         expired = [s for s in loaded.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id not in kept]
-        if not expired:
+        if not expired and not aged:
             return 0
         self.session_for(spark).sql(
             f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{table_identifier(table, asset)}', "
