@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from dagster import (
+    AssetMaterialization,
     ConfigurableIOManager,
     InitResourceContext,
     InputContext,
@@ -103,6 +104,20 @@ class LazyPartitions(Mapping[str, DataFrame]):
     def read_all(self) -> DataFrame:
         """Every date's rows in one DataFrame with a ``business_date`` column, read in one scan."""
         return self._manager.read_partitions(self._table, self._asset, self._dates)
+
+
+def _describe_date(context: OutputContext, run_dates: list[str], day: str, metadata: dict[str, Any]) -> None:
+    """The metadata of one date an output wrote: the output's own when the run has one date; a date's
+    materialization among the run's; for a date beyond the run's (a correction carried forward) a
+    materialization of its own, since Dagster's run does not target it."""
+    if day not in run_dates:
+        context.log_event(AssetMaterialization(asset_key=context.asset_key, partition=day, metadata=metadata,
+                                               description="recomputed by a correction of an earlier date"))
+    elif len(run_dates) == 1:
+        context.add_output_metadata(metadata)
+    else:
+        # One materialization per date, each with its own figures.
+        context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=day)
 
 
 class PartitionedParquetIOManager(ConfigurableIOManager):
@@ -291,20 +306,21 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         renamed = json.loads(_plain(definition[RENAMED_COLUMNS])) if RENAMED_COLUMNS in definition else None
         configured = json.loads(_plain(definition[CONFIGURED_COLUMNS])) if CONFIGURED_COLUMNS in definition else None
         drop = self._dropped_from_config(table, asset, frame.columns, configured) if configured is not None else ()
-        rows_written = self.storage.write(frame, table, asset, dates, dropped=later, renamed_from=renamed, drop_columns=drop)
+        carried = list(obj.carried) if isinstance(obj, DatedRows) else []
+        if carried:
+            context.log.info(f"{table}/{asset}: this correction also writes {', '.join(carried)}, recomputed from it")
+        rows_written = self.storage.write(frame, table, asset, dates + carried, dropped=later, renamed_from=renamed, drop_columns=drop)
         stored_schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         mask = ValueMask.for_columns(json.loads(_plain(definition[SHOWN_COLUMNS])) if SHOWN_COLUMNS in definition else ())
         previews = self._previews(table, asset, rows_written) if mask.shows_rows else {day: [] for day in rows_written}
         retention = self._apply_retention(context, table, asset, obj)
-        for business_date in dates:
+        for business_date in dates + carried:
             path = self.partition_path(table, asset, business_date)
             metadata = describe_partition(stored_schema, path, rows_written[business_date], previews[business_date], mask)
             metadata.update(retention)
-            if len(dates) == 1:
-                context.add_output_metadata(metadata)
-            else:
-                # One materialization per date, each with its own figures.
-                context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=business_date)
+            if isinstance(obj, DatedRows):
+                metadata.update(obj.carried_metadata.get(business_date, {}))
+            _describe_date(context, dates, business_date, metadata)
 
     def _dropped_from_config(self, table: str, asset: str, written: list[str], configured: list[str]) -> list[str]:
         """The asset's stored columns the config no longer names (nor as a former name), that the write
@@ -322,6 +338,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         if later:
             context.log.info(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
         described = {}
+        run_dates, dates = dates, dates + list(obj.carried)
         for day in dates:
             whole = day in obj.full_dates
             rows_of = obj.full if whole else obj.changes
@@ -355,10 +372,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         for day in dates:
             metadata: dict[str, Any] = {**described[day], **retention, **obj.metadata.get(day, {})}
             metadata["stored_as"] = MetadataValue.text("full copy" if day in obj.full_dates else "changes")
-            if len(dates) == 1:
-                context.add_output_metadata(metadata)
-            else:
-                context.step_context.add_asset_metadata(metadata, asset_key=context.asset_key, partition_key=day)
+            _describe_date(context, run_dates, day, metadata)
 
     def _later_dates(self, table: str, asset: str, after: str | None) -> list[str]:
         """The asset's stored dates after ``after`` (none when ``after`` is None)."""

@@ -126,7 +126,7 @@ def test_seed_scenario_and_a_rerun_through_connect_equal_the_classic_session(spa
     warehouse = Path(connect["CDC_WAREHOUSE"])
     first_pass = {table: _outputs(spark, warehouse, table) for table in ("synth", "orders")}
     # Re-running the middle date (in one run with the date after it, which was computed from it: a run
-    # of the middle date alone is refused) replaces those dates' partitions with the same rows.
+    # of the middle date alone recomputes it too) replaces those dates' partitions with the same rows.
     _run(connect, "group:synth,group:orders", f"{DAYS[1]}...{DAYS[-1]}")
     assert {table: _outputs(spark, warehouse, table) for table in ("synth", "orders")} == first_pass
 
@@ -246,7 +246,7 @@ def test_change_sets_through_connect_equal_the_classic_session(spark, tmp_path, 
         assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     through_connect = {table: stored(warehouse, table) for table in CHANGESETS}
     middle = {"accounts": "2024-02-02...2024-02-03", "customers_debezium": "2024-03-02...2024-03-03"}
-    for table, days in middle.items():  # a middle date with the date after it: alone it is refused
+    for table, days in middle.items():  # a middle date with the date after it (alone, it recomputes it too)
         _run(env, f"group:{table}", days)
         assert stored(warehouse, table) == through_connect[table], table
 

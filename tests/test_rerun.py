@@ -1,6 +1,7 @@
 """A re-run of a middle date leaves no later date computed from the old one (issue 34, point 4).
 
-A run of dates D..E of a table whose current_table stores later dates is refused before anything is
+A run of dates D..E of a table whose current_table stores later dates recomputes them in the same run
+(a correction that flows forward), or with ``carry_forward: false`` is refused before anything is
 written, naming those dates and the range to launch; inside a backfill that recomputes them, its
 writes drop them in the same commit as they write D..E, and the backfill's later runs write them again.
 """
@@ -41,6 +42,15 @@ def test_a_middle_date_alone_is_refused_naming_the_later_dates_and_the_range_to_
     # A gap in the stored dates is named as it is; the range still runs up to the newest stored date.
     with pytest.raises(LaterDatesStoredError, match=f"stores {D[2]},{D[4]},.*--partition-range {D[0]}...{D[4]}"):
         rerun_decision("orders", [D[0], D[1]], [D[0], D[1], D[2], D[4]], None)
+
+
+def test_carried_forward_only_when_every_later_day_and_its_intake_are_stored():
+    assert rerun_decision("t", [D[1]], D, None, carry_forward=True, intake_stored=set(D)) == RerunDecision(carried=tuple(D[2:]))
+    assert rerun_decision("t", [D[1]], D, set(D[1:]), carry_forward=True, intake_stored=set(D)) == RerunDecision(tuple(D[2:]))  # a backfill's
+    with pytest.raises(LaterDatesStoredError, match=f"cannot recompute them itself: hashed_incoming lacks {D[3]} "):
+        rerun_decision("t", [D[1]], D, None, carry_forward=True, intake_stored=set(D) - {D[3]})
+    with pytest.raises(LaterDatesStoredError, match=f"cannot recompute them itself: current_table lacks {D[3]} "):
+        rerun_decision("t", [D[1]], [D[0], D[1], D[2], D[4]], None, carry_forward=True, intake_stored=set(D))
 
 
 def test_inside_a_backfill_the_later_dates_are_dropped_only_if_it_targets_each_of_them():
@@ -118,14 +128,27 @@ def test_a_rerun_of_a_middle_date_with_a_corrected_extract_leaves_no_later_date_
     _land(tmp_path / "warehouse-source", CORRECTED_DAY3)  # the source corrects date 3
     before = _snapshots(storage)
 
-    # Date 3 alone: refused before anything is written, naming the later dates and the range to launch.
-    [refused] = run_dates(defs, [D[2]], instance, raise_on_error=False)
+    # Date 3 alone with carry_forward off: refused before anything is written, naming the later dates and
+    # the range to launch.
+    refused = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        partition_key=D[2], instance=instance, raise_on_error=False, run_config={"ops": {"t__cdc": {"config": {"carry_forward": False}}}}
+    )
     assert not refused.success
     failure = next(event for event in refused.all_events if event.event_type_value == "STEP_FAILURE")
     message = failure.step_failure_data.error.to_string()
     assert f"current_table stores {D[3]}..{D[4]}," in message, message
     assert f"--partition-range {D[2]}...{D[4]}" in message and "Launch backfill" in message
     assert _snapshots(storage) == before, "a refused run committed something"
+
+    # Date 3 alone (carry_forward, the default) recomputes 4 and 5 in the same run: as if corrected from the start.
+    [corrected] = run_dates(defs, [D[2]], instance)
+    assert corrected.success
+    storage = WarehouseStorage(str(root))
+    for (asset, day), rows in expected.items():
+        assert _rows(spark, storage, asset, day) == rows, f"{asset} of {day}, carried forward"
+    summary = storage.tables.load("t", HISTORY).current_snapshot().summary
+    assert dict(summary.additional_properties)["cdc.business-dates"] == ",".join(D[2:])  # one commit wrote 3..5
+    before = _snapshots(storage)
 
     # A run of date 3 in a backfill of 3..5 drops 4 and 5 from each CDC output in the commit that writes 3
     # (an incremental current_table: their tags, before date 3's MERGE).

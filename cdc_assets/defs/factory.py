@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from dagster import (
+    AssetCheckSeverity,
     AssetDep,
     AssetExecutionContext,
     AssetIn,
@@ -35,6 +36,7 @@ from dagster import (
     BackfillPolicy,
     Config,
     DailyPartitionsDefinition,
+    Failure,
     MetadataValue,
     Output,
     ResourceParam,
@@ -45,11 +47,13 @@ from dagster_pyspark import LazyPySparkResource
 
 from cdc_assets.defs.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.defs.asset_descriptions import ASSET_DESCRIPTIONS
-from cdc_assets.defs.checks import build_table_checks
+from cdc_assets.defs.checks import build_table_checks, cdc_outcomes, evaluation
 from cdc_assets.model.config import TableConfig
+from cdc_assets.model.declared_checks import Severity
+from cdc_assets.usecases import declared_checks
 from cdc_assets.model.masking import shown_column_names
 from cdc_assets.defs.freshness import freshness_definitions
-from cdc_assets.defs.asset_keys import asset_key
+from cdc_assets.defs.asset_keys import asset_key, asset_keys
 from cdc_assets.model.names import (
     CLASSIFICATION,
     CURRENT,
@@ -66,7 +70,6 @@ from cdc_assets.defs.runs_log import RunsLogEntry, cdc_left_out, run_started_at,
 from cdc_assets.usecases.capture import CaptureRun, capture_changes
 from cdc_assets.usecases.intake import Intake, read_intake
 from cdc_assets.usecases.step_log import StageClock
-from resources.storage import WarehouseStorage
 from cdc_assets.defs.erasure_events import build_erase_job
 from cdc_assets.defs.rollback_job import build_rollback_job
 from resources.parquet_io_manager import (
@@ -91,6 +94,12 @@ class ApplyChangesConfig(Config):
     allow_mass_delete: bool = False
     """Accept a full extract that is empty or would delete more than max_delete_fraction of the
     current rows. Only for a source that really did delete them; the run is tagged when used."""
+
+    carry_forward: bool = True
+    """A re-run of a date that later stored dates were computed from (a corrected extract) recomputes those
+    dates too, from their stored intake, and writes them in the same commits; each date's classification
+    records how many keys changed class (correction_changed_keys). false: refuse such a run, naming the
+    range to launch instead."""
 
     rebaseline: bool = False
     """Accept any change of the table's columns on the run's first date, keys and type changes included:
@@ -157,11 +166,13 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
             # What only Dagster knows, gathered first: the dates the run's backfill targets and its run config.
             backfill_dates = None if left_out else _backfill_dates(context, config)
             rebaseline = _rebaseline_declared(context, config)
+            carry_forward = _cdc_config(context, config).get("carry_forward", True)
             clock = StageClock(context.log, config.name, days)
             with server_loss_explained(pyspark):
                 intake = read_intake(
                     pyspark.spark_session, parquet_io_manager.storage, config, days, context.log,
                     refuse_later_dates=not left_out, backfill_dates=backfill_dates, rebaseline=rebaseline,
+                    carry_forward=carry_forward,
                 )
                 yield from _intake_outputs(context, intake, clock, {HASHED_INCOMING: hashed_key, REJECTS: rejects_key})
 
@@ -183,10 +194,15 @@ def _intake_outputs(context: AssetExecutionContext, intake: Intake, clock: Stage
         intake.release()
 
 
-def _rebaseline_declared(context: AssetExecutionContext, table: TableConfig) -> bool:
-    """Whether the run's config declares a re-baseline for the table's CDC step (the intake reads it too)."""
+def _cdc_config(context: AssetExecutionContext, table: TableConfig) -> dict[str, Any]:
+    """The run config of the table's CDC step, as given (the intake reads it too)."""
     ops = (context.run_config or {}).get("ops", {})
-    return bool(ops.get(f"{table.name}__cdc", {}).get("config", {}).get("rebaseline", False))
+    return dict(ops.get(f"{table.name}__cdc", {}).get("config", {}) or {})
+
+
+def _rebaseline_declared(context: AssetExecutionContext, table: TableConfig) -> bool:
+    """Whether the run's config declares a re-baseline for the table's CDC step."""
+    return bool(_cdc_config(context, table).get("rebaseline", False))
 
 
 def _backfill_dates(context: AssetExecutionContext, table: TableConfig) -> set[str] | None:
@@ -247,7 +263,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         days = list(context.partition_keys)
         with runs_logged(context, table, parquet_io_manager.storage, days, "cdc") as logged, server_loss_explained(pyspark):
             yield from _apply_changes(
-                context, table, config, pyspark, parquet_io_manager.storage, keys, incoming, previous_current,
+                context, table, config, pyspark, parquet_io_manager, keys, incoming, previous_current,
                 change_set_state.get("previous_sequences"), logged,
             )
 
@@ -255,8 +271,9 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
 
 
 def _apply_changes(
-    context: AssetExecutionContext, table: TableConfig, config: ApplyChangesConfig, pyspark: LazyPySparkResource, storage: WarehouseStorage,
-    keys: dict[str, AssetKey], incoming: LazyPartitions, previous_current: LazyPartitions | None, previous_sequences: LazyPartitions | None,
+    context: AssetExecutionContext, table: TableConfig, config: ApplyChangesConfig, pyspark: LazyPySparkResource,
+    io_manager: PartitionedParquetIOManager, keys: dict[str, AssetKey], incoming: LazyPartitions,
+    previous_current: LazyPartitions | None, previous_sequences: LazyPartitions | None,
     logged: RunsLogEntry,
 ) -> Iterator[Output]:
     """The CDC step: :func:`capture_changes` for the range (cdc_assets/usecases/capture.py), its figures
@@ -270,14 +287,14 @@ def _apply_changes(
     # What only Dagster knows, gathered first: the run, its config, the dates its backfill targets.
     run = CaptureRun(
         context.run_id, run_started_at(context), rebaseline=config.rebaseline, allow_mass_delete=config.allow_mass_delete,
-        backfill_dates=_backfill_dates(context, table),
+        backfill_dates=_backfill_dates(context, table), carry_forward=config.carry_forward,
     )
     capture = capture_changes(
-        pyspark.spark_session, storage, table, days, incoming.read_all(), as_of_day_before(previous_current),
+        pyspark.spark_session, io_manager.storage, table, days, incoming.read_all(), as_of_day_before(previous_current),
         as_of_day_before(previous_sequences), run, context.log,
     )
     try:
-        logged.counts = capture.counts
+        logged.counts, logged.carried = capture.counts, list(capture.carried)
         if capture.rebaselined:
             context.instance.add_run_tags(context.run_id, {REBASELINE_TAG: "true"})
         capture.guard()  # nothing is written until every date of the range has passed its guards
@@ -289,6 +306,8 @@ def _apply_changes(
                 context.add_asset_metadata(override, asset_key=keys[name], partition_key=day)
             for name in (CLASSIFICATION, CURRENT, HISTORY):
                 context.add_asset_metadata(capture.operation_counts(day), asset_key=keys[name], partition_key=day)
+            if capture.correction_figures(day):
+                context.add_asset_metadata(capture.correction_figures(day), asset_key=keys[CLASSIFICATION], partition_key=day)
         schema_change = capture.schema_change()
         if schema_change is not None:
             for name in (CLASSIFICATION, CURRENT, HISTORY):
@@ -297,8 +316,32 @@ def _apply_changes(
         for name, rows in capture.outputs():
             with clock.timed(f"write {name}"):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
+        if capture.carried:
+            _check_carried_dates(context, table, io_manager, capture.carried)
     finally:
         capture.release()
+
+
+def _check_carried_dates(context: AssetExecutionContext, table: TableConfig, io_manager: PartitionedParquetIOManager, carried: list[str]) -> None:
+    """The CDC checks of the dates a correction carried forward, which the run's check steps do not target:
+    evaluated on what is stored now and reported for each date; a failed blocking one fails the step."""
+    failed, keys = [], asset_keys(table)
+    evaluations = [evaluation(keys, day, outcome) for day, outcomes in cdc_outcomes(context.instance, io_manager, table, carried) for outcome in outcomes]
+    if table.checks:  # the table's declared checks too
+        spark, storage = io_manager.pyspark.spark_session, io_manager.storage
+        evaluations += [
+            evaluation(keys, day, outcome, warning=check.severity is Severity.warn)
+            for day, outcomes in declared_checks.declared_outcomes(spark, storage, table, carried)
+            for check, outcome in outcomes
+        ]
+    for check in evaluations:
+        context.instance.report_runless_asset_event(check)
+        if not check.passed and check.severity == AssetCheckSeverity.ERROR:
+            failed.append(f"{check.asset_key.to_user_string()}:{check.check_name} {check.partition}")
+    said = f"; failing: {', '.join(failed)}" if failed else ", all passed"
+    context.log.info(f"{table.name}: the checks of {', '.join(carried)} (carried forward) evaluated again{said}")
+    if failed:
+        raise Failure(description=f"{table.name}: a blocking check failed on a date this correction carried forward: {', '.join(failed)}")
 
 
 def build_table_definitions(config: TableConfig) -> TableDefinitions:

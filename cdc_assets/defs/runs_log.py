@@ -148,6 +148,7 @@ class RunsLogEntry:
 
     counts: dict[str, dict[str, int]] | None = None
     schema_change: dict[str, str] | None = None  # by date, the change of columns the date applied
+    carried: list[str] | None = None  # later dates a correction recomputed and wrote beside the run's own
 
 
 @contextmanager
@@ -178,6 +179,7 @@ def runs_logged(
 
 
 def _append(context, table, storage, days, status, step, entry: RunsLogEntry, error: BaseException | None) -> None:
+    days = [*days, *(entry.carried or [])]
     rows = runs_log_rows(table, context.run_id, run_started_at(context), days, status, step, entry.counts, error, entry.schema_change)
     storage.append_to_runs_log(rows, table.name)
 

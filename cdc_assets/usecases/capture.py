@@ -16,15 +16,18 @@ from typing import Any, TypeVar, cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from cdc_assets.core.capture import changes as cdc
 from cdc_assets.core.capture.changeset import ChangeSetRules
 from cdc_assets.core.capture.guards import MassDeleteError, deletion_problem
 from cdc_assets.core.capture.plan import ChangePlan, plan_changes
-from cdc_assets.core.capture.rerun import RerunDecision, require_wholly_stored, rerun_decision
+from cdc_assets.core.capture.corrections import CHANGED, SAMPLE, class_changes
+from cdc_assets.core.capture.rerun import LaterDatesStoredError, RerunDecision, require_wholly_stored, rerun_decision
 from cdc_assets.core.capture.schema import migrate_state, values_for_added_columns, with_hash_spec
 from cdc_assets.core.capture.state import StateSince, compaction_due, untouched_operation
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.core.hashing import KEY_HASH
 from cdc_assets.core.intake.columns import CHANGE_SEQUENCE
 from cdc_assets.core.intake.incoming import rejected_keys
 from cdc_assets.model.config import DuplicateKeyPolicy, LoadType, Retention, TableConfig
@@ -34,6 +37,7 @@ from cdc_assets.model.names import (
     CLASSIFICATION,
     CURRENT,
     DELETES,
+    HASHED_INCOMING,
     HISTORY,
     INSERTS,
     LATE_CHANGES,
@@ -78,6 +82,9 @@ class CaptureRun:
     rebaseline: bool = False
     allow_mass_delete: bool = False
     backfill_dates: set[str] | None = None
+    # A re-run of dates that later stored dates were computed from recomputes those too (from their stored
+    # intake) and writes them in the same commits, instead of being refused (cdc_assets/core/capture/rerun.py).
+    carry_forward: bool = False
 
 
 @dataclass
@@ -98,6 +105,10 @@ class Capture:
     # A re-run inside a backfill that recomputes the later stored dates: each output drops those after
     # this date in the commit that writes the run's dates.
     drop_stored_after: str | None = None
+    # A correction that flows forward: the later stored dates this run recomputes (in ``days`` too, after the run's own).
+    carried: list[str] = field(default_factory=list)
+    # Per date the correction rewrote: the keys whose class changed against what was stored, and a sample of their hashes.
+    corrections: dict[str, dict[str, Any]] = field(default_factory=dict)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     figures: dict[str, dict[str, int]] = field(default_factory=dict)
     mass_deletes_accepted: dict[str, str] = field(default_factory=dict)  # {date: the guard's problem}
@@ -150,6 +161,18 @@ class Capture:
             **self.figures.get(day, {}),  # a changeset's winners, superseded, late, duplicate events, deletes of unknown keys
         }
 
+    def correction_figures(self, day: str) -> dict[str, Any]:
+        """What a correction changed on a date it rewrote (its classification's metadata); empty otherwise."""
+        return dict(self.corrections.get(day, {}))
+
+    def _carried_metadata(self, name: str) -> dict[str, dict[str, Any]]:
+        """The figures each carried date's materialization of output ``name`` records (the run's own dates'
+        the Dagster step records)."""
+        if name not in (CLASSIFICATION, CURRENT, HISTORY):
+            return {}
+        extra = self.correction_figures if name == CLASSIFICATION else (lambda day: {})
+        return {day: {**self.operation_counts(day), **extra(day)} for day in self.carried}
+
     def summary(self) -> str:
         return "\n".join(
             f"{self.table.name} {day}: " + ", ".join(f"{op}={n}" for op, n in {**self.counts[day], **self.figures.get(day, {})}.items())
@@ -189,7 +212,7 @@ class Capture:
                 full = sequences.filter(F.col(BUSINESS_DATE).isin(*state.full_dates)) if state.full_dates else None
                 yield name, StateRows(
                     _planned(plan.sequence_changes, "sequence changes"), full, state.full_dates, untouched=state.untouched, retention_current_days=dropped,
-                    retention_snapshot_days=kept.snapshot_days, drop_stored_after=drop_after,
+                    retention_snapshot_days=kept.snapshot_days, drop_stored_after=drop_after, carried=tuple(self.carried),
                 )
             else:
                 # current_table carries the columns its hashes cover, for the next date to compare with.
@@ -199,6 +222,7 @@ class Capture:
                 yield name, DatedRows(
                     frame, retention_current_days=dropped, retention_staging_days=staging,
                     retention_snapshot_days=kept.snapshot_days, drop_stored_after=drop_after,
+                    carried=tuple(self.carried), carried_metadata=self._carried_metadata(name),
                 )  # fmt: skip
 
     def _incremental_state(self, spec, current_days: int | None, snapshot_days: int | None) -> StateRows:
@@ -240,6 +264,8 @@ class Capture:
             }
         if notes:
             self.log.info("\n".join(notes))
+        for day in self.carried:  # their materializations are the IO manager's to record, with these figures
+            metadata[day] = {**metadata[day], **self.operation_counts(day)}
         full = _planned(plan.full_states, "full states")([date.fromisoformat(day) for day in full_dates]) if full_dates else None
         return StateRows(
             changes=with_hash_spec(_planned(plan.state_changes, "state changes"), spec),
@@ -251,20 +277,26 @@ class Capture:
             metadata=metadata,
             properties=properties,
             drop_stored_after=self.drop_stored_after,
+            carried=tuple(self.carried),
         )
 
     def release(self) -> None:
         self.plan.release()
 
 
-def decide_rerun(storage: WarehouseStorage, table: TableConfig, days: list[str], backfill_dates: set[str] | None) -> RerunDecision:
+def decide_rerun(
+    storage: WarehouseStorage, table: TableConfig, days: list[str], backfill_dates: set[str] | None, carry_forward: bool = False
+) -> RerunDecision:
     """Whether a run may write ``days`` while current_table stores later dates (cdc_assets/core/capture/rerun.py),
     given the dates of current_table its backfill targets (None outside a backfill). Takes the table's
     writer lock first and keeps it for the run: no run adds a date between this look and the run's writes.
     A rollback of the table that stopped half-way refuses the run (resources/storage/rollback.py)."""
     storage.hold_writer_lock(table.name)
     require_no_unfinished_rollback(storage, table.name)
-    return rerun_decision(table.name, days, storage.stored_dates(table.name, CURRENT), backfill_dates)
+    stored = storage.stored_dates(table.name, CURRENT)
+    later = bool(stored) and stored[-1] > max(days)
+    intake = set(storage.stored_dates(table.name, HASHED_INCOMING)) if carry_forward and later else set()
+    return rerun_decision(table.name, days, stored, backfill_dates, carry_forward, intake)
 
 
 def require_previous_wholly_stored(storage: WarehouseStorage, table: TableConfig, days: list[str]) -> None:
@@ -301,13 +333,21 @@ def capture_changes(
     first_previous, clock, rules = day_before(days[0]), StageClock(log, table.name, days), change_set_rules(table)
     # A run that later stored dates were computed from: refused, or (inside a backfill that recomputes
     # them) each output drops them in the same commit as it writes the run's dates.
-    decision = decide_rerun(storage, table, days, run.backfill_dates)
+    decision = decide_rerun(storage, table, days, run.backfill_dates, run.carry_forward)
     require_previous_wholly_stored(storage, table, days)
     if decision.dropped:
         log.info(
             f"{table.name}: this run is part of a backfill that recomputes {', '.join(decision.dropped)}; each output "
             f"drops them in the commit that writes {span(days)}, and the backfill's later runs write them again"
         )
+    run_days, carried = list(days), list(decision.carried)
+    if carried:
+        log.info(
+            f"{table.name}: a correction of {span(run_days)}: the stored dates {span(carried)} were computed from it, so "
+            f"they are recomputed here from their stored hashed_incoming and written in the same commits"
+        )
+        incoming = incoming.unionByName(stored_intake(spark, storage, table, run_days, carried, incoming))
+        days = run_days + carried
     spark.conf.set(SCHEDULER_POOL, pool_name(table))
     incremental = table.storage.incremental
     # An incremental state's rows are counted from what is stored, not by reading the state.
@@ -334,9 +374,12 @@ def capture_changes(
         )
     capture = Capture(
         table, list(days), run, plan, storage, previous_rows, previous_state is not None, evolution, log,
-        drop_stored_after=days[-1] if decision.dropped else None,
+        drop_stored_after=days[-1] if decision.dropped else None, carried=carried,
     )
     try:
+        if carried:
+            with clock.timed("comparing with what was stored"):
+                capture.corrections = correction_figures(spark, storage, table, days, plan.classification)
         capture.counts = {day.isoformat(): by_op for day, by_op in plan.counts.items()}
         capture.figures = {day.isoformat(): found for day, found in plan.figures.items()}
         if table.load_type is LoadType.full:  # a full load's X: a key kept as it was for its rejected record
@@ -350,6 +393,46 @@ def capture_changes(
 
 
 HELD_BY_REJECT = "held_by_reject"
+
+
+def stored_intake(
+    spark: SparkSession, storage: WarehouseStorage, table: TableConfig, run_days: list[str], carried: list[str], incoming: DataFrame
+) -> DataFrame:
+    """The stored hashed_incoming of ``carried`` (later dates a correction recomputes) with ``incoming``'s
+    columns. Refused, naming the range to launch, when a date was stored with other columns: a correction
+    carries forward within one definition of the table."""
+    columns = sorted(f.name for f in incoming.schema.fields if f.name != BUSINESS_DATE)
+    for day in carried:
+        stored = sorted(f.name for f in storage.stored_schema(table.name, HASHED_INCOMING, day).fields)
+        if stored != columns:
+            raise LaterDatesStoredError(
+                f"{table.name}: the run of {span(run_days)} is refused, nothing was written: it would recompute the later "
+                f"stored dates {span(carried)}, but {day}'s hashed_incoming has other columns ({', '.join(stored)}) than "
+                f"this run's ({', '.join(columns)}). Launch {run_days[0]}..{carried[-1]} as one run instead."
+            )
+    schema = StructType([f for f in incoming.schema.fields if f.name != BUSINESS_DATE])
+    return storage.read(spark, table.name, HASHED_INCOMING, carried, schema).select(*incoming.columns)
+
+
+def correction_figures(
+    spark: SparkSession, storage: WarehouseStorage, table: TableConfig, days: list[str], classification: DataFrame | None
+) -> dict[str, dict[str, Any]]:
+    """Per date of ``days`` whose classification was stored: how many keys changed class against it, and
+    up to 5 of their hashes (never values). Read before the run's writes replace it."""
+    compared = [day for day in days if storage.has_partition(table.name, CLASSIFICATION, day)]
+    if not compared or classification is None:
+        return {}
+    before = storage.read(spark, table.name, CLASSIFICATION, compared).select(KEY_HASH, cdc.OPERATION, BUSINESS_DATE)
+    on_dates = F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in compared])
+    after = classification.where(on_dates).select(KEY_HASH, cdc.OPERATION, BUSINESS_DATE)
+    found = {row[BUSINESS_DATE].isoformat(): row for row in class_changes(before, after).collect()}
+    return {
+        day: {
+            "correction_changed_keys": found[day][CHANGED] if day in found else 0,
+            "correction_sample_key_hashes": list(found[day][SAMPLE] or []) if day in found else [],
+        }
+        for day in compared
+    }
 
 
 def keys_held_by_rejects(spark: SparkSession, storage: WarehouseStorage, table: TableConfig, days: list[str]) -> DataFrame | None:

@@ -88,15 +88,17 @@ def read_intake(
     refuse_later_dates: bool = True,
     backfill_dates: set[str] | None = None,
     rebaseline: bool = False,
+    carry_forward: bool = False,
 ) -> Intake:
     """Read, validate and hash every date of ``days`` (oldest first); raises, before anything is written,
     on what the CDC step would refuse (``refuse_later_dates``: a re-run that later stored dates were
-    computed from, outside a backfill of ``backfill_dates`` that recomputes them; a change of columns
+    computed from, outside a backfill of ``backfill_dates`` that recomputes them, unless the CDC step
+    recomputes them itself (``carry_forward``); a change of columns
     that cannot be applied, unless a declared ``rebaseline``) and on an extract the table's policies
     refuse (a bad record, a duplicate key)."""
     clock = StageClock(log, table.name, days)
     if refuse_later_dates:  # False when the run leaves the CDC step out
-        decide_rerun(storage, table, days, backfill_dates)
+        decide_rerun(storage, table, days, backfill_dates, carry_forward)
     evolution_since(storage, table, day_before(days[0]), rebaseline=rebaseline)
     # The warehouse's session: it reaches the object store an extract may be in (s3://) as the tables do.
     spark = storage.tables.session_for(spark)

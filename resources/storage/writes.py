@@ -32,6 +32,10 @@ class DatedRows:
     # A re-run inside a backfill (cdc_assets/core/capture/rerun.py): the asset's stored dates after the run's last
     # date were computed from the state it replaces, and leave the table in the same commit as its write.
     drop_stored_after: str | None = None
+    # A correction that flows forward: later stored dates the run recomputed, written in the same commit as
+    # its own partitions (``frame`` holds their rows too), each with the figures its materialization records.
+    carried: tuple[str, ...] = ()
+    carried_metadata: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -51,3 +55,4 @@ class StateRows:
     metadata: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     properties: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     drop_stored_after: str | None = None  # as DatedRows's
+    carried: tuple[str, ...] = ()  # as DatedRows's; ``metadata`` holds their figures too
