@@ -244,11 +244,12 @@ def undo_last_rollback(spark: SparkSession, storage: WarehouseStorage, table: st
 
 def forget_undo_points(spark: SparkSession, storage: WarehouseStorage, table: str, why: str) -> list[str]:
     """Drop the undo tags of every rollback of the table that could still be undone (an erase: the
-    snapshots they keep hold the keys); each such record says so. Returns the rollback ids."""
+    snapshots they keep hold the keys); each such record says so. A rollback that stopped half-way loses
+    its tags too and stays ``started`` (completing it is still owed). Returns the rollback ids."""
     spark = storage.tables.session_for(spark)
     forgotten = []
     for record in rollbacks(storage, table):
-        if record.status != DONE:
+        if record.status not in (DONE, STARTED):
             continue
         for asset, done in record.assets.items():
             loaded = storage.tables.load(table, asset)
@@ -257,7 +258,7 @@ def forget_undo_points(spark: SparkSession, storage: WarehouseStorage, table: st
             for name in list(loaded.metadata.refs):
                 if name == record.tag or name.startswith(f"{record.tag}_"):
                     spark.sql(f"ALTER TABLE {table_identifier(table, asset)} DROP TAG IF EXISTS `{name}`")
-        record.status, record.note = ERASED, why
+        record.status, record.note = (ERASED if record.status == DONE else record.status), why
         _save(storage, record)
         forgotten.append(record.id)
     return forgotten
