@@ -154,6 +154,14 @@ def test_an_unfinished_rollback_stops_the_tables_runs_until_it_is_completed(spar
 
         require_no_unfinished_rollback(WarehouseStorage(str(tmp_path / "warehouse")), "orders")
 
+    # The UI job asks for a date or an undo, not neither.
+    neither = defs.get_job_def("orders_rollback").execute_in_process(
+        run_config={"ops": {"orders__rollback": {"config": {}}}}, instance=instance, raise_on_error=False
+    )
+    assert not neither.success
+    failure = next(e for e in neither.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "give either to (a business date) or undo: true, not neither" in failure.event_specific_data.error.to_string()
+
     # Completing it rolls the merged state back to DAY2's tag; DAY3's tag is kept under the undo name.
     assert rollback(["orders", "--to", DAY2]) == 0
     storage = WarehouseStorage(str(tmp_path / "warehouse"))
