@@ -73,6 +73,10 @@ def test_rollback_undo_and_a_rerun_from_the_date_rolled_back_to(spark, tmp_path,
     assert rollback(["orders", "--undo"]) == 2
     assert "no rollback to undo" in capsys.readouterr().err
     assert _heads(WarehouseStorage(str(tmp_path / "warehouse")), "orders") == published
+    # The newest date: nothing after it to remove, and nothing recorded.
+    assert rollback(["orders", "--to", DAY3]) == 0
+    assert "nothing to roll back" in capsys.readouterr().out
+    assert rollbacks(WarehouseStorage(str(tmp_path / "warehouse")), "orders") == []
 
     # Roll back to DAY1: every output holds DAY1 only; the commit names the rollback; the undo point is a tag.
     assert rollback(["orders", "--to", DAY1, "--reason", "ticket OPS-7"]) == 0

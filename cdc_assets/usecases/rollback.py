@@ -37,10 +37,7 @@ def roll_back_table(
             f"{table}: cannot roll back to {to}: current_table does not store it ({held}); a rollback goes back to a "
             "stored date, whose state the next run builds on"
         )
-    assets = storage.stored_assets(table)
-    if not any(day > to for asset in assets for day in storage.stored_dates(table, asset)):
-        return None
-    return roll_back(spark, storage, table, to, assets, config.publish.keep_rolled_back_days, reason, requested_by)
+    return roll_back(spark, storage, table, to, storage.stored_assets(table), config.publish.keep_rolled_back_days, reason, requested_by)
 
 
 def undo_rollback(spark: SparkSession, storage: WarehouseStorage, config: TableConfig) -> Rollback:

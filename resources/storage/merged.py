@@ -265,12 +265,12 @@ class MergedStates:
         """Point the table's ``main`` at the snapshot tagged ``day`` unless it is there already (a
         re-run of the date after, or a run killed between its MERGE and its tag)."""
         snapshot = self.tag_snapshot(table, asset, day)
+        if snapshot is None:
+            raise StateOrderError(f"{table}/{asset}: no state of {day} is stored (no tag {day}) to set the table back to")
         loaded = self.tables.load(table, asset)
         if loaded.current_snapshot() is not None and loaded.current_snapshot().snapshot_id == snapshot:
             return
-        spark.sql(
-            f"CALL {CATALOG_NAME}.system.set_current_snapshot(table => '{table_identifier(table, asset)}', snapshot_id => {snapshot})"
-        ).collect()
+        self.tables.set_current_snapshot(spark, table, asset, snapshot)
 
     def _tag_head(self, spark: SparkSession, table: str, asset: str, day: str) -> int:
         snapshot = self.tables.load(table, asset).current_snapshot().snapshot_id

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pyspark.sql import SparkSession
 
 from cdc_assets.core.errors import SummarizedError
-from resources.storage.lake import CATALOG_NAME, table_identifier
+from resources.storage.lake import table_identifier
 from resources.storage.merged import SCHEMA_PROPERTY
 from resources.storage.tables import RUN_ID
 from resources.storage.warehouse import WarehouseStorage
@@ -129,10 +129,10 @@ def _undo_minutes(snapshot_ms: int, keep_days: int) -> int:
 
 def roll_back(
     spark: SparkSession, storage: WarehouseStorage, table: str, to: str, assets: list[str], keep_days: int, reason: str, requested_by: str,
-) -> Rollback:
+) -> Rollback | None:
     """Roll ``assets`` (every Iceberg table of ``table``) back to ``to``; see the module docstring. An
     unfinished rollback to the same date is completed (its id kept); one to another date is refused.
-    Returns the record, ``done``."""
+    Returns the record, ``done``; None when no output stores a date after ``to``."""
     spark = storage.tables.session_for(spark)
     storage.hold_writer_lock(table)
     unfinished = [record for record in rollbacks(storage, table) if record.status == STARTED]
@@ -155,6 +155,8 @@ def roll_back(
         if snapshot is None or not later:
             continue
         record.assets[asset] = {"before": snapshot.snapshot_id, "dropped": later, "merged": storage.merged.holds(table, asset)}
+    if not record.assets and not unfinished:
+        return None  # no output stores a date after ``to``: nothing to record
     _save(storage, record)
     for asset in ordered:
         done = record.assets.get(asset)
@@ -193,7 +195,7 @@ def _roll_back_merged(spark: SparkSession, storage: WarehouseStorage, table: str
     target = storage.merged.tag_snapshot(table, asset, record.to)
     if target is None:
         raise RollbackError(f"{table}/{asset}: no state of {record.to} is stored (no tag {record.to}): nothing to roll back to")
-    spark.sql(f"CALL {CATALOG_NAME}.system.set_current_snapshot(table => '{table_identifier(table, asset)}', snapshot_id => {target})").collect()
+    storage.tables.set_current_snapshot(spark, table, asset, target)
     storage.merged.drop_dates(spark, table, asset, done["dropped"])
 
 
@@ -228,7 +230,7 @@ def undo_last_rollback(spark: SparkSession, storage: WarehouseStorage, table: st
     for asset in sorted(record.assets, key=lambda asset: (asset == _FIRST, asset)):
         done = record.assets[asset]
         identifier = table_identifier(table, asset)
-        spark.sql(f"CALL {CATALOG_NAME}.system.set_current_snapshot(table => '{identifier}', snapshot_id => {done['before']})").collect()
+        storage.tables.set_current_snapshot(spark, table, asset, done["before"])
         if done.get("merged"):
             for day, snapshot in done.get("tags", {}).items():
                 spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{day}` AS OF VERSION {snapshot}")

@@ -278,6 +278,12 @@ class LakeTables:
         ).collect()
         self.remove_unreferenced_files(table, asset)
 
+    def set_current_snapshot(self, spark: SparkSession, table: str, asset: str, snapshot_id: int) -> None:
+        """Point the asset's ``main`` at ``snapshot_id`` (Iceberg's procedure: a metadata commit, no data written)."""
+        self.session_for(spark).sql(
+            f"CALL {CATALOG_NAME}.system.set_current_snapshot(table => '{table_identifier(table, asset)}', snapshot_id => {snapshot_id})"
+        ).collect()
+
     def unreferenced_files(self, table: str, asset: str) -> list[str]:
         """Every file under the asset's location that neither the table's metadata files (the current one
         and those it lists as previous) nor any of its snapshots name: what a write killed before or
