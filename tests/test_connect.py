@@ -149,6 +149,7 @@ def test_a_run_killed_during_a_commit_through_connect_keeps_the_stored_outputs(s
     before = _outputs(spark, warehouse, "synth")
     tables = WarehouseStorage(str(warehouse)).tables
     snapshot_before = tables.load("synth", "current_table").current_snapshot().snapshot_id
+    incoming_before = tables.load("synth", "hashed_incoming").current_snapshot().snapshot_id
 
     paused = {**env, "CDC_PAUSE_BEFORE_COMMIT": "synth/current_table", "CDC_PAUSE_MARKER": str(marker)}
     process = _materialize(paused, "group:synth", DAYS[1], log=tmp_path / "killed.log")
@@ -157,10 +158,13 @@ def test_a_run_killed_during_a_commit_through_connect_keeps_the_stored_outputs(s
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert marker.exists(), (tmp_path / "killed.log").read_text()[-4000:]
-        # Paused before current_table's commit: the run wrote its earlier assets, not this one.
+        # Paused before current_table's commit: the run staged its earlier outputs on its branch, and published
+        # nothing (docs/publishing.md): main is where it was in every output.
         assert tables.load("synth", "current_table").current_snapshot().snapshot_id == snapshot_before
-        assert tables.load("synth", "hashed_incoming").current_snapshot().summary["cdc.run-id"] != \
-            tables.load("synth", "current_table").current_snapshot().summary["cdc.run-id"]
+        assert tables.load("synth", "hashed_incoming").current_snapshot().snapshot_id == incoming_before
+        [staged] = WarehouseStorage(str(warehouse)).staging_branches("synth")
+        assert "hashed_incoming" in [asset for asset in WarehouseStorage(str(warehouse)).stored_assets("synth")
+                                     if staged in tables.staging_branches("synth", asset)]
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=60)

@@ -96,9 +96,11 @@ def _written(warehouse: Path, day: str, table: str = TABLE) -> set[str]:
     return {asset for asset in ALL_ASSETS if partition_dir(warehouse, table, asset, day).exists()}
 
 
-def _unreferenced(warehouse: Path, day: str, table: str = TABLE) -> list[str]:
-    """The date's data files that no table's current snapshot reads (what a failed write would leave)."""
-    return [path for _, found_day, path, live in WarehouseStorage(str(warehouse)).data_files(table) if found_day == day and not live]
+def _unreferenced(warehouse: Path, day: str, table: str = TABLE, staged_by: str | None = None) -> list[str]:
+    """The date's data files that no table's current snapshot reads (what a failed write would leave); with
+    ``staged_by``, the snapshot that run staged on its branch where it staged one."""
+    storage = WarehouseStorage(str(warehouse), run_id=staged_by) if staged_by else WarehouseStorage(str(warehouse))
+    return [path for _, found_day, path, live in storage.data_files(table) if found_day == day and not live]
 
 
 def _metadata(instance: DagsterInstance, asset: str, day: str, table: str = TABLE) -> dict:
@@ -109,13 +111,24 @@ def _metadata(instance: DagsterInstance, asset: str, day: str, table: str = TABL
     return {key: value.value for key, value in records[0].asset_materialization.metadata.items()}
 
 
-def _count(spark, warehouse: Path, asset: str, day: str, table: str = TABLE) -> int:
+def _count(spark, warehouse: Path, asset: str, day: str, table: str = TABLE, staged_by: str | None = None) -> int:
+    """The date's rows as readers see them (published), or as run ``staged_by`` staged them on its branch."""
+    if staged_by is not None:
+        return WarehouseStorage(str(warehouse), run_id=staged_by).read_one(spark, table, asset, day).count()
     return read_stored(spark, partition_dir(warehouse, table, asset, day)).count()
 
 
-def _assert_intake_balances(spark, warehouse: Path, instance: DagsterInstance, day: str, rows_read: int, table: str = TABLE):
+def _staged(warehouse: Path, day: str, run_id: str, table: str = TABLE) -> set[str]:
+    """The assets run ``run_id`` staged the date of (on its branch, docs/publishing.md)."""
+    staged = WarehouseStorage(str(warehouse), run_id=run_id)
+    return {asset for asset in ALL_ASSETS if asset in staged.staged_assets(table) and staged.has_partition(table, asset, day)}
+
+
+def _assert_intake_balances(
+    spark, warehouse: Path, instance: DagsterInstance, day: str, rows_read: int, table: str = TABLE, staged_by: str | None = None
+):
     """Nothing lost at intake: rows read = rows stored in hashed_incoming + rows stored in rejects."""
-    accepted, rejected = (_count(spark, warehouse, asset, day, table) for asset in INTAKE_OUTPUTS)
+    accepted, rejected = (_count(spark, warehouse, asset, day, table, staged_by) for asset in INTAKE_OUTPUTS)
     meta = _metadata(instance, HASHED_INCOMING, day, table)
     assert meta["rows_read"] == rows_read == accepted + rejected
     assert (meta["rows_accepted"], meta["rows_rejected"]) == (accepted, rejected)
@@ -294,10 +307,11 @@ def test_mass_delete_guard_override_empty_extract_and_delta(spark, warehouse, tm
     assert _failed_steps(blocked) == {cdc_op}
     message = _failure(blocked)
     assert "would delete 7 of 10" in message and "allow_mass_delete" in message
-    # The CDC step wrote nothing for day 2. The intake step ran before it (a separate step) and did
-    # store the day's input, which balances; day 1 is untouched.
-    assert _written(warehouse, DAY2) == set(INTAKE_OUTPUTS)
-    _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=3)
+    # The CDC step wrote nothing for day 2. The intake step ran before it (a separate step) and staged
+    # the day's input on the run's branch, which balances; nothing is published; day 1 is untouched.
+    assert _written(warehouse, DAY2) == set()
+    assert _staged(warehouse, DAY2, blocked.run_id) == set(INTAKE_OUTPUTS)
+    _assert_intake_balances(spark, warehouse, instance, DAY2, rows_read=3, staged_by=blocked.run_id)
     assert _for_day(_snapshot(spark, warehouse), DAY1) == day1
     assert MASS_DELETE_OVERRIDE_TAG not in instance.get_run_by_id(blocked.run_id).tags
 
@@ -318,8 +332,9 @@ def test_mass_delete_guard_override_empty_extract_and_delta(spark, warehouse, tm
 
     assert not empty.success
     assert "the full extract is empty; it would delete all 3 current rows" in _failure(empty)
-    assert _written(warehouse, DAY3) == set(INTAKE_OUTPUTS)
-    assert _assert_intake_balances(spark, warehouse, instance, DAY3, rows_read=0) == (0, 0)
+    assert _written(warehouse, DAY3) == set()
+    assert _staged(warehouse, DAY3, empty.run_id) == set(INTAKE_OUTPUTS)
+    assert _assert_intake_balances(spark, warehouse, instance, DAY3, rows_read=0, staged_by=empty.run_id) == (0, 0)
     assert {k: v for k, v in _snapshot(spark, warehouse).items() if k[1] != f"business_date={DAY3}"} == after_override
 
     # A delta extract with the same three rows deletes nothing: the seven others are X, no guard.
@@ -399,8 +414,9 @@ def test_mass_delete_guard_in_a_range_of_full_loads_fails_before_any_cdc_output(
     message = _failure(result)
     assert DAY2 in message and "would delete 7 of 10" in message and "allow_mass_delete" in message
     for day in (DAY1, DAY2, DAY3):
-        assert _written(warehouse, day) == set(INTAKE_OUTPUTS), day  # the intake committed; no CDC output
-        assert _unreferenced(warehouse, day) == []
+        assert _written(warehouse, day) == set(), day  # nothing published
+        assert _staged(warehouse, day, result.run_id) == set(INTAKE_OUTPUTS), day  # the intake staged; no CDC output
+        assert _unreferenced(warehouse, day, staged_by=result.run_id) == []
 
 
 # --- 8: one writer per table ----------------------------------------------------------------------

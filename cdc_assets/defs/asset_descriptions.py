@@ -1,6 +1,7 @@
 """What the Dagster UI says each asset of a table is: its description, written for the user who opens it."""
 
 from cdc_assets.model.names import (
+    PUBLISHED,
     APPLIED_SEQUENCES,
     CLASSIFICATION,
     CURRENT,
@@ -73,5 +74,13 @@ ASSET_DESCRIPTIONS = {
         "tombstone_retention_days, the last sequence applied to it (`deleted` for a tombstone), and the "
         "table's floor (the greatest truncate's sequence, in the row whose `key_hash` is NULL; kept for good). "
         "The next date tells late records by it."
+    ),
+    PUBLISHED: (
+        "The date is published: every output of the run (hashed_incoming and rejects included) was written to "
+        "the run's own Iceberg branch, cdc_run_<run id>, where readers of the tables do not see it; every "
+        "blocking check passed on what was staged there; then each output's main branch was moved to it, "
+        "current_table last, and the branch dropped. Not materialized for a date: the date is staged only "
+        "(a check failed, or the run stopped before publishing; its outputs' metadata names the branch, "
+        "readable for publish.keep_failed_days) or was never run. docs/publishing.md."
     ),
 }

@@ -15,6 +15,9 @@ from typing import cast
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckExecutionContext,
+    AssetCheckKey,
+    AssetExecutionContext,
+    DagsterEventType,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
@@ -139,6 +142,31 @@ def evaluation(keys: dict[str, AssetKey], day: str, outcome: Reconciliation, war
     )
 
 
+def blocking_check_keys(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> set[AssetCheckKey]:
+    """Every blocking check of the table: the pipeline's own and the declared ones but those that warn."""
+    return {spec.key for check in build_table_checks(config, partitions_def) for spec in check.check_specs if spec.blocking}
+
+
+def unpassed_blocking_checks(context: AssetExecutionContext, config: TableConfig, days: list[str]) -> list[str]:
+    """The table's blocking checks that did not pass in this run on each of ``days``, as ``asset:check date
+    (failed)`` or ``(not evaluated)``: a run that left a check out (the UI's *without checks*) publishes
+    nothing unchecked. Dagster gates a downstream step only on a check result without a partition; these
+    checks report one per date, so publication reads them here."""
+    wanted = blocking_check_keys(config, cast(DailyPartitionsDefinition, context.assets_def.partitions_def))
+    passed: dict[tuple[AssetCheckKey, str | None], bool] = {}
+    for record in context.instance.get_records_for_run(context.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records:
+        event = record.event_log_entry.dagster_event
+        outcome = cast(AssetCheckEvaluation, event.event_specific_data) if event is not None else None
+        if outcome is not None:
+            slot = (outcome.asset_check_key, outcome.partition)
+            passed[slot] = passed.get(slot, True) and outcome.passed
+    return sorted(
+        f"{key.asset_key.to_user_string()}:{key.name} {day} ({'failed' if (key, day) in passed else 'not evaluated'})"
+        for key in wanted for day in days
+        if not passed.get((key, day), False)
+    )
+
+
 def _recorded(instance: DagsterInstance, key: AssetKey, day: str, names: tuple[str, ...]) -> dict[str, int]:
     """Figures the asset's latest materialization of the date recorded (0 for one it did not record)."""
     records = instance.fetch_materializations(
@@ -183,7 +211,7 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
 
 
 def build_declared_checks(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> list:
-    """The table's declared checks (``checks:`` in its config, docs/checks.md) as one check step after the
+    """The table's declared checks (``checks:`` in its config, docs/running.md (Declared checks)) as one check step after the
     CDC step: each its own Dagster check on the output it reads, blocking unless ``severity: warn``. None
     without a ``checks:`` section."""
     if not config.checks:

@@ -244,6 +244,8 @@ def describe(config: TableConfig, result: ErasureResult) -> str:
         + (f"; {unverifiable} reject(s) may hold a key and could not be checked (kept)" if unverifiable else "")
         + (f"; the undo point of rollback(s) {', '.join(result.undo_points_dropped)} dropped (it held the keys): "
            "cdc-rollback --undo can no longer restore them" if result.undo_points_dropped else "")
+        + (f"; the unpublished staging branch(es) {', '.join(result.staging_branches_dropped)} dropped (their rows "
+           "held the keys)" if result.staging_branches_dropped else "")
         + f". Replaced snapshots expired and their files deleted; ledger {os.path.join('_erasures', result.request_id)}"
         + (f", incomplete: {len(result.left)} thing(s) left, listed in its request.json (left)." if result.left else ", complete (verified).")
     )

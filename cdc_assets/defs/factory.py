@@ -37,6 +37,7 @@ from dagster import (
     Config,
     DailyPartitionsDefinition,
     Failure,
+    MaterializeResult,
     MetadataValue,
     Output,
     ResourceParam,
@@ -47,7 +48,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from cdc_assets.defs.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.defs.asset_descriptions import ASSET_DESCRIPTIONS
-from cdc_assets.defs.checks import build_table_checks, cdc_outcomes, evaluation
+from cdc_assets.defs.checks import build_table_checks, cdc_outcomes, evaluation, unpassed_blocking_checks
 from cdc_assets.model.config import TableConfig
 from cdc_assets.model.declared_checks import Severity
 from cdc_assets.usecases import declared_checks
@@ -60,6 +61,7 @@ from cdc_assets.model.names import (
     DELETES,
     HASHED_INCOMING,
     HISTORY,
+    PUBLISHED,
     REJECTS,
     APPLIED_SEQUENCES,
     cdc_outputs,
@@ -69,6 +71,7 @@ from cdc_assets.model.names import (
 from cdc_assets.defs.runs_log import RunsLogEntry, cdc_left_out, run_started_at, runs_logged
 from cdc_assets.usecases.capture import CaptureRun, capture_changes
 from cdc_assets.usecases.intake import Intake, read_intake
+from cdc_assets.usecases.publishing import publish_run
 from cdc_assets.usecases.step_log import StageClock
 from cdc_assets.defs.erasure_events import build_erase_job
 from cdc_assets.defs.rollback_job import build_rollback_job
@@ -168,30 +171,56 @@ def build_incoming_asset(config: TableConfig, partitions_def: DailyPartitionsDef
             rebaseline = _rebaseline_declared(context, config)
             carry_forward = _cdc_config(context, config).get("carry_forward", True)
             clock = StageClock(context.log, config.name, days)
+            _stage_if_published(context, config, parquet_io_manager)
             with server_loss_explained(pyspark):
                 intake = read_intake(
                     pyspark.spark_session, parquet_io_manager.storage, config, days, context.log,
                     refuse_later_dates=not left_out, backfill_dates=backfill_dates, rebaseline=rebaseline,
                     carry_forward=carry_forward,
                 )
-                yield from _intake_outputs(context, intake, clock, {HASHED_INCOMING: hashed_key, REJECTS: rejects_key})
+                yield from _intake_outputs(context, intake, clock, {HASHED_INCOMING: hashed_key, REJECTS: rejects_key}, parquet_io_manager)
 
     return read_incoming
 
 
-def _intake_outputs(context: AssetExecutionContext, intake: Intake, clock: StageClock, keys: dict[str, AssetKey]) -> Iterator[Output]:
+def _intake_outputs(
+    context: AssetExecutionContext, intake: Intake, clock: StageClock, keys: dict[str, AssetKey], io_manager: PartitionedParquetIOManager
+) -> Iterator[Output]:
     """The intake's figures on each date's materializations, then both outputs."""
     try:
         for day in intake.days:
             counts = {**intake.counts(day), "source_path": MetadataValue.path(intake.source_path(day))}
             for key in keys.values():
                 context.add_asset_metadata(counts, asset_key=key, partition_key=day)
+        _staged_metadata(context, io_manager, keys.values(), intake.days)
         context.log.info(intake.summary())
         for name, rows in intake.outputs().items():
             with clock.timed(f"write {name}"):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
     finally:
         intake.release()
+
+
+def _stage_if_published(context: AssetExecutionContext, table: TableConfig, io_manager: PartitionedParquetIOManager) -> None:
+    """Write the step's outputs to the run's staging branch when the run also publishes them (its
+    ``published`` step is in it: the table's job, a schedule's or sensor's run, a backfill). A run without
+    that step (assets picked by hand, an incremental state's table) writes to main as it goes."""
+    key = asset_key(table, PUBLISHED)
+    selection = context.dagster_run.asset_selection
+    publishes = key in selection if selection else key in context.job_def.asset_layer.asset_graph.get_all_asset_keys()
+    if publishes:
+        io_manager.storage.stage()
+        context.log.info(f"{table.name}: writing to the staging branch {io_manager.storage.branch}; published once every blocking check passed")
+
+
+def _staged_metadata(context: AssetExecutionContext, io_manager: PartitionedParquetIOManager, keys, days: list[str]) -> None:
+    """Name the staging branch on each output's materialization of each date: where the date is until published."""
+    if not io_manager.storage.staging:
+        return
+    staged = {"cdc/publication": MetadataValue.text(f"staged on branch {io_manager.storage.branch}")}
+    for key in keys:
+        for day in days:
+            context.add_asset_metadata(staged, asset_key=key, partition_key=day)
 
 
 def _cdc_config(context: AssetExecutionContext, table: TableConfig) -> dict[str, Any]:
@@ -285,6 +314,7 @@ def _apply_changes(
         return stored[first_previous] if stored and first_previous in stored else None
 
     # What only Dagster knows, gathered first: the run, its config, the dates its backfill targets.
+    _stage_if_published(context, table, io_manager)
     run = CaptureRun(
         context.run_id, run_started_at(context), rebaseline=config.rebaseline, allow_mass_delete=config.allow_mass_delete,
         backfill_dates=_backfill_dates(context, table), carry_forward=config.carry_forward,
@@ -313,6 +343,7 @@ def _apply_changes(
             for name in (CLASSIFICATION, CURRENT, HISTORY):
                 context.add_asset_metadata({"schema_change": MetadataValue.json(schema_change)}, asset_key=keys[name], partition_key=days[0])
             logged.schema_change = {days[0]: json.dumps(schema_change, sort_keys=True)}
+        _staged_metadata(context, io_manager, keys.values(), days + list(capture.carried))
         for name, rows in capture.outputs():
             with clock.timed(f"write {name}"):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
@@ -344,12 +375,61 @@ def _check_carried_dates(context: AssetExecutionContext, table: TableConfig, io_
         raise Failure(description=f"{table.name}: a blocking check failed on a date this correction carried forward: {', '.join(failed)}")
 
 
+def build_published_asset(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:
+    """The table's ``published`` step: downstream of every output, so Dagster runs it only once every blocking
+    check on them passed; it publishes what the run staged (cdc_assets/usecases/publishing.py)."""
+    key = asset_key(config, PUBLISHED)
+    outputs = [asset_key(config, name) for name in (HASHED_INCOMING, REJECTS, *cdc_outputs(config))]
+
+    @multi_asset(
+        name=f"{config.name}__publish",
+        specs=[AssetSpec(key, deps=outputs, description=ASSET_DESCRIPTIONS[PUBLISHED], group_name=config.name,
+                         kinds={"iceberg"}, owners=config.owners, partitions_def=partitions_def)],
+        backfill_policy=BackfillPolicy.single_run(),
+        can_subset=False,
+        pool=pool_name(config),
+    )
+    def publish(context: AssetExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
+        days = list(context.partition_keys)
+        storage = parquet_io_manager.storage
+        unpassed = unpassed_blocking_checks(context, config, days)
+        if unpassed:  # nothing is published: a reader of main keeps the dates before the run's
+            raise Failure(
+                description=f"{config.name}: nothing published: blocking check(s) did not pass: {', '.join(unpassed)}. What the "
+                f"run wrote stays on branch {storage.branch} (readable for publish.keep_failed_days, docs/publishing.md); "
+                "fix the extract and run the date(s) again.",
+                metadata={"cdc/publication": MetadataValue.text("staged, not published: a blocking check failed"),
+                          "cdc/branch": MetadataValue.text(storage.branch)},
+            )
+        publication = publish_run(storage, config, days)
+        context.log.info(publication.summary())
+        missing = [day for day in days if day not in publication.dates]
+        if missing:
+            raise Failure(
+                description=f"{config.name}: {', '.join(missing)} not published: current_table's main does not hold "
+                f"{'it' if len(missing) == 1 else 'them'} (nothing of the run was staged: its CDC step was left out or "
+                "wrote to main directly). Run the table's job for the date(s)."
+            )
+        snapshots = MetadataValue.json({name: str(snapshot) for name, snapshot in publication.snapshots.items()})
+        for day in days:
+            context.add_asset_metadata(
+                {"cdc/publication": MetadataValue.text("published"), "cdc/branch": MetadataValue.text(publication.branch),
+                 "published_snapshots": snapshots},
+                asset_key=key, partition_key=day,
+            )
+        return MaterializeResult(asset_key=key)
+
+    return publish
+
+
 def build_table_definitions(config: TableConfig) -> TableDefinitions:
     """Assets (and, as they are added, checks, schedule and sensor) for one table."""
     # Dagster's end_date is exclusive; the config's is the last business date.
     end = (config.end_date + timedelta(days=1)).isoformat() if config.end_date else None
     partitions_def = DailyPartitionsDefinition(start_date=config.start_date.isoformat(), end_date=end, timezone="UTC")
     assets = [build_incoming_asset(config, partitions_def), build_cdc_assets(config, partitions_def)]
+    if not config.storage.incremental:  # an incremental state writes to main (docs/publishing.md says why)
+        assets.append(build_published_asset(config, partitions_def))
     job = build_table_job(config, partitions_def)
     table = TableDefinitions(
         config=config,

@@ -282,7 +282,7 @@ class Retention(BaseModel):
 
 
 class Publish(BaseModel):
-    """``publish:`` in a table config: how long what a table no longer publishes stays recoverable."""
+    """``publish:`` in a table config: how long what a table did not publish, or no longer publishes, stays readable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -293,6 +293,14 @@ class Publish(BaseModel):
         description="Keep the dates a rollback removed (cdc-rollback TABLE --to D) restorable by cdc-rollback TABLE "
         "--undo for N days: an Iceberg tag keeps the snapshot each output had before, and the files it reads, "
         "until then. An erase ends it at once (the tags' snapshots hold the erased keys).",
+    )
+    keep_failed_days: int = Field(
+        default=7,
+        ge=1,
+        strict=True,
+        description="Keep what a run staged and did not publish (a blocking check failed, the run was killed) "
+        "readable on its branch cdc_run_<run id> for N days; the table's next publication after that drops the "
+        "branch. An erase drops every such branch at once (staged rows hold the erased keys).",
     )
 
 
@@ -555,7 +563,7 @@ class TableConfig(BaseModel):
     storage: StateStorage = StateStorage()
     erased_keys: ErasedKeys = ErasedKeys.drop
     freshness: Freshness | None = None
-    # Checks the table's owner declares on each date's outputs (cdc_assets/model/declared_checks.py, docs/checks.md).
+    # Checks the table's owner declares on each date's outputs (cdc_assets/model/declared_checks.py, docs/running.md (Declared checks)).
     checks: list[DeclaredCheck] = Field(default_factory=list)
     owners: list[str] = Field(default_factory=list)
     description: str | None = None

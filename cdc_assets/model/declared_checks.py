@@ -1,6 +1,6 @@
 """``checks:`` in a table config: the checks a table's owner declares on each date's outputs, validated with
 pydantic. What they compute is ``cdc_assets/core/capture/declared_checks.py``'s; the Dagster checks are
-``cdc_assets/defs/checks.py``'s. docs/checks.md says what each one does.
+``cdc_assets/defs/checks.py``'s. docs/running.md (Declared checks) says what each one does.
 
 Each check is blocking unless ``severity: warn``: a failed blocking check stops the run's later steps and
 dates, as the pipeline's own reconciliations do.

@@ -18,6 +18,9 @@ CDC_OUTPUTS = (CLASSIFICATION, INSERTS, DELETES, UPDATES, CURRENT, HISTORY)
 LATE_CHANGES = "late_changes"
 APPLIED_SEQUENCES = "applied_sequences"
 CHANGESET_OUTPUTS = (LATE_CHANGES, APPLIED_SEQUENCES)
+# The step that publishes a run's staged outputs once its blocking checks passed (docs/publishing.md): an
+# asset of its own, stored nowhere, whose materialization of a date says the date is published.
+PUBLISHED = "published"
 
 
 def cdc_outputs(config: TableConfig) -> tuple[str, ...]:

@@ -154,6 +154,7 @@ SESSION_TOKEN = _setting("AWS_SESSION_TOKEN", "", "", "AWS's session token, besi
 # Not for users: what `make ui` tells the servers it starts, and the fault tests' seam (resources/storage/fault_injection.py).
 SPARK_SERVER_OWNER = _setting("CDC_SPARK_SERVER_OWNER", "", "", "who started the project's Connect server", documented=False)
 PAUSE_BEFORE_COMMIT = _setting("CDC_PAUSE_BEFORE_COMMIT", "", "", "a test's pause: <table>/<asset>", documented=False)
+PAUSE_BEFORE_PUBLISH = _setting("CDC_PAUSE_BEFORE_PUBLISH", "", "", "a test's pause: <table>/<asset>", documented=False)
 PAUSE_MARKER = _setting("CDC_PAUSE_MARKER", "", "", "a test's pause: the file the paused run writes its pid to", documented=False)
 PAUSE_SECONDS = _setting("CDC_PAUSE_SECONDS", "600", "", "a test's pause: how long", documented=False)
 PAUSE_RELEASE = _setting("CDC_PAUSE_RELEASE", "", "", "a test's pause: the file that ends it", documented=False)

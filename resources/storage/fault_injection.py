@@ -5,6 +5,8 @@ A write calls :func:`pause_point`, which returns at once unless a test set, in t
 
 - ``CDC_PAUSE_BEFORE_COMMIT=<table>/<asset>``: before the asset's write starts (the tables written
   before it in the run are committed, it and those after it are not);
+- ``CDC_PAUSE_BEFORE_PUBLISH=<table>/<asset>``: before the run publishes the asset's staged snapshot (the
+  outputs published before it are on main, it and those after it are still staged);
 - ``CDC_PAUSE_MARKER=<file>``: the paused run writes its pid there, so the test knows it is paused;
 - ``CDC_PAUSE_SECONDS`` (default 600): how long it waits;
 - ``CDC_PAUSE_RELEASE=<file>``: it goes on as soon as that file exists, so a test can order two runs
@@ -19,12 +21,13 @@ import time
 from cdc_assets.model import settings
 
 BEFORE_COMMIT = settings.PAUSE_BEFORE_COMMIT.name
+BEFORE_PUBLISH = settings.PAUSE_BEFORE_PUBLISH.name
 MARKER_ENV = settings.PAUSE_MARKER.name
 RELEASE_ENV = settings.PAUSE_RELEASE.name
 
 
 def pause_point(point: str, table: str, asset: str) -> None:
-    """Wait here if a test asked to pause ``table``/``asset`` at ``point`` (:data:`BEFORE_COMMIT`); otherwise return at once."""
+    """Wait here if a test asked to pause ``table``/``asset`` at ``point`` (:data:`BEFORE_COMMIT`, :data:`BEFORE_PUBLISH`); otherwise return at once."""
     if os.environ.get(point) != f"{table}/{asset}":
         return
     marker = os.environ.get(MARKER_ENV)

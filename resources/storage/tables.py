@@ -49,6 +49,8 @@ STORED_DATES = "cdc.stored-dates"
 RUN_ID = "cdc.run-id"
 WRITTEN_DATES = "cdc.business-dates"
 SCHEMAS_FOLDER = "_schemas"
+# A run's staging branch is this prefix and its Dagster run id (docs/publishing.md).
+STAGING_PREFIX = "cdc_run_"
 # How Iceberg names a failed validation of a serializable write; the exception's Python class differs
 # (classic: Py4JJavaError; Spark Connect: UnknownException), its text names the Java class in both.
 VALIDATION_EXCEPTION = "org.apache.iceberg.exceptions.ValidationException"
@@ -125,6 +127,11 @@ class LakeTables:
     # Sessions of this warehouse derived from sessions that opened another one (see :meth:`session_for`).
     _derived: dict[int, SparkSession] = field(default_factory=dict, repr=False)
     _catalog_ready: bool = field(default=False, repr=False)
+    # Write-audit-publish (docs/publishing.md): the run's staging branch. Every read of a table where the
+    # branch exists reads it (the run's own staged dates over what main published); with ``stage_writes``,
+    # every write goes to it, and main changes only when :meth:`publish` moves it there.
+    branch: str | None = None
+    stage_writes: bool = False
 
     def __post_init__(self) -> None:
         if self.lake is None:
@@ -186,6 +193,15 @@ class LakeTables:
         except NoSuchNamespaceError:
             return []
 
+    def head(self, loaded):
+        """The snapshot this run reads of a loaded table: its staging branch's where the branch exists,
+        else ``main``'s (None: no snapshot)."""
+        if loaded is None:
+            return None
+        if self.branch is not None and self.branch in loaded.metadata.refs:
+            return loaded.snapshot_by_name(self.branch)
+        return loaded.current_snapshot()
+
     def location(self, table: str, asset: str) -> str:
         """Where the asset's files are (its Iceberg table's location, as a local path)."""
         loaded = self.load(table, asset)
@@ -198,7 +214,7 @@ class LakeTables:
         """Every stored date of the asset and the id of the schema it was written with."""
         if snapshot is None:
             loaded = self.load(table, asset)
-            snapshot = None if loaded is None else loaded.current_snapshot()
+            snapshot = self.head(loaded)
         if snapshot is None or snapshot.summary is None:
             return {}
         raw = snapshot.summary.get(STORED_DATES)
@@ -230,9 +246,10 @@ class LakeTables:
         wanted = list(days)
         counts = {day: 0 for day in wanted}
         loaded = self.load(table, asset)
-        if loaded is None or loaded.current_snapshot() is None or not wanted:
+        head = self.head(loaded)
+        if head is None or not wanted:
             return counts
-        for task in loaded.scan(row_filter=_on_dates(wanted)).plan_files():
+        for task in loaded.scan(row_filter=_on_dates(wanted), snapshot_id=head.snapshot_id).plan_files():
             key = _partition_date(task.file.partition[0])
             if key in counts:
                 deleted = sum(delete.record_count for delete in task.delete_files)
@@ -244,21 +261,23 @@ class LakeTables:
         import pyarrow as pa
 
         loaded = self.load(table, asset)
-        if loaded is None or loaded.current_snapshot() is None:
+        head = self.head(loaded)
+        if head is None:
             return pa.array([], pa.string())
-        rows = loaded.scan(row_filter=_on_dates(days), selected_fields=(name,)).to_arrow()
+        rows = loaded.scan(row_filter=_on_dates(days), selected_fields=(name,), snapshot_id=head.snapshot_id).to_arrow()
         return rows.column(name).combine_chunks() if rows.num_rows else pa.array([], pa.string())
 
     def live_files(self, table: str, asset: str, days: Iterable[str] | None = None) -> dict[str, tuple[str, int]]:
         """The data files the current snapshot reads (of ``days`` only, if given): local path -> (date, bytes)."""
         loaded = self.load(table, asset)
-        if loaded is None or loaded.current_snapshot() is None:
+        head = self.head(loaded)
+        if head is None:
             return {}
         from pyiceberg.expressions import AlwaysTrue
 
         row_filter = AlwaysTrue() if days is None else _on_dates(days)
         found = {}
-        for task in loaded.scan(row_filter=row_filter).plan_files():
+        for task in loaded.scan(row_filter=row_filter, snapshot_id=head.snapshot_id).plan_files():
             day = _partition_date(task.file.partition[0])
             for data_file in (task.file, *task.delete_files):
                 found[_local(data_file.file_path)] = (day, data_file.file_size_in_bytes)
@@ -283,6 +302,57 @@ class LakeTables:
         self.session_for(spark).sql(
             f"CALL {CATALOG_NAME}.system.set_current_snapshot(table => '{table_identifier(table, asset)}', snapshot_id => {snapshot_id})"
         ).collect()
+
+    # -- write, audit, publish (docs/publishing.md) -----------------------------------------------------
+    def publish(self, table: str, asset: str) -> int | None:
+        """Make the run's staged snapshot of the asset what ``main`` reads, and drop the staging branch, in
+        one metadata commit (no data written); returns the snapshot published, None when the run staged
+        nothing there. Refused with :class:`ConcurrentWriteError` when ``main`` moved since the branch was
+        made from it (a commit the branch does not hold would be lost). The caller holds the writer lock."""
+        loaded = self.load(table, asset)
+        if loaded is None or self.branch is None or self.branch not in loaded.metadata.refs:
+            return None
+        staged = loaded.snapshot_by_name(self.branch)
+        main = loaded.current_snapshot()
+        if main is not None and main.snapshot_id not in self._ancestors(loaded, staged):
+            raise ConcurrentWriteError(
+                f"{table}/{asset}: not published: main moved to snapshot {main.snapshot_id} after this run staged its "
+                f"dates on branch {self.branch} (another writer or a rollback); nothing was published. Run the dates again.",
+            )
+        with loaded.manage_snapshots() as snapshots:
+            snapshots.set_current_snapshot(snapshot_id=staged.snapshot_id)
+            snapshots.remove_branch(self.branch)
+        return staged.snapshot_id
+
+    @staticmethod
+    def _ancestors(loaded, snapshot) -> set[int]:
+        found = set()
+        while snapshot is not None:
+            found.add(snapshot.snapshot_id)
+            snapshot = loaded.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+        return found
+
+    def staging_branches(self, table: str, asset: str) -> dict[str, int]:
+        """Every staging branch of the asset (``cdc_run_<run id>``) -> when its newest snapshot was committed (ms)."""
+        loaded = self.load(table, asset)
+        if loaded is None:
+            return {}
+        return {
+            name: loaded.snapshot_by_id(ref.snapshot_id).timestamp_ms
+            for name, ref in loaded.metadata.refs.items()
+            if name.startswith(STAGING_PREFIX) and ref.snapshot_ref_type == "branch" and loaded.snapshot_by_id(ref.snapshot_id) is not None
+        }
+
+    def drop_branches(self, table: str, asset: str, names: Iterable[str]) -> None:
+        """Remove the asset's branches ``names`` (the snapshots only they kept go at the next expiry)."""
+        names = list(names)
+        loaded = self.load(table, asset)
+        if loaded is None or not names:
+            return
+        with loaded.manage_snapshots() as snapshots:
+            for name in names:
+                if name in loaded.metadata.refs:
+                    snapshots.remove_branch(name)
 
     def unreferenced_files(self, table: str, asset: str) -> list[str]:
         """Every file under the asset's location that neither the table's metadata files (the current one
@@ -398,7 +468,7 @@ class LakeTables:
         table_columns = [column.name for column in loaded.schema().fields]
         ordered = [name for name in table_columns if name in frame.columns]
         frame = frame.select(*[f"`{name}`" for name in ordered + [name for name in frame.columns if name not in table_columns]])
-        stored = self.stored(table, asset, loaded.current_snapshot())
+        stored = self.stored(table, asset, self.head(loaded))
         for day in dropped:
             stored.pop(day, None)
         stored.update({day: sid for day in business_dates})
@@ -410,6 +480,11 @@ class LakeTables:
         # Serializable: Iceberg checks, at the commit (and again at each retry of it), that no snapshot
         # after ``read_snapshot`` added files of these dates. With no snapshot read, every snapshot is
         # after it: validating from the table's first one is the same check.
+        if self.stage_writes and self.branch is not None:
+            # Staged: readers of main do not see it until publish(). Iceberg makes the branch at main's snapshot
+            # (an empty one on a new table); a write names it ``branch_<name>`` after the table.
+            spark.sql(f"ALTER TABLE {identifier} CREATE BRANCH IF NOT EXISTS `{self.branch}`").collect()
+            identifier = f"{identifier}.`branch_{self.branch}`"
         writer = frame.writeTo(identifier).option("mergeSchema", "true").option("isolation-level", "serializable")
         if read_snapshot is not None:
             writer = writer.option("validate-from-snapshot-id", str(read_snapshot))
@@ -431,7 +506,7 @@ class LakeTables:
         """The newest snapshot of the asset's ``main`` history that ``run_id`` committed (the one this
         process just committed: a run writes each asset from one step at a time)."""
         loaded = self.load(table, asset)
-        snapshot = loaded.current_snapshot()
+        snapshot = self.head(loaded)
         newest = snapshot
         while snapshot is not None and run_id is not None:
             if snapshot.summary is not None and snapshot.summary.get(RUN_ID) == run_id:
@@ -500,7 +575,7 @@ class LakeTables:
 
         spark = self.session_for(spark)
         loaded = self.load(table, asset)
-        snapshot = loaded.current_snapshot()
+        snapshot = self.head(loaded)
         frame = spark.read.option("snapshot-id", str(snapshot.snapshot_id)).table(table_identifier(table, asset))
         frame = frame.where(F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in business_dates]))
         return frame.select(*project_columns(frame, schema), F.col(BUSINESS_DATE))

@@ -30,12 +30,25 @@ from resources.storage.layout import WarehouseLayout, warehouse_location
 from resources.storage.lease import DEFAULT_LEASE_SECONDS, WriterLeases
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
 from resources.storage.merged import STORED_AS, MergedStates, StateOrderError
-from resources.storage.tables import RUN_ID, WRITTEN_DATES, LakeTables, as_read_now, as_stored, renamed_columns
-from resources.storage.reading import StateLayout, missing_partition_error
+from resources.storage.tables import (
+    RUN_ID,
+    STAGING_PREFIX,
+    WRITTEN_DATES,
+    LakeTables,
+    as_read_now,
+    as_stored,
+    renamed_columns,
+)
+from resources.storage.reading import MissingPartitionError, StateLayout, missing_partition_error
 
 # Routine maintenance deletes a file no table metadata names once it is this old (see
 # WarehouseStorage.remove_unreferenced_files); an erase deletes them at once.
 UNREFERENCED_FILE_AGE = timedelta(days=1)
+
+
+def staging_branch(run_id: str) -> str:
+    """The Iceberg branch a run stages its writes on (docs/publishing.md)."""
+    return f"{STAGING_PREFIX}{run_id}"
 
 
 class StorageModeError(RuntimeError):
@@ -75,7 +88,7 @@ class WarehouseStorage:
         elif self.lake.root != self.root:
             self.lake = replace(self.lake, root=self.root)
         self.layout = WarehouseLayout(self.root, files_for(self.root, self.lake.store))
-        self.tables = LakeTables(self.root, self.lake)
+        self.tables = LakeTables(self.root, self.lake, branch=staging_branch(self.run_id))
         self.merged = MergedStates(self.tables)
         # A bucket has no flock: its writer lock is a lease object there, which every host sees.
         self._locks: WriterLocks | WriterLeases = (
@@ -143,6 +156,64 @@ class WarehouseStorage:
         """Give up every writer lock this process holds (at the end of the run, however it ended)."""
         self._locks.release()
         self._read_snapshots.clear()
+
+    # -- write, audit, publish -------------------------------------------------------------------------
+    @property
+    def branch(self) -> str:
+        """This run's staging branch: where its writes go while :meth:`stage` is on, and what its reads see first."""
+        return staging_branch(self.run_id)
+
+    def stage(self) -> None:
+        """From now on, write every date-partitioned output to this run's staging branch: readers of the
+        tables (their ``main``) see nothing of this run until :meth:`publish`. This run's own reads (its
+        later steps and its checks, in any process) read the branch where it exists."""
+        self.tables.stage_writes = True
+
+    @property
+    def staging(self) -> bool:
+        return self.tables.stage_writes
+
+    def staged_assets(self, table: str) -> list[str]:
+        """The table's assets this run staged a write of (its branch exists there)."""
+        return [asset for asset in self.stored_assets(table) if self.branch in self.tables.staging_branches(table, asset)]
+
+    def publish(self, table: str, last: str) -> dict[str, int]:
+        """Publish what this run staged of the table: each output's ``main`` moved to the run's branch and the
+        branch dropped (a metadata commit per output, no data written), ``last`` (``current_table``) last, so
+        a reader of the current state never sees a date whose other outputs are not published yet. Returns
+        the snapshot published per output. Holds the table's writer lock."""
+        self.hold_writer_lock(table)
+        staged = self.staged_assets(table)
+        published = {}
+        for asset in sorted(staged, key=lambda name: (name == last, name)):
+            fault_injection.pause_point(fault_injection.BEFORE_PUBLISH, table, asset)
+            self._locks.confirm(table)
+            snapshot = self.tables.publish(table, asset)
+            if snapshot is not None:
+                published[asset] = snapshot
+        return published
+
+    def staging_branches(self, table: str) -> dict[str, int]:
+        """Every staging branch of the table's outputs (any run's) -> its newest snapshot's time (ms)."""
+        found: dict[str, int] = {}
+        for asset in self.stored_assets(table):
+            for name, at in self.tables.staging_branches(table, asset).items():
+                found[name] = max(found.get(name, 0), at)
+        return found
+
+    def drop_staging_branches(self, table: str, older_than: datetime | None = None) -> list[str]:
+        """Drop the table's staging branches (of every run but this one) whose newest snapshot is older than
+        ``older_than`` (None: all of them; an erase does, since staged rows hold the keys): what failed
+        checks and killed runs left. Returns the branches dropped. Holds the table's writer lock."""
+        self.hold_writer_lock(table)
+        cutoff = None if older_than is None else older_than.timestamp() * 1000
+        dropped = sorted(
+            name for name, at in self.staging_branches(table).items()
+            if name != self.branch and (cutoff is None or at < cutoff)
+        )
+        for asset in self.stored_assets(table):
+            self.tables.drop_branches(table, asset, [name for name in dropped if name in self.tables.staging_branches(table, asset)])
+        return dropped
 
     # -- writing ---------------------------------------------------------------------------------------
     def write(
@@ -456,13 +527,32 @@ class WarehouseStorage:
         """Raise :class:`MissingPartitionError` if the date was never written, and
         :class:`DroppedPartitionError` (naming the retention setting) if retention dropped it."""
         if not self.has_partition(table, asset, business_date):
-            raise missing_partition_error(self.dropped_partition(table, asset, business_date), table, asset, business_date)
+            raise self._missing(table, asset, business_date)
+
+    def _missing(self, table: str, asset: str, business_date: str) -> MissingPartitionError:
+        """The error for a date the asset does not hold: dropped, never written, or staged by a run that did not
+        publish it (a blocking check failed, or the run stopped before publishing)."""
+        error = missing_partition_error(self.dropped_partition(table, asset, business_date), table, asset, business_date)
+        if type(error) is not MissingPartitionError:
+            return error
+        loaded = self.tables.load(table, asset)
+        staged = sorted(
+            name for name in self.tables.staging_branches(table, asset)
+            if name != self.branch and business_date in self.tables.stored(table, asset, loaded.snapshot_by_name(name))
+        )
+        if not staged:
+            return error
+        return MissingPartitionError(
+            f"{table}/{asset}: {business_date} is not published: run {staged[-1][len(STAGING_PREFIX):]} staged it (branch "
+            f"{staged[-1]}) but did not publish it (a blocking check failed, or the run stopped before publishing; "
+            f"docs/publishing.md). Fix what failed and run {business_date} again: each date needs the previous date published."
+        )
 
     def stored_schema(self, table: str, asset: str, business_date: str) -> StructType:
         """The Spark schema (with its columns' metadata: the hash spec) the date was written with."""
         stored = self._stored(table, asset)
         if business_date not in stored:
-            raise missing_partition_error(self.dropped_partition(table, asset, business_date), table, asset, business_date)
+            raise self._missing(table, asset, business_date)
         return self._recorded_schema(table, asset, stored[business_date])
 
     def _recorded_schema(self, table: str, asset: str, sid: str) -> StructType:
@@ -496,7 +586,7 @@ class WarehouseStorage:
         stored = self._stored(table, asset)
         for day in business_dates:
             if day not in stored:
-                raise missing_partition_error(self.dropped_partition(table, asset, day), table, asset, day)
+                raise self._missing(table, asset, day)
         read_as: StructType
         if isinstance(schema, str):
             read_as = cast(StructType, StructType.fromDDL(schema)) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], schema).schema

@@ -1,0 +1,52 @@
+"""Publishing a run's staged dates (write, audit, publish; docs/publishing.md). No Dagster here.
+
+A run that publishes writes every date-partitioned output to its own Iceberg branch, ``cdc_run_<run id>``
+(``WarehouseStorage.stage``); its checks read that branch; the table's ``published`` step, which Dagster
+runs only when every blocking check of the run passed, moves each output's ``main`` to the branch
+(``current_table`` last) and drops the branch. What failed checks or killed runs left on their branches
+stays readable for ``publish.keep_failed_days``, then the next publication drops it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from cdc_assets.model.config import TableConfig
+from cdc_assets.model.names import CURRENT
+from resources.storage import WarehouseStorage
+
+
+@dataclass
+class Publication:
+    """What one publication did: the snapshot each output's ``main`` now reads, the dates it published
+    (``current_table``'s after it), and the expired branches of other runs it dropped."""
+
+    table: str
+    branch: str
+    snapshots: dict[str, int] = field(default_factory=dict)
+    dates: list[str] = field(default_factory=list)
+    dropped_branches: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        if not self.snapshots:
+            said = f"{self.table}: nothing staged on {self.branch} to publish"
+        else:
+            said = f"{self.table}: published {', '.join(sorted(self.snapshots))} from {self.branch}"
+        if self.dropped_branches:
+            said += f"; dropped {len(self.dropped_branches)} staging branch(es) past publish.keep_failed_days: {', '.join(self.dropped_branches)}"
+        return said
+
+
+def publish_run(storage: WarehouseStorage, config: TableConfig, days: list[str], now: datetime | None = None) -> Publication:
+    """Publish what the run of ``storage`` staged of the table (every output at once, ``current_table`` last),
+    then drop other runs' staging branches older than ``publish.keep_failed_days``. Every date of ``days``
+    must then be in ``current_table``'s ``main``: a run that staged nothing of them (its CDC step was left
+    out) publishes nothing and says so."""
+    publication = Publication(config.name, storage.branch)
+    publication.snapshots = storage.publish(config.name, last=CURRENT)
+    stored = set(storage.stored_dates(config.name, CURRENT))
+    publication.dates = [day for day in days if day in stored]
+    cutoff = (now or datetime.now(timezone.utc)) - timedelta(days=config.publish.keep_failed_days)
+    publication.dropped_branches = storage.drop_staging_branches(config.name, older_than=cutoff)
+    return publication

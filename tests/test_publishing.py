@@ -1,0 +1,185 @@
+"""Write, audit, publish (docs/publishing.md): a run writes every output to its own Iceberg branch, its checks
+read the branch, and its ``published`` step moves each table's ``main`` there only when every blocking check
+passed. Real Dagster runs of a copy of the shipped ``orders`` table with a declared check that a bad extract
+of date 3 fails; readers (pyiceberg polled while the run goes on, Spark and DuckDB after) never see date 3
+until its fixed extract publishes it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance
+
+from cdc_assets.model.config import load_table_config
+from cdc_assets.usecases.publishing import publish_run
+from cdc_assets.usecases.readers import current_duckdb_sql
+from resources.storage import WarehouseStorage
+from resources.storage.tables import STAGING_PREFIX
+from tests.pipeline import definitions_for, run_dates
+
+REPO = Path(__file__).resolve().parent.parent
+DAY1, DAY2, DAY3 = "2024-01-01", "2024-01-02", "2024-01-03"
+MAX_ROWS = 40
+
+
+def _setup(tmp_path: Path, monkeypatch) -> Path:
+    data = tmp_path / "data"
+    shutil.copytree(REPO / "samples" / "orders", data / "samples" / "orders")
+    document = yaml.safe_load((REPO / "table_configs" / "orders.yaml").read_text())
+    document["checks"] = [{"type": "volume", "name": "state_size", "max_rows": MAX_ROWS}]
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "orders.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
+    monkeypatch.setenv("CDC_DATA_ROOT", str(data))
+    monkeypatch.setenv("CDC_WAREHOUSE", str(tmp_path / "warehouse"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    return configs / "orders.yaml"
+
+
+def _bad_extract(path: Path) -> str:
+    """Date 3's extract with many more new orders than the state may hold (the declared volume check fails)."""
+    good = path.read_text()
+    extra = "".join(f"LON,{5000 + n},bulk,1,1.00,2024-01-03,,,2024-01-03 23:00:00\n" for n in range(MAX_ROWS))
+    path.write_text(good + extra)
+    return good
+
+
+def _main_dates(root: str) -> dict[str, list[str]]:
+    """Each output's dates as a reader of main sees them now (pyiceberg, a fresh catalog: no cache)."""
+    storage = WarehouseStorage(root)
+    return {asset: sorted(storage.tables.stored("orders", asset, storage.tables.load("orders", asset).current_snapshot()))
+            for asset in storage.stored_assets("orders")}
+
+
+def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, tmp_path, monkeypatch):
+    config_path = _setup(tmp_path, monkeypatch)
+    root = str(tmp_path / "warehouse")
+    defs = definitions_for(load_table_config(config_path))
+    instance = DagsterInstance.ephemeral()
+    assert all(result.success for result in run_dates(defs, [DAY1, DAY2], instance))
+    published = _main_dates(root)
+    assert len(published) >= 8 and all(days == [DAY1, DAY2] for days in published.values()), published
+    # No run left a branch: each published and dropped its own.
+    assert WarehouseStorage(root).staging_branches("orders") == {}
+
+    # Date 3's bad extract: a reader of main, polled all along the run, never sees date 3 in any output.
+    extract = tmp_path / "data" / "samples" / "orders" / f"{DAY3}.csv"
+    good = _bad_extract(extract)
+    seen: list[dict[str, list[str]]] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(_main_dates(root))
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        [failed] = run_dates(defs, [DAY3], instance, raise_on_error=False)
+    finally:
+        done.set()
+        poller.join()
+    assert not failed.success
+    assert len(seen) > 5
+    assert all(DAY3 not in days for snapshot in seen for days in snapshot.values())
+    assert _main_dates(root) == published
+    assert not instance.get_latest_materialization_event(AssetKey(["orders", "published"])).asset_materialization.partition == DAY3
+    # Readers of every engine: the newest date is 2.
+    assert {row[0].isoformat() for row in spark.sql("SELECT DISTINCT business_date FROM lake.orders.current_table").collect()} == {DAY1, DAY2}
+    day2_rows = spark.sql(f"SELECT count(*) FROM lake.orders.current_table WHERE business_date = '{DAY2}'").collect()[0][0]
+    assert duckdb.sql(f"SELECT count(*) FROM ({current_duckdb_sql('orders', root)})").fetchall() == [(day2_rows,)] and day2_rows < MAX_ROWS
+
+    # The staged date is readable on the run's branch, named in the outputs' metadata.
+    branch = f"{STAGING_PREFIX}{failed.run_id}"
+    assert set(WarehouseStorage(root).staging_branches("orders")) == {branch}
+    staged = spark.sql(f"SELECT count(*) FROM lake.orders.current_table VERSION AS OF '{branch}' WHERE business_date = '{DAY3}'").collect()[0][0]
+    assert staged > MAX_ROWS
+    metadata = instance.get_latest_materialization_event(AssetKey(["orders", "current_table"])).asset_materialization.metadata
+    assert metadata["cdc/publication"].value == f"staged on branch {branch}"
+
+    # The next date's run is refused: date 3 is not published (the refusal reads the tables, not Dagster).
+    (extract.parent / "2024-01-04.csv").write_text(good.replace("2024-01-03 23:00:00", "2024-01-04 23:00:00"))
+    [refused] = run_dates(defs, ["2024-01-04"], instance, raise_on_error=False)
+    assert not refused.success
+    failure = next(event for event in refused.all_events if event.is_step_failure).step_failure_data.error
+    said = failure.cause.message if failure.cause else failure.message
+    assert f"{DAY3} is not published: run {failed.run_id} staged it" in said, said
+    assert _main_dates(root) == published
+    # The extract fixed, date 3 runs again and publishes.
+    extract.write_text(good)
+    [fixed] = run_dates(defs, [DAY3], instance)
+    assert fixed.success
+    assert all(days == [DAY1, DAY2, DAY3] for days in _main_dates(root).values())
+    event = instance.get_latest_materialization_event(AssetKey(["orders", "published"])).asset_materialization
+    assert event.partition == DAY3 and event.metadata["cdc/publication"].value == "published"
+    storage = WarehouseStorage(root)
+    # The failed run's branch stays for keep_failed_days, with the refused run's (it staged its intake).
+    left = {branch, f"{STAGING_PREFIX}{refused.run_id}"}
+    assert set(storage.staging_branches("orders")) == left
+
+    # After the grace period the next publication drops it (and what only it kept goes at the next expiry).
+    later = datetime.now(timezone.utc) + timedelta(days=8)
+    publication = publish_run(storage, load_table_config(config_path), [DAY3], now=later)
+    assert publication.dropped_branches == sorted(left) and publication.snapshots == {}
+    assert WarehouseStorage(root).staging_branches("orders") == {}
+
+
+@pytest.mark.slow  # a `dagster asset materialize` of its own, with its own JVM
+def test_a_run_killed_before_it_publishes_publishes_nothing_and_its_rerun_does(spark, tmp_path, monkeypatch):
+    """kill -9 of a `dagster asset materialize` paused at the named fault point before its first publication:
+    every output's main is where it was; the re-run publishes; the dead run's branch goes after the grace period."""
+    config_path = _setup(tmp_path, monkeypatch)
+    root = str(tmp_path / "warehouse")
+    defs = definitions_for(load_table_config(config_path))
+    assert all(result.success for result in run_dates(defs, [DAY1], DagsterInstance.ephemeral()))
+    published = _main_dates(root)
+    heads = {asset: WarehouseStorage(root).tables.load("orders", asset).current_snapshot().snapshot_id for asset in published}
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
+    marker, log = tmp_path / "paused.marker", tmp_path / "killed.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DAGSTER_HOME": str(home), "CDC_PAUSE_MARKER": str(marker),
+           "CDC_PAUSE_BEFORE_PUBLISH": "orders/deletes",  # the first output published (current_table is last)
+           "CDC_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false", "spark.driver.memory": "1g"}'}
+    command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions",
+               "--select", "group:orders", "--partition", DAY2]
+    with log.open("w") as output:
+        process = subprocess.Popen(command, env=env, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert marker.exists(), log.read_text()[-4000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    storage = WarehouseStorage(root)
+    # Every output was written and checked on the dead run's branch; nothing of it reached main.
+    [branch] = storage.staging_branches("orders")
+    assert {asset: storage.tables.load("orders", asset).current_snapshot().snapshot_id for asset in published} == heads
+    assert _main_dates(root) == published
+    staged = storage.tables.load("orders", "current_table").snapshot_by_name(branch)
+    assert DAY2 in storage.tables.stored("orders", "current_table", staged)
+
+    [rerun] = run_dates(defs, [DAY2], DagsterInstance.ephemeral())
+    assert rerun.success
+    assert all(days == [DAY1, DAY2] for days in _main_dates(root).values())
+    assert set(WarehouseStorage(root).staging_branches("orders")) == {branch}  # kept for keep_failed_days
+    later = datetime.now(timezone.utc) + timedelta(days=8)
+    assert publish_run(WarehouseStorage(root), load_table_config(config_path), [DAY2], now=later).dropped_branches == [branch]
+    assert WarehouseStorage(root).staging_branches("orders") == {}
