@@ -28,7 +28,7 @@ from cdc_assets.defs.component import build_definitions
 from cdc_assets.defs.factory import build_table_definitions
 from cdc_assets.defs.freshness import FRESHNESS_CHECK, build_freshness_sensor
 from cdc_assets.defs.asset_keys import asset_key
-from cdc_assets.model.names import CURRENT
+from cdc_assets.model.names import CURRENT, PUBLISHED
 import resources.alerts
 from resources.alerts import UI_BASE_URL_ENV, WEBHOOK_URL_ENV, AlertDeliveryError, AlertWebhook
 from tests.pipeline import write_table_config
@@ -131,8 +131,8 @@ def test_each_cause_sends_one_alert_and_ticks_repeat_none(spark, warehouse, tmp_
     # A failed blocking check on the second date (and one of severity WARN, which is no alert).
     _failed_check(instance, config, days[1], "row_count_reconciles")
     _failed_check(instance, config, days[1], "keys_not_null", severity=AssetCheckSeverity.WARN)
-    # The third date arrived; the first two did not (both are late).
-    instance.report_runless_asset_event(AssetMaterialization(asset_key(config, CURRENT), partition=days[2]))
+    # The third date arrived (published); the first two did not (both are late).
+    instance.report_runless_asset_event(AssetMaterialization(asset_key(config, PUBLISHED), partition=days[2]))
 
     sensor = build_alert_sensor([watched_table(config, table.asset_checks)], clock=lambda: now)
     cursor = None
@@ -180,7 +180,7 @@ def test_each_cause_sends_one_alert_and_ticks_repeat_none(spark, warehouse, tmp_
     late = alerts["late"]
     assert late["business_date"] == days[0] and late["business_dates"] == days[:2] and late["run_id"] is None
     assert late["what"] == (
-        f"current_table is not materialized for {days[0]}, {days[1]}: each was due by 00:00 (UTC) on the next day"
+        f"not published for {days[0]}, {days[1]}: each was due by 00:00 (UTC) on the next day"
     )
 
     # A new failure of a date already alerted for the same cause is no new alert; another date's is.

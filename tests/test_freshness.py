@@ -21,7 +21,7 @@ from cdc_assets.defs.freshness import (
     latest_due,
 )
 from cdc_assets.defs.asset_keys import asset_key
-from cdc_assets.model.names import CURRENT
+from cdc_assets.model.names import CURRENT, PUBLISHED
 from tests.pipeline import write_table_config
 
 AMSTERDAM = Freshness(expected_by="06:00", timezone="Europe/Amsterdam")
@@ -91,7 +91,7 @@ def test_the_freshness_check_turns_when_a_deadline_passes_and_when_the_date_arri
     instance = DagsterInstance.ephemeral()
 
     def materialize(day: str) -> None:
-        instance.report_runless_asset_event(AssetMaterialization(asset_key(config, CURRENT), partition=day))
+        instance.report_runless_asset_event(AssetMaterialization(asset_key(config, PUBLISHED), partition=day))
 
     def latest():
         record = instance.event_log_storage.get_latest_asset_check_execution_by_key([check_key])[check_key]
@@ -102,7 +102,7 @@ def test_the_freshness_check_turns_when_a_deadline_passes_and_when_the_date_arri
 
     materialize("2026-03-26")
     materialize("2026-03-27")
-    assert tick().startswith("shop: reported 2026-03-27 is materialized")
+    assert tick().startswith("shop: reported 2026-03-27 is published")
     assert latest().passed and latest().metadata["expected_business_date"].value == "2026-03-27"
     assert tick().startswith("shop: unchanged")  # nothing new is recorded while nothing changes
 
@@ -111,7 +111,7 @@ def test_the_freshness_check_turns_when_a_deadline_passes_and_when_the_date_arri
     evaluation = latest()
     assert not evaluation.passed and evaluation.severity == AssetCheckSeverity.WARN
     assert evaluation.description == (
-        "2026-03-28 is late: current_table was due by 2026-03-29 06:00 Europe/Amsterdam and is not materialized (0h00m overdue)."
+        "2026-03-28 is late: it was due by 2026-03-29 06:00 Europe/Amsterdam and is not published (0h00m overdue)."
     )
     now[0] = utc(2026, 3, 29, 6, 30)
     assert tick().startswith("shop: unchanged")  # still late: no new evaluation every tick
@@ -122,5 +122,5 @@ def test_the_freshness_check_turns_when_a_deadline_passes_and_when_the_date_arri
     assert not run_evaluation.passed and "2h30m overdue" in run_evaluation.description
 
     materialize("2026-03-28")
-    assert tick().startswith("shop: reported 2026-03-28 is materialized; it was due by 2026-03-29 06:00 Europe/Amsterdam")
+    assert tick().startswith("shop: reported 2026-03-28 is published; it was due by 2026-03-29 06:00 Europe/Amsterdam")
     assert latest().passed

@@ -42,7 +42,7 @@ from dagster import (
 
 from cdc_assets.model.config import Freshness, TableConfig
 from cdc_assets.defs.asset_keys import asset_key
-from cdc_assets.model.names import CURRENT
+from cdc_assets.model.names import CURRENT, PUBLISHED
 
 FRESHNESS_CHECK = "freshness"
 FRESHNESS_SENSOR_INTERVAL_SECONDS = 60
@@ -120,9 +120,17 @@ class FreshnessOutcome:
     metadata: dict
 
 
+def arrived(config: TableConfig) -> tuple[str, str]:
+    """The asset whose materialization of a date says the date arrived for readers, and the word for it: the
+    table's ``published`` step (docs/publishing.md), or an incremental state's ``current_table`` (it has none)."""
+    return (CURRENT, "materialized") if config.storage.incremental else (PUBLISHED, "published")
+
+
 def freshness_outcome(config: TableConfig, instance: DagsterInstance, now: datetime) -> FreshnessOutcome:
-    """Whether the table's newest due date has its ``current_table`` materialized, as of ``now``."""
-    freshness, key = _freshness(config), asset_key(config, CURRENT)
+    """Whether the table's newest due date is published (an incremental state's: its ``current_table``
+    materialized), as of ``now``."""
+    (name, arrived_as), freshness = arrived(config), _freshness(config)
+    key = asset_key(config, name)
     newest = expected(config, now)
     if newest is None:
         first = deadline(freshness, config.start_date)
@@ -140,13 +148,13 @@ def freshness_outcome(config: TableConfig, instance: DagsterInstance, now: datet
     records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[day]), limit=1).records
     if records:
         return FreshnessOutcome(
-            True, f"{day} is materialized; it was due by {_local(newest.deadline, freshness)}.", day, metadata
+            True, f"{day} is {arrived_as}; it was due by {_local(newest.deadline, freshness)}.", day, metadata
         )
     overdue = now - newest.deadline
     metadata["overdue_minutes"] = MetadataValue.int(int(overdue.total_seconds() // 60))
     return FreshnessOutcome(
         False,
-        f"{day} is late: current_table was due by {_local(newest.deadline, freshness)} and is not materialized "
+        f"{day} is late: it was due by {_local(newest.deadline, freshness)} and is not {arrived_as} "
         f"({_duration(overdue)} overdue).",
         day,
         metadata,
@@ -161,8 +169,8 @@ def build_freshness_check(config: TableConfig, clock: Clock = utc_now) -> AssetC
         name=FRESHNESS_CHECK,
         blocking=False,
         description=(
-            f"Each business date's current_table is materialized by {freshness.expected_by} ({freshness.timezone}) "
-            "on the next day: the newest date due is checked."
+            f"Each business date is {arrived(config)[1]} ({arrived(config)[0]}) by {freshness.expected_by} "
+            f"({freshness.timezone}) on the next day: the newest date due is checked."
         ),
     )
     def freshness_check(context: AssetCheckExecutionContext) -> AssetCheckResult:
