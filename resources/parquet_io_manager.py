@@ -402,8 +402,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         return metadata
 
     def _expire_snapshots(self, context: OutputContext, table: str, assets: list[str], days: int | None) -> dict:
-        """``retention.snapshot_days``: expire the assets' table versions older than ``days`` days."""
-        if days is None:
+        """``retention.snapshot_days``: expire the assets' table versions older than ``days`` days. A staged write
+        leaves it to the run's publication (cdc_assets/usecases/publishing.py): until then the version readers
+        see is one the run replaces, and the staging branch keeps it from expiring."""
+        if days is None or self.storage.staging:
             return {}
         expired = removed = 0
         for asset in assets:

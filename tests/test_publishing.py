@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from cdc_assets.model.config import load_table_config
 from cdc_assets.usecases.publishing import publish_run
@@ -124,6 +124,8 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     assert all(days == [DAY1, DAY2, DAY3] for days in _main_dates(root).values())
     event = instance.get_latest_materialization_event(AssetKey(["orders", "published"])).asset_materialization
     assert event.partition == DAY3 and event.metadata["cdc/publication"].value == "published"
+    observed = instance.fetch_observations(AssetRecordsFilter(asset_key=AssetKey(["orders", "current_table"]), asset_partitions=[DAY3]), limit=1)
+    assert observed.records[0].asset_observation.metadata["cdc/publication"].value == f"published from branch {STAGING_PREFIX}{fixed.run_id}"
     storage = WarehouseStorage(root)
     # The failed run's branch stays for keep_failed_days, with the refused run's (it staged its intake).
     left = {branch, f"{STAGING_PREFIX}{refused.run_id}"}

@@ -31,6 +31,7 @@ from dagster import (
     AssetExecutionContext,
     AssetIn,
     AssetKey,
+    AssetObservation,
     AssetSpec,
     AssetsDefinition,
     BackfillPolicy,
@@ -49,7 +50,7 @@ from dagster_pyspark import LazyPySparkResource
 from cdc_assets.defs.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.defs.asset_descriptions import ASSET_DESCRIPTIONS
 from cdc_assets.defs.checks import build_table_checks, cdc_outcomes, evaluation, unpassed_blocking_checks
-from cdc_assets.model.config import TableConfig
+from cdc_assets.model.config import Retention, TableConfig
 from cdc_assets.model.declared_checks import Severity
 from cdc_assets.usecases import declared_checks
 from cdc_assets.model.masking import shown_column_names
@@ -343,7 +344,7 @@ def _apply_changes(
             for name in (CLASSIFICATION, CURRENT, HISTORY):
                 context.add_asset_metadata({"schema_change": MetadataValue.json(schema_change)}, asset_key=keys[name], partition_key=days[0])
             logged.schema_change = {days[0]: json.dumps(schema_change, sort_keys=True)}
-        _staged_metadata(context, io_manager, keys.values(), days + list(capture.carried))
+        _staged_metadata(context, io_manager, keys.values(), days)
         for name, rows in capture.outputs():
             with clock.timed(f"write {name}"):
                 yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
@@ -411,10 +412,19 @@ def build_published_asset(config: TableConfig, partitions_def: DailyPartitionsDe
                 "wrote to main directly). Run the table's job for the date(s)."
             )
         snapshots = MetadataValue.json({name: str(snapshot) for name, snapshot in publication.snapshots.items()})
+        for name in publication.snapshots:  # each output's own events say it is published now, not only staged
+            for day in days:
+                context.log_event(AssetObservation(
+                    asset_key=asset_key(config, name), partition=day,
+                    metadata={"cdc/publication": MetadataValue.text(f"published from branch {publication.branch}")},
+                ))
         for day in days:
             context.add_asset_metadata(
                 {"cdc/publication": MetadataValue.text("published"), "cdc/branch": MetadataValue.text(publication.branch),
-                 "published_snapshots": snapshots},
+                 "published_snapshots": snapshots,
+                 "retention_snapshot_days": MetadataValue.int((config.retention or Retention()).snapshot_days),
+                 "expired_snapshots": MetadataValue.json(publication.expired),
+                 "removed_unreferenced_files": MetadataValue.json(publication.removed_files)},
                 asset_key=key, partition_key=day,
             )
         return MaterializeResult(asset_key=key)

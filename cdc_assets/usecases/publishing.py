@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from cdc_assets.model.config import TableConfig
+from cdc_assets.model.config import Retention, TableConfig
 from cdc_assets.model.names import CURRENT
 from resources.storage import WarehouseStorage
 
@@ -27,12 +27,19 @@ class Publication:
     snapshots: dict[str, int] = field(default_factory=dict)
     dates: list[str] = field(default_factory=list)
     dropped_branches: list[str] = field(default_factory=list)
+    # retention.snapshot_days applied once published: versions expired, and files no version names removed, per output.
+    expired: dict[str, int] = field(default_factory=dict)
+    removed_files: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
         if not self.snapshots:
             said = f"{self.table}: nothing staged on {self.branch} to publish"
         else:
             said = f"{self.table}: published {', '.join(sorted(self.snapshots))} from {self.branch}"
+        if any(self.expired.values()):
+            said += f"; retention.snapshot_days expired {sum(self.expired.values())} table version(s)"
+        if any(self.removed_files.values()):
+            said += f"; removed {sum(self.removed_files.values())} file(s) no table version names (left by killed writes)"
         if self.dropped_branches:
             said += f"; dropped {len(self.dropped_branches)} staging branch(es) past publish.keep_failed_days: {', '.join(self.dropped_branches)}"
         return said
@@ -40,11 +47,18 @@ class Publication:
 
 def publish_run(storage: WarehouseStorage, config: TableConfig, days: list[str], now: datetime | None = None) -> Publication:
     """Publish what the run of ``storage`` staged of the table (every output at once, ``current_table`` last),
-    then drop other runs' staging branches older than ``publish.keep_failed_days``. Every date of ``days``
+    then apply ``retention.snapshot_days`` to each output published and drop other runs' staging branches
+    older than ``publish.keep_failed_days``. Every date of ``days``
     must then be in ``current_table``'s ``main``: a run that staged nothing of them (its CDC step was left
     out) publishes nothing and says so."""
     publication = Publication(config.name, storage.branch)
     publication.snapshots = storage.publish(config.name, last=CURRENT)
+    # retention.snapshot_days, which the staged writes left for now: the versions the run replaced are no
+    # longer what readers see. Files killed writes left are swept when versions age out, not at every run.
+    snapshot_days = (config.retention or Retention()).snapshot_days
+    for asset in publication.snapshots:
+        publication.expired[asset] = storage.expire_snapshots(config.name, asset, snapshot_days)
+        publication.removed_files[asset] = len(storage.remove_unreferenced_files(config.name, asset)) if publication.expired[asset] else 0
     stored = set(storage.stored_dates(config.name, CURRENT))
     publication.dates = [day for day in days if day in stored]
     cutoff = (now or datetime.now(timezone.utc)) - timedelta(days=config.publish.keep_failed_days)

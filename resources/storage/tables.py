@@ -51,6 +51,8 @@ WRITTEN_DATES = "cdc.business-dates"
 SCHEMAS_FOLDER = "_schemas"
 # A run's staging branch is this prefix and its Dagster run id (docs/publishing.md).
 STAGING_PREFIX = "cdc_run_"
+# On each staged commit: the snapshot of main the run's branch was made from ("" for none).
+STAGED_FROM = "cdc.staged-from"
 # How Iceberg names a failed validation of a serializable write; the exception's Python class differs
 # (classic: Py4JJavaError; Spark Connect: UnknownException), its text names the Java class in both.
 VALIDATION_EXCEPTION = "org.apache.iceberg.exceptions.ValidationException"
@@ -314,7 +316,12 @@ class LakeTables:
             return None
         staged = loaded.snapshot_by_name(self.branch)
         main = loaded.current_snapshot()
-        if main is not None and main.snapshot_id not in self._ancestors(loaded, staged):
+        staged_from = staged.summary.get(STAGED_FROM) if staged.summary is not None else None
+        if staged_from is not None:
+            moved = staged_from != ("" if main is None else str(main.snapshot_id))
+        else:  # a branch staged by hand or by an older version: main must be among its ancestors
+            moved = main is not None and main.snapshot_id not in self._ancestors(loaded, staged)
+        if moved:
             raise ConcurrentWriteError(
                 f"{table}/{asset}: not published: main moved to snapshot {main.snapshot_id} after this run staged its "
                 f"dates on branch {self.branch} (another writer or a rollback); nothing was published. Run the dates again.",
@@ -482,8 +489,16 @@ class LakeTables:
         # after it: validating from the table's first one is the same check.
         if self.stage_writes and self.branch is not None:
             # Staged: readers of main do not see it until publish(). Iceberg makes the branch at main's snapshot
-            # (an empty one on a new table); a write names it ``branch_<name>`` after the table.
-            spark.sql(f"ALTER TABLE {identifier} CREATE BRANCH IF NOT EXISTS `{self.branch}`").collect()
+            # (an empty one on a new table); a write names it ``branch_<name>`` after the table. Each staged
+            # commit records the main snapshot the branch was made from: publish() moves main only from there
+            # (the branch's own earlier snapshots may be expired meanwhile, so its ancestry cannot tell).
+            ref = loaded.metadata.refs.get(self.branch)
+            if ref is None:
+                main = loaded.current_snapshot()
+                summary[STAGED_FROM] = "" if main is None else str(main.snapshot_id)
+                spark.sql(f"ALTER TABLE {identifier} CREATE BRANCH IF NOT EXISTS `{self.branch}`").collect()
+            else:
+                summary.update(_staged_from(loaded, loaded.snapshot_by_id(ref.snapshot_id)))
             identifier = f"{identifier}.`branch_{self.branch}`"
         writer = frame.writeTo(identifier).option("mergeSchema", "true").option("isolation-level", "serializable")
         if read_snapshot is not None:
@@ -579,6 +594,20 @@ class LakeTables:
         frame = spark.read.option("snapshot-id", str(snapshot.snapshot_id)).table(table_identifier(table, asset))
         frame = frame.where(F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in business_dates]))
         return frame.select(*project_columns(frame, schema), F.col(BUSINESS_DATE))
+
+
+def _staged_from(loaded, head) -> dict[str, str]:
+    """The ``STAGED_FROM`` of the next staged commit on a branch whose head is ``head``: the head's own record;
+    else (the branch was made and nothing committed on it yet) main's snapshot when the branch still points
+    at it, or none on a table whose main has none; else unknown (nothing: publication checks ancestry)."""
+    recorded = head.summary.get(STAGED_FROM) if head is not None and head.summary is not None else None
+    if recorded is None:
+        main = loaded.current_snapshot()
+        if main is None:
+            recorded = ""
+        elif head is not None and head.snapshot_id == main.snapshot_id:
+            recorded = str(main.snapshot_id)
+    return {} if recorded is None else {STAGED_FROM: recorded}
 
 
 def _on_dates(days: Iterable[str]):
