@@ -259,8 +259,8 @@ def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_an
     spark, tmp_path, monkeypatch, lake
 ):
     """A run of the second date (its own process and JVM) is paused before current_table's commit, after its
-    intake's outputs are committed to the REST catalog, and killed with ``kill -9``. No table holds half a
-    date; the date run again writes what one uninterrupted run writes, on the lake as on the local default."""
+    intake's outputs are staged through the REST catalog, and killed with ``kill -9``. Nothing of it is
+    published; the date run again writes what one uninterrupted run writes, on the lake as on the local default."""
     extracts, config, variables = _extracts_in_the_lake(tmp_path, lake, "full")
     local_root = tmp_path / "warehouse"
     with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
@@ -293,10 +293,13 @@ def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_an
                 os.killpg(run.pid, signal.SIGKILL)
                 run.wait(timeout=60)
         assert run.returncode == -signal.SIGKILL
-        # Half of the date's tables were committed, the other half not: each holds whole dates only.
-        assert on_lake.stored_dates(config.name, HASHED_INCOMING) == DAYS[:2]
-        assert on_lake.stored_dates(config.name, CURRENT) == DAYS[:1]
-        assert on_lake.stored_dates(config.name, HISTORY) == DAYS[:1]
+        # The run staged half of the date's tables on its branch (through the REST catalog) and published
+        # nothing (docs/publishing.md): every table's main holds the first date only, whole.
+        for asset in on_lake.stored_assets(config.name):
+            assert on_lake.stored_dates(config.name, asset) == DAYS[:1], asset
+        [branch] = on_lake.staging_branches(config.name)
+        staged = on_lake.tables.load(config.name, HASHED_INCOMING).snapshot_by_name(branch)
+        assert DAYS[1] in on_lake.tables.stored(config.name, HASHED_INCOMING, staged)
         assert run_dates(definitions_for(config), DAYS[1:2])[0].success
         for asset, by_day in uninterrupted.items():
             assert on_lake.stored_dates(config.name, asset) == DAYS[:2], asset
