@@ -24,7 +24,7 @@ from cdc_assets.model.config import load_table_config
 from cdc_assets.usecases.publishing import publish_run
 from cdc_assets.usecases.readers import current_duckdb_sql
 from resources.storage import WarehouseStorage
-from resources.storage.tables import STAGING_PREFIX
+from resources.storage.tables import STAGING_PREFIX, ConcurrentWriteError
 from tests.pipeline import definitions_for, run_dates
 
 REPO = Path(__file__).resolve().parent.parent
@@ -185,3 +185,34 @@ def test_a_run_killed_before_it_publishes_publishes_nothing_and_its_rerun_does(s
     later = datetime.now(timezone.utc) + timedelta(days=8)
     assert publish_run(WarehouseStorage(root), load_table_config(config_path), [DAY2], now=later).dropped_branches == [branch]
     assert WarehouseStorage(root).staging_branches("orders") == {}
+
+
+def test_publication_refuses_when_main_moved_after_the_branch_was_made(spark, tmp_path):
+    """Another commit to main after a run staged (a writer the lock did not reach, a rollback): publishing the
+    branch would drop that commit, so nothing is published and the error names the branch; what the run
+    staged stays readable there."""
+    root = str(tmp_path / "warehouse")
+    frame = spark.createDataFrame([("a", 1)], "k string, v int").selectExpr("k", "v", f"DATE'{DAY1}' AS business_date")
+    WarehouseStorage(root, run_id="first").write(frame, "t", "a", [DAY1])  # on main: no stage() asked
+    staged = WarehouseStorage(root, run_id="second")
+    staged.stage()
+    staged.write(frame.selectExpr("k", "v", f"DATE'{DAY2}' AS business_date"), "t", "a", [DAY2])
+    staged.release()
+    assert WarehouseStorage(root).stored_dates("t", "a") == [DAY1]  # a reader of main
+    assert staged.stored_dates("t", "a") == [DAY1, DAY2]  # the run reads its branch
+    other = WarehouseStorage(root, run_id="other")
+    other.write(frame.selectExpr("k", "v", f"DATE'{DAY3}' AS business_date"), "t", "a", [DAY3])
+    other.release()
+    with pytest.raises(ConcurrentWriteError, match=f"not published: main moved .* on branch {STAGING_PREFIX}second"):
+        staged.publish("t", last="a")
+    staged.release()
+    assert WarehouseStorage(root).stored_dates("t", "a") == [DAY1, DAY3]
+    assert set(WarehouseStorage(root).staging_branches("t")) == {f"{STAGING_PREFIX}second"}
+    # Without the other commit, the same branch publishes, and is dropped.
+    again = WarehouseStorage(root, run_id="third")
+    again.stage()
+    again.write(frame.selectExpr("k", "v", f"DATE'{DAY2}' AS business_date"), "t", "a", [DAY2])
+    assert set(again.publish("t", last="a")) == {"a"}
+    again.release()
+    assert WarehouseStorage(root).stored_dates("t", "a") == [DAY1, DAY2, DAY3]
+    assert set(WarehouseStorage(root).staging_branches("t")) == {f"{STAGING_PREFIX}second"}
