@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from cdc_assets.model.names import CDC_OUTPUTS, HASHED_INCOMING, REJECTS
 from resources.storage import ConcurrentWriteError, WarehouseStorage, WriterLockTimeout
 from resources.storage.lake import catalog_file
+from resources.storage.tables import STAGING_PREFIX
 from tests.pipeline import definitions_for, partition_dir, run_dates, sorted_rows, write_table_config
 from tests.processes import tail
 
@@ -371,25 +372,33 @@ def test_kill_9_inside_a_commit_leaves_every_table_at_a_whole_snapshot_and_a_rer
     assert run.returncode == -signal.SIGKILL
     assert _alive(run_processes, timeout=30) == [], "a process of the killed run (its JVM?) survived"
 
-    # Every table is at a snapshot it had before the run or after one of the run's whole commits: the
-    # snapshots before are unchanged, and a new one holds the date whole (the same dates, DAY2 rewritten).
+    # Nothing of the killed run is published (docs/publishing.md): every table's main is where it was and reads
+    # what the uninterrupted run wrote. The outputs it committed before the pause are on its staging branch,
+    # each a whole snapshot holding the date whole; the snapshots before are unchanged.
     now = _current_snapshots(warehouse)
+    assert now == committed
+    [branch] = storage.staging_branches(TABLE)
+    staged_by = WarehouseStorage(str(warehouse), run_id=branch[len(STAGING_PREFIX):])
+    heads = {asset: storage.tables.load(TABLE, asset).metadata.refs.get(branch) for asset in ALL_ASSETS}
+    staged = {asset for asset, ref in heads.items() if ref is not None and ref.snapshot_id != committed[asset]}
+    assert "current_table" not in staged and "history_partition" not in staged  # its branch at main's snapshot, if made
+    assert {HASHED_INCOMING, "hash_join_classification"} <= staged  # committed before the pause
     history_after = _rows_by_snapshot(storage)
-    rewritten = {asset for asset in ALL_ASSETS if now[asset] != committed[asset]}
-    assert "current_table" not in rewritten and "history_partition" not in rewritten
-    assert {HASHED_INCOMING, "hash_join_classification"} <= rewritten  # committed before the pause
     after_kill = _stored(spark, warehouse)
     for asset in ALL_ASSETS:
         assert {k: v for k, v in history_after[asset].items() if k in history_before[asset]} == history_before[asset], asset
-        if asset in rewritten:
-            [new] = set(history_after[asset]) - set(history_before[asset])
-            assert now[asset] == new and history_after[asset][new].get(DAY1) == history_before[asset][committed[asset]].get(DAY1)
+        new = set(history_after[asset]) - set(history_before[asset])
+        if asset in staged:
+            head = storage.tables.load(TABLE, asset).snapshot_by_name(branch).snapshot_id
+            assert head in new and history_after[asset][head].get(DAY1) == history_before[asset][committed[asset]].get(DAY1)
         else:
-            assert set(history_after[asset]) == set(history_before[asset]), asset
-        assert after_kill[(asset, DAY1)] == uninterrupted[(asset, DAY1)], asset
-    for asset in ("current_table", "history_partition"):
-        assert after_kill[(asset, DAY2)] == uninterrupted[(asset, DAY2)], asset
-    assert after_kill[(HASHED_INCOMING, DAY2)] != uninterrupted[(HASHED_INCOMING, DAY2)]  # the changed extract's
+            assert not new, asset
+        for day in (DAY1, DAY2):
+            assert after_kill[(asset, day)] == uninterrupted[(asset, day)], (asset, day)
+    def hashes(reader: WarehouseStorage) -> set[str]:
+        return {row["non_key_hash"] for row in reader.read_one(spark, TABLE, HASHED_INCOMING, DAY2).collect()}
+
+    assert hashes(staged_by) != hashes(storage)  # the changed extract's rows: on the branch only
 
     # The killed commit's data files are on disk, in no snapshot, never read.
     referenced = _referenced_files(storage.tables.load(TABLE, "current_table"))
@@ -402,7 +411,9 @@ def test_kill_9_inside_a_commit_leaves_every_table_at_a_whole_snapshot_and_a_rer
     kinds = {("manifest list" if name.startswith("snap-") else "metadata file" if name.endswith(".metadata.json") else "manifest")
              for name in (os.path.basename(path) for path in unreferenced - leftovers) if not name.endswith(".crc")}
     assert kinds == {"manifest", "manifest list", "metadata file"}, unreferenced - leftovers
-    # The purge removes them (and every other file no current snapshot reads).
+    # The purge removes them (and every other file no current snapshot reads), once the dead run's branch is
+    # dropped (an erase does both; otherwise the next publication after publish.keep_failed_days drops it).
+    assert storage.drop_staging_branches(TABLE) == [branch]
     storage.purge_unreferenced_files(TABLE)
     storage.release()
     assert not any(os.path.exists(path) for path in unreferenced)

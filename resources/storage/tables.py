@@ -306,6 +306,13 @@ class LakeTables:
         ).collect()
 
     # -- write, audit, publish (docs/publishing.md) -----------------------------------------------------
+    def make_branch(self, spark: SparkSession, table: str, asset: str) -> None:
+        """Make the run's staging branch of the asset's table (which exists) unless it has it: at main's
+        snapshot, or an empty one on a table with none (Iceberg's own ``CREATE BRANCH``, a metadata commit)."""
+        loaded = self.load(table, asset)
+        if self.branch is not None and loaded is not None and self.branch not in loaded.metadata.refs:
+            self.session_for(spark).sql(f"ALTER TABLE {table_identifier(table, asset)} CREATE BRANCH IF NOT EXISTS `{self.branch}`").collect()
+
     def publish(self, table: str, asset: str) -> int | None:
         """Make the run's staged snapshot of the asset what ``main`` reads, and drop the staging branch, in
         one metadata commit (no data written); returns the snapshot published, None when the run staged
@@ -488,17 +495,12 @@ class LakeTables:
         # after ``read_snapshot`` added files of these dates. With no snapshot read, every snapshot is
         # after it: validating from the table's first one is the same check.
         if self.stage_writes and self.branch is not None:
-            # Staged: readers of main do not see it until publish(). Iceberg makes the branch at main's snapshot
-            # (an empty one on a new table); a write names it ``branch_<name>`` after the table. Each staged
-            # commit records the main snapshot the branch was made from: publish() moves main only from there
-            # (the branch's own earlier snapshots may be expired meanwhile, so its ancestry cannot tell).
-            ref = loaded.metadata.refs.get(self.branch)
-            if ref is None:
-                main = loaded.current_snapshot()
-                summary[STAGED_FROM] = "" if main is None else str(main.snapshot_id)
-                spark.sql(f"ALTER TABLE {identifier} CREATE BRANCH IF NOT EXISTS `{self.branch}`").collect()
-            else:
-                summary.update(_staged_from(loaded, loaded.snapshot_by_id(ref.snapshot_id)))
+            # Staged: readers of main do not see it until publish(); a write names the branch ``branch_<name>``
+            # after the table. Each staged commit records the main snapshot the branch was made from: publish()
+            # moves main only from there (the branch's own earlier snapshots may be expired meanwhile).
+            self.make_branch(spark, table, asset)
+            loaded = self.load(table, asset)
+            summary.update(_staged_from(loaded, loaded.snapshot_by_name(self.branch)))
             identifier = f"{identifier}.`branch_{self.branch}`"
         writer = frame.writeTo(identifier).option("mergeSchema", "true").option("isolation-level", "serializable")
         if read_snapshot is not None:
@@ -597,16 +599,15 @@ class LakeTables:
 
 
 def _staged_from(loaded, head) -> dict[str, str]:
-    """The ``STAGED_FROM`` of the next staged commit on a branch whose head is ``head``: the head's own record;
-    else (the branch was made and nothing committed on it yet) main's snapshot when the branch still points
-    at it, or none on a table whose main has none; else unknown (nothing: publication checks ancestry)."""
+    """The ``STAGED_FROM`` of the next staged commit on a branch whose head is ``head``: main's snapshot while
+    the branch still points at it (nothing staged on it yet), else the head's own record (a table whose main
+    has no snapshot: none); else unknown (nothing: publication then checks the branch's ancestry)."""
+    main = loaded.current_snapshot()
+    if head is not None and main is not None and head.snapshot_id == main.snapshot_id:
+        return {STAGED_FROM: str(main.snapshot_id)}
     recorded = head.summary.get(STAGED_FROM) if head is not None and head.summary is not None else None
-    if recorded is None:
-        main = loaded.current_snapshot()
-        if main is None:
-            recorded = ""
-        elif head is not None and head.snapshot_id == main.snapshot_id:
-            recorded = str(main.snapshot_id)
+    if recorded is None and main is None:
+        recorded = ""
     return {} if recorded is None else {STAGED_FROM: recorded}
 
 

@@ -263,6 +263,8 @@ class WarehouseStorage:
             self.tables.rename_columns(frame.sparkSession, table, asset, renamed_from)
         if drop_columns:
             self.tables.drop_columns(frame.sparkSession, table, asset, drop_columns)
+        if self.staging:  # its own metadata commit, before the write's (a new table's is made with the table)
+            self.tables.make_branch(frame.sparkSession, table, asset)
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
         self._locks.confirm(table)
         properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
