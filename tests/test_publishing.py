@@ -96,15 +96,17 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     assert all(DAY3 not in days for snapshot in seen for days in snapshot.values())
     assert _main_dates(root) == published
     assert not instance.get_latest_materialization_event(AssetKey(["orders", "published"])).asset_materialization.partition == DAY3
-    # Readers of every engine: the newest date is 2.
-    assert {row[0].isoformat() for row in spark.sql("SELECT DISTINCT business_date FROM lake.orders.current_table").collect()} == {DAY1, DAY2}
-    day2_rows = spark.sql(f"SELECT count(*) FROM lake.orders.current_table WHERE business_date = '{DAY2}'").collect()[0][0]
+    # Readers of every engine: the newest date is 2. (Spark: a session with this warehouse's catalog as `lake`;
+    # the test session keeps the first warehouse it opened.)
+    sql = WarehouseStorage(root).tables.session_for(spark).sql
+    assert {row[0].isoformat() for row in sql("SELECT DISTINCT business_date FROM lake.orders.current_table").collect()} == {DAY1, DAY2}
+    day2_rows = sql(f"SELECT count(*) FROM lake.orders.current_table WHERE business_date = '{DAY2}'").collect()[0][0]
     assert duckdb.sql(f"SELECT count(*) FROM ({current_duckdb_sql('orders', root)})").fetchall() == [(day2_rows,)] and day2_rows < MAX_ROWS
 
     # The staged date is readable on the run's branch, named in the outputs' metadata.
     branch = f"{STAGING_PREFIX}{failed.run_id}"
     assert set(WarehouseStorage(root).staging_branches("orders")) == {branch}
-    staged = spark.sql(f"SELECT count(*) FROM lake.orders.current_table VERSION AS OF '{branch}' WHERE business_date = '{DAY3}'").collect()[0][0]
+    staged = sql(f"SELECT count(*) FROM lake.orders.current_table VERSION AS OF '{branch}' WHERE business_date = '{DAY3}'").collect()[0][0]
     assert staged > MAX_ROWS
     metadata = instance.get_latest_materialization_event(AssetKey(["orders", "current_table"])).asset_materialization.metadata
     assert metadata["cdc/publication"].value == f"staged on branch {branch}"
