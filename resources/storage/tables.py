@@ -358,15 +358,15 @@ class LakeTables:
         }
 
     def drop_branches(self, table: str, asset: str, names: Iterable[str]) -> None:
-        """Remove the asset's branches ``names`` (the snapshots only they kept go at the next expiry)."""
-        names = list(names)
+        """Remove those of ``names`` the asset has, in one metadata commit (the snapshots only they kept go at
+        the next expiry); none of them: no commit."""
         loaded = self.load(table, asset)
-        if loaded is None or not names:
+        present = [] if loaded is None else [name for name in names if name in loaded.metadata.refs]
+        if not present:
             return
         with loaded.manage_snapshots() as snapshots:
-            for name in names:
-                if name in loaded.metadata.refs:
-                    snapshots.remove_branch(name)
+            for name in present:
+                snapshots.remove_branch(name)
 
     def unreferenced_files(self, table: str, asset: str) -> list[str]:
         """Every file under the asset's location that neither the table's metadata files (the current one

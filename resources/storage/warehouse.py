@@ -212,7 +212,7 @@ class WarehouseStorage:
             if name != self.branch and (cutoff is None or at < cutoff)
         )
         for asset in self.stored_assets(table):
-            self.tables.drop_branches(table, asset, [name for name in dropped if name in self.tables.staging_branches(table, asset)])
+            self.tables.drop_branches(table, asset, dropped)
         return dropped
 
     # -- writing ---------------------------------------------------------------------------------------
