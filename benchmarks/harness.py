@@ -435,14 +435,15 @@ class Bench:
         log(f"--- {name} done in {time.perf_counter() - started:.0f}s ---")
         return result
 
-    def cli(self, name: str, env: dict, table: str, *partition: str, server: int | None = None, eventlog: bool = False) -> dict:
-        """``dagster asset materialize`` of the table's group in a fresh process; with ``eventlog``, Spark's
-        figures from its event log (benchmarks/eventlog.py) and the steps' seconds too."""
+    def cli(self, name: str, env: dict, table: str, *partition: str, server: int | None = None, eventlog: bool = False,
+            select: str | None = None) -> dict:
+        """``dagster asset materialize`` of the table's group (or of ``select``) in a fresh process; with
+        ``eventlog``, Spark's figures from its event log (benchmarks/eventlog.py) and the steps' seconds too."""
         if eventlog:
             folder = self.workdir / "eventlogs" / name
             shutil.rmtree(folder, ignore_errors=True)
             env = {**env, "CDC_SPARK_CONF": eventlog_conf(folder, env)}
-        command = [tool("dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions", "--select", f"group:{table}", *partition]
+        command = [tool("dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions", "--select", select or f"group:{table}", *partition]
         figures = run_process(name, command, env, self.logs, server=server)
         if eventlog:
             figures["steps"] = step_seconds(env["DAGSTER_HOME"])
@@ -469,9 +470,10 @@ class Bench:
         return {**result, "seconds": result["day2"]["seconds"], "jvm_peak_rss_mib": result["day2"]["jvm_peak_rss_mib"]}
 
     def cli_days(self, name: str, env: dict, table: str, what: str, dates: tuple[str, str], server: int | None = None,
-                 eventlog: bool = False) -> dict:
+                 eventlog: bool = False, select: str | None = None) -> dict:
         """Day 1, then day 2 of ``table``, each a ``dagster asset materialize`` process (:meth:`cli`)."""
-        return self.days(name, what, dates, lambda run, day: self.cli(run, env, table, "--partition", day, server=server, eventlog=eventlog))
+        return self.days(name, what, dates, lambda run, day: self.cli(run, env, table, "--partition", day, server=server, eventlog=eventlog,
+                                                                      select=select))
 
     def yardstick_days(self, name: str, data: Path, env: dict, what: str, dates: tuple[str, str], server: int | None = None) -> dict:
         """The yardstick (``--yardstick``, plain PySpark) on ``data/<date>/``: day 1, then day 2, each a fresh process;

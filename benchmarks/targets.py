@@ -22,6 +22,9 @@ Measurements (names for --only):
                warehouse's records and the tables (its Iceberg REST catalog). b-lake / b printed, no target;
                the day's S3 requests by type, from SeaweedFS's own counters.
   changeset-incremental  changeset with `storage: {current: incremental}`. Day 2 / (b)'s day 2 <= 0.15.
+  b-direct     (b) without the table's `published` step (its eight outputs selected by key): every output written
+               straight to main, as before write-audit-publish (issue 48). b / b-direct <= 1.1: what staging on a
+               branch, checking it and publishing cost a date.
 
 Small check (about 10 minutes, mostly JVM start-up):
     python -m benchmarks targets --rows 20000 --range-days 3 --range-rows 2000
@@ -41,9 +44,11 @@ from benchmarks.data import (DAY1, DAY2, KEYS, NON_KEYS, business_dates, cdc_cur
                              partition_bytes, write_config)
 from benchmarks.harness import YARDSTICK, OutputsWrong, cold_env, describe, log, mib, print_table, run_env, verdict
 
-MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm", "changeset", "b-incremental", "changeset-incremental", "b-lake")
+MEASUREMENTS = ("a", "b", "c", "range-cold", "range-warm", "changeset", "b-incremental", "changeset-incremental", "b-lake", "b-direct")
 TARGETS = {"b/a": 1.0, "c/a": 0.7, "server_rss_gib": 3.0, "range_cold": 2.0, "range_cold_acceptable": 2.5, "range_warm": 1.5,
-           "b_incremental/b": 1.0, "changeset_incremental/b": 0.15}
+           "b_incremental/b": 1.0, "changeset_incremental/b": 0.15, "b/b_direct": 1.1}
+# The synthetic table's outputs: (b-direct) selects them without the `published` step that publishes them.
+OUTPUTS = ("hashed_incoming", "rejects", "hash_join_classification", "inserts", "deletes", "updates", "current_table", "history_partition")
 TABLE, CHANGESET, RANGE = "synthetic", "synthetic_changes", "backfill_bench"
 CHANGESET_MIX = {"U": 0.4, "N": 0.2, "I": 0.2, "D": 0.2}  # updates, upserts that change nothing, inserts, deletes
 INCREMENTAL = "storage: {current: incremental}\n"
@@ -97,7 +102,7 @@ def measure(bench) -> None:
     steps = {"a": targets.measure_a, "b": targets.measure_b, "c": targets.measure_c, "changeset": targets.measure_changeset,
              "b-incremental": partial(targets.measure_b, incremental=True), "range-cold": partial(targets.measure_range, warm=False),
              "changeset-incremental": partial(targets.measure_changeset, incremental=True), "range-warm": partial(targets.measure_range, warm=True),
-             "b-lake": targets.measure_b_lake}
+             "b-lake": targets.measure_b_lake, "b-direct": targets.measure_b_direct}
     for name in bench.args.selected:
         if name != "a" or bench.results["yardstick"]["present"]:
             bench.measure(name, steps[name])
@@ -185,6 +190,15 @@ class Targets:
         name, what = ("b_incremental", "(b, incremental) pipeline, cold CLI") if incremental else ("b_cold", "(b) pipeline, cold CLI")
         env = run_env(self.workdir / "runs" / name, self.workdir / "configs" / (f"{TABLE}_incremental" if incremental else TABLE))
         self.pipeline_days(result, name, what, env, TABLE, expected_day2(self.generated), incremental)
+
+    def measure_b_direct(self, result: dict) -> None:
+        """(b) with the outputs selected by key, without ``published``: nothing staged, every write to main."""
+        self.data()
+        env = run_env(self.workdir / "runs" / "b_direct", self.workdir / "configs" / TABLE)
+        select = ",".join(f"{TABLE}/{asset}" for asset in OUTPUTS)
+        result.update(self.bench.cli_days("b_direct", env, TABLE, "(b-direct) pipeline without publication, cold CLI", (DAY1, DAY2), select=select))
+        folders = dated(Path(env["CDC_WAREHOUSE"]) / TABLE, ("current_table", "history_partition"))
+        result["day2_counts"] = check_counts("(b-direct)", folders, expected_day2(self.generated))
 
     def measure_b_lake(self, result: dict) -> None:
         """(b) with everything in a lake: SeaweedFS's counters give each day's S3 requests, and a counting proxy
@@ -361,6 +375,11 @@ def summary(results: dict) -> None:
         run(f"changeset day 2, incremental: {csi['day2_records']:,} records on {csi['current_rows']:,} rows, cold CLI", csi["day2"],
             note=f"wrote {stored(csi)} MiB; snapshot changeset wrote {stored(cs)} MiB")
         ratio("changeset-incremental day 2 / (b) day 2", csi, b, "b", TARGETS["changeset_incremental/b"], "<= 0.15")
+    direct = m.get("b-direct") if m.get("b-direct", {}).get("seconds") else None
+    if direct:
+        run("(b-direct) pipeline day 2 without publication, cold CLI", direct["day2"])
+        if b:
+            ratio("b / b-direct (what publishing a date costs)", b, direct, "b-direct", TARGETS["b/b_direct"], "<= 1.1")
     lake = m.get("b-lake") if m.get("b-lake", {}).get("seconds") else None
     if lake:
         run("(b-lake) pipeline day 2 on the lake, cold CLI", lake["day2"], note=f"S3 requests: {lake['day2']['s3_requests']}")

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdc_assets.model.config import CHANGESET_COLUMNS, LoadType, reserved_name_problem
+from cdc_assets.model.config import CHANGESET_COLUMNS, LoadType, Retention, reserved_name_problem
 from cdc_assets.model.masking import ValueMask
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.fields import env_or_default, resolved_field, seconds_field
@@ -309,7 +309,11 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         carried = list(obj.carried) if isinstance(obj, DatedRows) else []
         if carried:
             context.log.info(f"{table}/{asset}: this correction also writes {', '.join(carried)}, recomputed from it")
-        rows_written = self.storage.write(frame, table, asset, dates + carried, dropped=later, renamed_from=renamed, drop_columns=drop)
+        # A date published by this write (not staged) is tagged with its name for retention.snapshot_days.
+        tag_days = obj.retention_snapshot_days if isinstance(obj, DatedRows) else Retention().snapshot_days
+        rows_written = self.storage.write(
+            frame, table, asset, dates + carried, dropped=later, renamed_from=renamed, drop_columns=drop, tag_days=tag_days,
+        )
         stored_schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         mask = ValueMask.for_columns(json.loads(_plain(definition[SHOWN_COLUMNS])) if SHOWN_COLUMNS in definition else ())
         previews = self._previews(table, asset, rows_written) if mask.shows_rows else {day: [] for day in rows_written}

@@ -62,6 +62,22 @@ def _main_dates(root: str) -> dict[str, list[str]]:
             for asset in storage.stored_assets("orders")}
 
 
+def _date_tags(root: str) -> dict[str, dict[str, int]]:
+    """Each output's date tags (a published date -> its snapshot), each checked to be kept 7 days
+    (retention.snapshot_days' default)."""
+    storage = WarehouseStorage(root)
+    found = {}
+    for asset in storage.stored_assets("orders"):
+        refs = storage.tables.load("orders", asset).metadata.refs
+        found[asset] = storage.tables.date_tags("orders", asset)
+        assert all(refs[day].max_ref_age_ms == 7 * 24 * 3600 * 1000 for day in found[asset]), (asset, refs)
+    return found
+
+
+def _duckdb_current_rows(root: str) -> int:
+    return duckdb.sql(f"SELECT count(*) FROM ({current_duckdb_sql('orders', root)})").fetchall()[0][0]
+
+
 def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, tmp_path, monkeypatch):
     config_path = _setup(tmp_path, monkeypatch)
     root = str(tmp_path / "warehouse")
@@ -72,6 +88,12 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     assert len(published) >= 8 and all(days == [DAY1, DAY2] for days in published.values()), published
     # No run left a branch: each published and dropped its own.
     assert WarehouseStorage(root).staging_branches("orders") == {}
+    # Each published date is tagged on each output; time travel by date reads the table as that date published it.
+    tags = _date_tags(root)
+    assert all(sorted(days) == [DAY1, DAY2] for days in tags.values()), tags
+    sql = WarehouseStorage(root).tables.session_for(spark).sql
+    as_of_day1 = sql(f"SELECT DISTINCT business_date FROM lake.orders.current_table VERSION AS OF '{DAY1}'").collect()
+    assert [row[0].isoformat() for row in as_of_day1] == [DAY1]
 
     # Date 3's bad extract: a reader of main, polled all along the run, never sees date 3 in any output.
     extract = tmp_path / "data" / "samples" / "orders" / f"{DAY3}.csv"
@@ -79,9 +101,13 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     seen: list[dict[str, list[str]]] = []
     done = threading.Event()
 
+    duckdb_rows: list[int] = []
+
     def poll() -> None:
         while not done.is_set():
             seen.append(_main_dates(root))
+            # DuckDB's current state (the newest date published): date 3's would hold more than MAX_ROWS.
+            duckdb_rows.append(_duckdb_current_rows(root))
             time.sleep(0.1)
 
     poller = threading.Thread(target=poll)
@@ -94,14 +120,15 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     assert not failed.success
     assert len(seen) > 5
     assert all(DAY3 not in days for snapshot in seen for days in snapshot.values())
+    assert len(duckdb_rows) > 5 and max(duckdb_rows) < MAX_ROWS, duckdb_rows
     assert _main_dates(root) == published
+    assert _date_tags(root) == tags  # the failed date has no tag
     assert not instance.get_latest_materialization_event(AssetKey(["orders", "published"])).asset_materialization.partition == DAY3
     # Readers of every engine: the newest date is 2. (Spark: a session with this warehouse's catalog as `lake`;
     # the test session keeps the first warehouse it opened.)
-    sql = WarehouseStorage(root).tables.session_for(spark).sql
     assert {row[0].isoformat() for row in sql("SELECT DISTINCT business_date FROM lake.orders.current_table").collect()} == {DAY1, DAY2}
     day2_rows = sql(f"SELECT count(*) FROM lake.orders.current_table WHERE business_date = '{DAY2}'").collect()[0][0]
-    assert duckdb.sql(f"SELECT count(*) FROM ({current_duckdb_sql('orders', root)})").fetchall() == [(day2_rows,)] and day2_rows < MAX_ROWS
+    assert _duckdb_current_rows(root) == day2_rows and day2_rows < MAX_ROWS
 
     # The staged date is readable on the run's branch, named in the outputs' metadata.
     branch = f"{STAGING_PREFIX}{failed.run_id}"
@@ -110,6 +137,11 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     assert staged > MAX_ROWS
     metadata = instance.get_latest_materialization_event(AssetKey(["orders", "current_table"])).asset_materialization.metadata
     assert metadata["cdc/publication"].value == f"staged on branch {branch}"
+    # Each staged output, and `published`, say why date 3 is not published (the UI's events of the partition).
+    for asset in ("published", "current_table", "hashed_incoming"):
+        observed = instance.fetch_observations(AssetRecordsFilter(asset_key=AssetKey(["orders", asset]), asset_partitions=[DAY3]), limit=1)
+        said = observed.records[0].asset_observation.metadata["cdc/publication"].value
+        assert said.startswith(f"staged on branch {branch}, not published: blocking check(s) did not pass:") and "state_size" in said, said
 
     # The next date's run is refused: date 3 is not published (the refusal reads the tables, not Dagster).
     (extract.parent / "2024-01-04.csv").write_text(good.replace("2024-01-03 23:00:00", "2024-01-04 23:00:00"))
@@ -124,6 +156,10 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     [fixed] = run_dates(defs, [DAY3], instance)
     assert fixed.success
     assert all(days == [DAY1, DAY2, DAY3] for days in _main_dates(root).values())
+    # Date 3 is tagged now, at the snapshot each output's main reads; the earlier tags are unchanged.
+    storage = WarehouseStorage(root)
+    retagged = _date_tags(root)
+    assert all(retagged[asset] == {**tags[asset], DAY3: storage.tables.load("orders", asset).current_snapshot().snapshot_id} for asset in tags)
     event = instance.get_latest_materialization_event(AssetKey(["orders", "published"])).asset_materialization
     assert event.partition == DAY3 and event.metadata["cdc/publication"].value == "published"
     observed = instance.fetch_observations(AssetRecordsFilter(asset_key=AssetKey(["orders", "current_table"]), asset_partitions=[DAY3]), limit=1)

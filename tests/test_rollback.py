@@ -27,6 +27,11 @@ def _heads(storage: WarehouseStorage, table: str) -> dict[str, int]:
     return {asset: storage.tables.load(table, asset).current_snapshot().snapshot_id for asset in storage.stored_assets(table)}
 
 
+def _tags(storage: WarehouseStorage, table: str) -> dict[str, dict[str, int]]:
+    """Each output's date tags (docs/publishing.md, Time travel by date)."""
+    return {asset: storage.tables.date_tags(table, asset) for asset in storage.stored_assets(table)}
+
+
 def _rows(spark, storage: WarehouseStorage, table: str, asset: str, days: list[str]) -> list:
     frame = storage.read(spark, table, asset, days)
     return sorted(frame.select(*[c for c in COMPARED if c in frame.columns]).collect())
@@ -65,6 +70,8 @@ def test_rollback_undo_and_a_rerun_from_the_date_rolled_back_to(spark, tmp_path,
     published = _heads(storage, "orders")
     assert len(published) >= 8  # the intake's two outputs and the CDC step's six
     before = {asset: _rows(spark, storage, "orders", asset, [DAY1, DAY2, DAY3]) for asset in published}
+    tagged = _tags(storage, "orders")
+    assert all(sorted(days) == [DAY1, DAY2, DAY3] for days in tagged.values()), tagged
 
     # Refused, changing nothing: a date current_table does not store, and no date at all.
     assert rollback(["orders", "--to", "2023-12-31"]) == 2
@@ -91,6 +98,11 @@ def test_rollback_undo_and_a_rerun_from_the_date_rolled_back_to(spark, tmp_path,
         assert loaded.current_snapshot().summary[ROLLBACK_ID] == record.id
         assert loaded.metadata.refs[record.tag].snapshot_id == published[asset]
         assert loaded.metadata.refs[record.tag].max_ref_age_ms >= 2 * 24 * 3600 * 1000
+        # The dates removed lose their tags, kept for the undo as the rollback's own.
+        assert storage.tables.date_tags("orders", asset) == {DAY1: tagged[asset][DAY1]}, asset
+        assert {day: loaded.metadata.refs[f"{record.tag}_{day}"].snapshot_id for day in (DAY2, DAY3)} == {
+            day: tagged[asset][day] for day in (DAY2, DAY3)
+        }
     logged = ds.dataset(str(tmp_path / "warehouse" / "_runs"), format="parquet").to_table().to_pylist()
     rolled = sorted((row["business_date"].isoformat(), row["status"]) for row in logged if row["step"] == "rollback")
     assert rolled == [(DAY2, "rolled_back"), (DAY3, "rolled_back")]
@@ -101,6 +113,12 @@ def test_rollback_undo_and_a_rerun_from_the_date_rolled_back_to(spark, tmp_path,
     storage = WarehouseStorage(str(tmp_path / "warehouse"))
     assert _heads(storage, "orders") == published
     assert all(record.tag not in storage.tables.load("orders", asset).metadata.refs for asset in published)
+    # The dates' tags are back, kept as long as before; no undo tag is left.
+    assert _tags(storage, "orders") == tagged
+    for asset in published:
+        refs = storage.tables.load("orders", asset).metadata.refs
+        assert {refs[day].max_ref_age_ms for day in tagged[asset]} == {7 * 24 * 3600 * 1000}
+        assert not any(name.startswith("cdc_rollback_") for name in refs), refs
     assert rollbacks(storage, "orders")[0].status == "undone"
 
     # The UI's job rolls back again; DAY2 and DAY3 run again from DAY1 and equal what they were.
@@ -119,6 +137,10 @@ def test_rollback_undo_and_a_rerun_from_the_date_rolled_back_to(spark, tmp_path,
     storage = WarehouseStorage(str(tmp_path / "warehouse"))
     for asset in published:
         assert _rows(spark, storage, "orders", asset, [DAY1, DAY2, DAY3]) == before[asset], asset
+    # The dates run again are tagged again, at their new snapshots.
+    retagged = _tags(storage, "orders")
+    assert all(sorted(days) == [DAY1, DAY2, DAY3] and days[DAY1] == tagged[asset][DAY1] and days[DAY3] != tagged[asset][DAY3]
+               for asset, days in retagged.items()), retagged
     # A run committed since: undoing would discard it, so the undo is refused and changes nothing.
     heads = _heads(storage, "orders")
     assert rollback(["orders", "--undo"]) == 2
@@ -130,7 +152,11 @@ def test_rollback_undo_and_a_rerun_from_the_date_rolled_back_to(spark, tmp_path,
     keys = tmp_path / "keys.csv"
     keys.write_text("store_code,order_id\nLON,1001\n")
     assert erase(["orders", "--keys", str(keys), "--reason", "GDPR-1"]) in (0, 3)
-    assert "cdc-rollback --undo can no longer restore them" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "cdc-rollback --undo can no longer restore them" in said
+    # The date tags go too (their versions held the key): no ref keeps a version from the erase's expiry.
+    assert "date tag(s) dropped" in said, said
+    assert all(days == {} for days in _tags(WarehouseStorage(str(tmp_path / "warehouse")), "orders").values())
     storage = WarehouseStorage(str(tmp_path / "warehouse"))
     assert not any(name.startswith("cdc_rollback_") for asset in published for name in storage.tables.load("orders", asset).metadata.refs)
     assert rollback(["orders", "--undo"]) == 2

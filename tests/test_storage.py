@@ -106,6 +106,36 @@ def test_a_date_rewritten_by_another_run_is_read_as_it_now_is(spark, storage):
     assert [tuple(row) for row in storage.read_one(spark, "t", "asset", D1).collect()] == [("b", "x")]
 
 
+def test_each_date_a_write_publishes_is_tagged_and_a_date_dropped_or_rewritten_untagged(spark, storage):
+    """A write to main (not staged) publishes its dates: each gets a tag of its name at the commit, kept
+    ``tag_days`` days; a rewrite moves it, a drop removes it, a write with no tag_days leaves none."""
+    day_ms = 24 * 3600 * 1000
+    storage.write(_dated(spark, [("a", 1, D1), ("b", 2, D2)]), "t", "asset", [D1, D2], tag_days=3)
+    first = storage.tables.load("t", "asset").current_snapshot().snapshot_id
+    assert storage.tables.date_tags("t", "asset") == {D1: first, D2: first}
+    assert storage.tables.load("t", "asset").metadata.refs[D1].max_ref_age_ms == 3 * day_ms
+    read = storage.tables.session_for(spark).sql
+    storage.write(_plain(spark, [("a", 5)]), "t", "asset", [D2], tag_days=3)
+    second = storage.tables.load("t", "asset").current_snapshot().snapshot_id
+    assert storage.tables.date_tags("t", "asset") == {D1: first, D2: second}
+    # Time travel by date: D2 as first published, and as now.
+    assert read(f"SELECT amount FROM lake.t.asset VERSION AS OF '{first}' WHERE business_date = '{D2}'").collect()[0][0] == 2
+    assert read(f"SELECT amount FROM lake.t.asset VERSION AS OF '{D2}' WHERE business_date = '{D2}'").collect()[0][0] == 5
+    # Retention drops D1 (and its tag); a write without tag_days drops D3's older tag and makes none.
+    storage.write(_plain(spark, [("c", 3)]), "t", "asset", [D3], tag_days=3)
+    storage.release()
+    later = WarehouseStorage(storage.root, run_id="run-two", lock_timeout=1.0)  # the next run: D1 is not in its use
+    try:
+        assert later.drop_outside_retention("t", "asset", 2) == [D1]
+        assert set(later.tables.date_tags("t", "asset")) == {D2, D3}
+        later.write(_plain(spark, [("c", 4)]), "t", "asset", [D3])
+        assert set(later.tables.date_tags("t", "asset")) == {D2}
+        # An erase's drop: every date tag in one metadata commit.
+        assert later.drop_date_tags("t") == [f"asset@{D2}"] and later.tables.date_tags("t", "asset") == {}
+    finally:
+        later.release()
+
+
 def test_a_range_write_commits_every_date_including_one_without_rows(spark, storage):
     assert storage.write(_dated(spark, [("a", 1, D1), ("b", 2, D1), ("c", 3, D3)]), "t", "asset", [D1, D2, D3]) == {
         D1: 2, D2: 0, D3: 1,

@@ -1,6 +1,7 @@
 """The Dagster UI as a person uses it, in a real browser: ``make ui`` on the demo data, driven by Playwright in
 Chromium. The group's assets on the page, one partition materialized with the Materialize button, a two-date
-backfill launched from the same dialog, a partition's counts and check result read off the page, and
+backfill launched from the same dialog, a partition's counts and check result read off the page, a third
+date whose declared check fails (staged on the run's branch, the failed check, ``published`` failed), and
 ``make ui`` stopped by Ctrl-C (SIGINT to its process group) and by SIGTERM to make.
 
 Chromium comes from Debian's package (``make browser``, which ``make test`` runs); Playwright's own browser
@@ -24,6 +25,7 @@ import duckdb
 import psutil
 import pytest
 import requests
+import yaml
 
 from resources.storage import WarehouseStorage
 from tests.pipeline import stored_arrow
@@ -36,6 +38,9 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 TABLE = "synthetic"
 DAY1, DAY2 = "2019-06-18", "2019-06-19"
+# A third date whose extract drops half the keys: the declared check below fails it, so it stays staged.
+DAY3 = "2019-06-20"
+DELETE_CHECK = "deletes_at_most_a_quarter"
 ASSETS = [
     "hashed_incoming",
     "rejects",
@@ -83,6 +88,25 @@ def _generate_demo_data(root: Path) -> None:
         check=True,
         capture_output=True,
     )
+
+
+def _table_with_a_declared_check(root: Path) -> Path:
+    """The demo table's config running to DAY3 with a declared volume check, and DAY3's extract: DAY2's with
+    half of its rows (about 50% of the keys deleted, where the check allows 25%). Returns the configs folder."""
+    document = yaml.safe_load((REPO / "table_configs" / f"{TABLE}.yaml").read_text())
+    document["end_date"] = DAY3
+    document["checks"] = [{"type": "volume", "name": DELETE_CHECK, "max_delete_share": 0.25}]
+    configs = root / "configs"
+    configs.mkdir()
+    (configs / f"{TABLE}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    source, target = root / "data" / TABLE / DAY2, root / "data" / TABLE / DAY3
+    target.mkdir()
+    for part in source.iterdir():
+        lines = part.read_text().splitlines(keepends=True)
+        if part.name.startswith(".") or not lines:
+            continue
+        (target / part.name).write_text("".join(lines[: 1 + (len(lines) - 1) // 2]))
+    return configs
 
 
 def _environment(tmp_path: Path, name: str) -> dict[str, str]:
@@ -201,8 +225,8 @@ def _operations(warehouse: Path, asset: str, day: str) -> Counter:
     return Counter(table.column("operation").to_pylist())
 
 
-def _wait_for_run(page, base: str, short_id: str, fail) -> str:
-    """Reload the Runs page until the run's row says Success; its row text."""
+def _wait_for_run(page, base: str, short_id: str, fail, outcome: str = "Success") -> str:
+    """Reload the Runs page until the run's row says ``outcome`` (Success, or Failure); its row text."""
     deadline = time.monotonic() + RUN_TIMEOUT
     while time.monotonic() < deadline:
         page.goto(f"{base}/runs")
@@ -213,12 +237,12 @@ def _wait_for_run(page, base: str, short_id: str, fail) -> str:
             text = row.first.inner_text()
         except Exception:  # noqa: BLE001 - the page is still loading; look again
             text = ""
-        if "Success" in text:
+        if outcome in text:
             return text
-        if "Failure" in text or "Canceled" in text:
-            fail(f"run {short_id} did not succeed: {text!r}")
+        if any(word in text for word in ("Success", "Failure", "Canceled")):
+            fail(f"run {short_id} ended otherwise than {outcome}: {text!r}")
         time.sleep(5)
-    fail(f"run {short_id} did not succeed within {RUN_TIMEOUT} s")
+    fail(f"run {short_id} did not end within {RUN_TIMEOUT} s")
 
 
 def _launch_from_dialog(page, partitions: str, button: str) -> str:
@@ -256,7 +280,7 @@ def test_materialize_and_backfill_from_the_ui(tmp_path):
     shots.mkdir()
     print(f"screenshots: {shots}", flush=True)
     _generate_demo_data(tmp_path)
-    env = _environment(tmp_path, "ui")
+    env = {**_environment(tmp_path, "ui"), "CDC_TABLE_CONFIGS": str(_table_with_a_declared_check(tmp_path))}
     warehouse = Path(env["CDC_WAREHOUSE"])
     server = MakeUi(env, tmp_path / "make_ui.log")
     page = None
@@ -336,6 +360,30 @@ def test_materialize_and_backfill_from_the_ui(tmp_path):
                 assert re.search(r"Evaluation result\s+Passed", check_text), check_text[-1500:]
                 assert re.search(rf"Partition\s+{DAY2}", check_text), check_text[-1500:]
                 assert f"current_table rows ({sum(current.values())})" in check_text, check_text[-1500:]
+
+                # 5. DAY3's extract drops half the keys: the declared check fails, nothing is published, and the
+                # partition's page says the date is staged (on the run's branch) and why.
+                page.goto(f"{server.base}/locations/cdc_assets/asset-groups/{TABLE}")
+                toast = _launch_from_dialog(page, DAY3, "Launch 1 run")
+                short_id = toast.split()[-1]
+                _wait_for_run(page, server.base, short_id, fail, outcome="Failure")
+                page.goto(f"{server.base}/assets/{TABLE}/current_table?view=partitions&partition={DAY3}")
+                page.get_by_text("Latest materialization").first.wait_for()
+                page.get_by_text(re.compile(r"staged on branch cdc_run_")).first.wait_for()
+                page.screenshot(path=shots / "5a_staged.png")
+                page.goto(f"{server.base}/assets/{TABLE}/hash_join_classification?view=checks&checkDetail={DELETE_CHECK}")
+                page.get_by_text("Evaluation result").first.wait_for()
+                check_text = page.inner_text("body")
+                page.screenshot(path=shots / "5b_failed_check.png")
+                assert re.search(r"Evaluation result\s+Failed", check_text), check_text[-1500:]
+                assert re.search(rf"Partition\s+{DAY3}", check_text), check_text[-1500:]
+                # The table's `published` asset: the date failed (its observations say why: tests/test_publishing.py).
+                page.goto(f"{server.base}/assets/{TABLE}/published?view=partitions&partition={DAY3}")
+                page.get_by_text(re.compile(rf"Run {short_id} failed, and did not materialize this asset")).first.wait_for()
+                assert page.get_by_text(re.compile(r"^Failed \(1\)$")).count() == 1, page.inner_text("body")[-1500:]
+                page.screenshot(path=shots / "5c_not_published.png")
+                storage = WarehouseStorage(str(warehouse))
+                assert DAY3 not in storage.tables.stored(TABLE, "current_table", storage.tables.load(TABLE, "current_table").current_snapshot())
             except BaseException:
                 if page is not None:
                     try:
@@ -346,7 +394,7 @@ def test_materialize_and_backfill_from_the_ui(tmp_path):
             finally:
                 browser.close()
 
-        # 5. Ctrl-C in the terminal: SIGINT to make's whole process group stops everything.
+        # 6. Ctrl-C in the terminal: SIGINT to make's whole process group stops everything.
         seconds = server.stop_by(lambda: os.killpg(server.process.pid, signal.SIGINT))
         print(f"make ui stopped {seconds:.1f} s after SIGINT to its group", flush=True)
     finally:

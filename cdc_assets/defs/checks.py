@@ -9,7 +9,7 @@ equation in the metadata. What they compute is the use case ``cdc_assets/usecase
 Dagster); here, only the checks' specs and what Dagster's instance recorded.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import cast
 
 from dagster import (
@@ -21,6 +21,7 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
+    AssetObservation,
     AssetRecordsFilter,
     DagsterInstance,
     DailyPartitionsDefinition,
@@ -41,6 +42,7 @@ from cdc_assets.model.names import (
     CURRENT,
     HASHED_INCOMING,
     HISTORY,
+    PUBLISHED,
     UPDATES,
     pool_name,
 )
@@ -167,6 +169,42 @@ def unpassed_blocking_checks(context: AssetExecutionContext, config: TableConfig
     )
 
 
+def say_not_published(context, config: TableConfig, days: list[str], unpassed: dict[str, list[str]], branch: str, assets: list[str]) -> None:
+    """Each date's events in the UI say why it is staged and not published (docs/publishing.md): an
+    observation per date on each of ``assets`` (``published`` and the outputs the run staged), naming the
+    blocking checks that did not pass on it (``unpassed``: date -> checks), or, for a date whose own
+    checks passed, that the run's dates publish together. ``context``: a step's, to log the events."""
+    for day in days:
+        own = unpassed.get(day, [])
+        why = f"blocking check(s) did not pass: {', '.join(own)}" if own else (
+            "its checks passed, but a range run publishes all of its dates or none, and another date's did not"
+        )
+        metadata = {"cdc/publication": MetadataValue.text(f"staged on branch {branch}, not published: {why}"),
+                    "cdc/branch": MetadataValue.text(branch)}
+        for name in assets:
+            context.log_event(AssetObservation(asset_key=asset_key(config, name), partition=day, metadata=metadata))
+
+
+def _told_if_blocking(
+    context: AssetCheckExecutionContext, config: TableConfig, io_manager: PartitionedParquetIOManager,
+    evaluations: Iterable[AssetCheckEvaluation],
+) -> Iterator[AssetCheckEvaluation]:
+    """Yield each evaluation; then, if a blocking one failed in a run that staged the table's dates,
+    :func:`say_not_published` for each date of the step: Dagster then skips the ``published`` step, which
+    would have said it."""
+    failed: dict[str, list[str]] = {}
+    for result in evaluations:
+        if result.blocking and not result.passed and result.partition is not None:
+            failed.setdefault(result.partition, []).append(
+                f"{result.asset_key.to_user_string()}:{result.check_name} {result.partition} (failed)"
+            )
+        yield result
+    storage = io_manager.storage
+    staged = storage.staged_assets(config.name) if failed else []
+    if staged:
+        say_not_published(context.op_execution_context, config, list(context.partition_keys), failed, storage.branch, [PUBLISHED, *staged])
+
+
 def _recorded(instance: DagsterInstance, key: AssetKey, day: str, names: tuple[str, ...]) -> dict[str, int]:
     """Figures the asset's latest materialization of the date recorded (0 for one it did not record)."""
     records = instance.fetch_materializations(
@@ -192,8 +230,8 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         pool=pool_name(config),
     )
     def intake_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
-        for day, outcome in intake_outcomes(context.instance, parquet_io_manager, config, list(context.partition_keys)):
-            yield evaluation(keys, day, outcome)
+        outcomes = intake_outcomes(context.instance, parquet_io_manager, config, list(context.partition_keys))
+        yield from _told_if_blocking(context, config, parquet_io_manager, (evaluation(keys, day, outcome) for day, outcome in outcomes))
 
     @multi_asset_check(
         name=f"{table}__cdc_checks",
@@ -202,10 +240,12 @@ def build_table_checks(config: TableConfig, partitions_def: DailyPartitionsDefin
         pool=pool_name(config),
     )
     def cdc_checks(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
-        for day, outcomes in cdc_outcomes(context.instance, parquet_io_manager, config, list(context.partition_keys)):
-            for outcome in outcomes:
-                yield evaluation(keys, day, outcome)
-            context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
+        def evaluations() -> Iterator[AssetCheckEvaluation]:
+            for day, outcomes in cdc_outcomes(context.instance, parquet_io_manager, config, list(context.partition_keys)):
+                yield from (evaluation(keys, day, outcome) for outcome in outcomes)
+                context.log.info(f"{table} {day}: " + "; ".join(o.equation for o in outcomes))
+
+        yield from _told_if_blocking(context, config, parquet_io_manager, evaluations())
 
     return [intake_checks, cdc_checks, *build_declared_checks(config, partitions_def)]
 
@@ -231,11 +271,14 @@ def build_declared_checks(config: TableConfig, partitions_def: DailyPartitionsDe
     @multi_asset_check(name=f"{table}__declared_checks", specs=specs, can_subset=True, pool=pool_name(config))
     def declared(context: AssetCheckExecutionContext, parquet_io_manager: ResourceParam[PartitionedParquetIOManager]):
         spark, storage = parquet_io_manager.pyspark.spark_session, parquet_io_manager.storage
-        for day, outcomes in declared_checks.declared_outcomes(spark, storage, config, list(context.partition_keys)):
-            for check, outcome in outcomes:
-                yield evaluation(keys, day, outcome, warning=check.severity is Severity.warn)
-            failed = [outcome.name for _, outcome in outcomes if not outcome.passed]
-            context.log.info(f"{table} {day}: declared checks " + (f"failed: {', '.join(failed)}" if failed else "passed"))
+
+        def evaluations() -> Iterator[AssetCheckEvaluation]:
+            for day, outcomes in declared_checks.declared_outcomes(spark, storage, config, list(context.partition_keys)):
+                yield from (evaluation(keys, day, outcome, warning=check.severity is Severity.warn) for check, outcome in outcomes)
+                failed = [outcome.name for _, outcome in outcomes if not outcome.passed]
+                context.log.info(f"{table} {day}: declared checks " + (f"failed: {', '.join(failed)}" if failed else "passed"))
+
+        yield from _told_if_blocking(context, config, parquet_io_manager, evaluations())
 
     return [declared]
 

@@ -246,6 +246,8 @@ def describe(config: TableConfig, result: ErasureResult) -> str:
            "cdc-rollback --undo can no longer restore them" if result.undo_points_dropped else "")
         + (f"; the unpublished staging branch(es) {', '.join(result.staging_branches_dropped)} dropped (their rows "
            "held the keys)" if result.staging_branches_dropped else "")
+        + (f"; {len(result.date_tags_dropped)} date tag(s) dropped (their table versions held the keys): time travel "
+           "by date starts again at the next published date" if result.date_tags_dropped else "")
         + f". Replaced snapshots expired and their files deleted; ledger {os.path.join('_erasures', result.request_id)}"
         + (f", incomplete: {len(result.left)} thing(s) left, listed in its request.json (left)." if result.left else ", complete (verified).")
     )

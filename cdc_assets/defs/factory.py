@@ -49,7 +49,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from cdc_assets.defs.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.defs.asset_descriptions import ASSET_DESCRIPTIONS
-from cdc_assets.defs.checks import build_table_checks, cdc_outcomes, evaluation, unpassed_blocking_checks
+from cdc_assets.defs.checks import build_table_checks, cdc_outcomes, evaluation, say_not_published, unpassed_blocking_checks
 from cdc_assets.model.config import Retention, TableConfig
 from cdc_assets.model.declared_checks import Severity
 from cdc_assets.usecases import declared_checks
@@ -395,6 +395,8 @@ def build_published_asset(config: TableConfig, partitions_def: DailyPartitionsDe
         storage = parquet_io_manager.storage
         unpassed = unpassed_blocking_checks(context, config, days)
         if unpassed:  # nothing is published: a reader of main keeps the dates before the run's
+            by_day = {day: [name for name in unpassed if f" {day} (" in name] for day in days}
+            say_not_published(context, config, days, by_day, storage.branch, [PUBLISHED, *storage.staged_assets(config.name)])
             raise Failure(
                 description=f"{config.name}: nothing published: blocking check(s) did not pass: {', '.join(unpassed)}. What the "
                 f"run wrote stays on branch {storage.branch} (readable for publish.keep_failed_days, docs/publishing.md); "

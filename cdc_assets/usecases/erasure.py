@@ -93,6 +93,8 @@ class ErasureResult:
     undo_points_dropped: list[str] = field(default_factory=list)
     # Staging branches of runs that never published (docs/publishing.md): their rows hold the keys too.
     staging_branches_dropped: list[str] = field(default_factory=list)
+    # Date tags of the outputs stored per date (``<asset>@<date>``): their snapshots hold the keys too.
+    date_tags_dropped: list[str] = field(default_factory=list)
 
     @property
     def rows_removed(self) -> int:
@@ -209,6 +211,7 @@ def erase_keys(
     # First: a rollback's undo point keeps snapshots that hold the keys, which the expiry below must reach.
     result.undo_points_dropped = forget_undo_points(spark, storage, table, f"dropped by erase request {request_id}")
     result.staging_branches_dropped = storage.drop_staging_branches(table)
+    result.date_tags_dropped = storage.drop_date_tags(table)
     rewritten_before = record.get("bytes_rewritten", 0)  # by an attempt that was killed
     tracks_state = config.load_type is not LoadType.full and CURRENT in storage.stored_assets(table)
     current_dates = storage.stored_dates(table, CURRENT)

@@ -52,10 +52,11 @@ def publish_run(storage: WarehouseStorage, config: TableConfig, days: list[str],
     must then be in ``current_table``'s ``main``: a run that staged nothing of them (its CDC step was left
     out) publishes nothing and says so."""
     publication = Publication(config.name, storage.branch)
-    publication.snapshots = storage.publish(config.name, last=CURRENT)
+    # Each date published is tagged with its name, kept as long as retention.snapshot_days keeps versions.
+    snapshot_days = (config.retention or Retention()).snapshot_days
+    publication.snapshots = storage.publish(config.name, last=CURRENT, tag_days=snapshot_days)
     # retention.snapshot_days, which the staged writes left for now: the versions the run replaced are no
     # longer what readers see. Files killed writes left are swept when versions age out, not at every run.
-    snapshot_days = (config.retention or Retention()).snapshot_days
     for asset in publication.snapshots:
         publication.expired[asset] = storage.expire_snapshots(config.name, asset, snapshot_days)
         publication.removed_files[asset] = len(storage.remove_unreferenced_files(config.name, asset)) if publication.expired[asset] else 0

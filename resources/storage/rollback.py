@@ -4,9 +4,9 @@ A rollback to D removes the dates after D from each of the table's Iceberg table
 means, and keeps what it removed:
 
 - a table stored per date (every output, and a snapshot-layout state): the table's current snapshot is
-  first tagged ``cdc_rollback_<id>`` (``RETAIN`` the table's ``publish.keep_rolled_back_days``), then the
-  later dates leave it in one commit whose summary names the rollback (``cdc.rollback-id``,
-  ``cdc.rolled-back-to``);
+  first tagged ``cdc_rollback_<id>`` (``RETAIN`` the table's ``publish.keep_rolled_back_days``), each later
+  date's tag becomes ``cdc_rollback_<id>_<date>``, then the later dates (and their tags) leave it in one
+  commit whose summary names the rollback (``cdc.rollback-id``, ``cdc.rolled-back-to``);
 - a merged state (``storage: {current: incremental}``): ``main`` is set to the snapshot tagged D, and
   each later date's tag becomes ``cdc_rollback_<id>_<date>`` (the head before gets ``cdc_rollback_<id>``).
 
@@ -33,7 +33,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.core.errors import SummarizedError
 from resources.storage.lake import table_identifier
 from resources.storage.merged import SCHEMA_PROPERTY
-from resources.storage.tables import RUN_ID
+from resources.storage.tables import DROPPED_DATES, RUN_ID
 from resources.storage.warehouse import WarehouseStorage
 
 ROLLBACKS_FOLDER = "_rollbacks"
@@ -167,9 +167,10 @@ def roll_back(
         keep = _undo_minutes(before.timestamp_ms, keep_days)
         spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{record.tag}` AS OF VERSION {done['before']} RETAIN {keep} MINUTES")
         if done["merged"]:
-            _roll_back_merged(spark, storage, table, asset, record, done, keep)
+            _roll_back_merged(spark, storage, table, asset, record, done)
         else:
-            properties = {RUN_ID: storage.run_id, ROLLBACK_ID: record.id, ROLLED_BACK_TO: to, "cdc.dropped-dates": ",".join(done["dropped"])}
+            _keep_date_tags(spark, storage, table, asset, record, done)
+            properties = {RUN_ID: storage.run_id, ROLLBACK_ID: record.id, ROLLED_BACK_TO: to, DROPPED_DATES: ",".join(done["dropped"])}
             # Serializable from the snapshot recorded: a writer the lock does not reach fails it, not lost.
             storage.tables.drop_dates(spark, table, asset, done["dropped"], properties, read_snapshot=done["before"])
         done["after"] = storage.tables.load(table, asset).current_snapshot().snapshot_id
@@ -179,9 +180,30 @@ def roll_back(
     return record
 
 
-def _roll_back_merged(spark: SparkSession, storage: WarehouseStorage, table: str, asset: str, record: Rollback, done: dict, keep: int) -> None:
-    """A merged state: ``main`` to the tag of ``record.to``; each later date's tag kept as an undo tag."""
+def _keep_date_tags(spark: SparkSession, storage: WarehouseStorage, table: str, asset: str, record: Rollback, done: dict) -> None:
+    """A table stored per date: each later date's tag (docs/publishing.md) kept as an undo tag
+    ``cdc_rollback_<id>_<date>``; the rollback's commit then drops the date tags themselves."""
+    if "tags" not in done:  # recorded before anything moves, with each tag's own retention for the undo
+        loaded = storage.tables.load(table, asset)
+        tags = storage.tables.date_tags(table, asset)
+        done["tags"] = {day: tags[day] for day in done["dropped"] if day in tags}
+        done["tag_ages"] = {day: loaded.metadata.refs[day].max_ref_age_ms for day in done["tags"]}
+        _save(storage, record)
+    _undo_tags(spark, storage, table, asset, record, done["tags"])
+
+
+def _undo_tags(spark: SparkSession, storage: WarehouseStorage, table: str, asset: str, record: Rollback, tags: dict[str, int]) -> None:
+    """Tag each date's snapshot ``cdc_rollback_<id>_<date>``, kept ``record.keep_days`` from now: Iceberg
+    counts each tag's age from its own snapshot, older than the rollback's head."""
+    loaded = storage.tables.load(table, asset)
     identifier = table_identifier(table, asset)
+    for day, snapshot in tags.items():
+        keep = _undo_minutes(loaded.snapshot_by_id(snapshot).timestamp_ms, record.keep_days)
+        spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{record.tag}_{day}` AS OF VERSION {snapshot} RETAIN {keep} MINUTES")
+
+
+def _roll_back_merged(spark: SparkSession, storage: WarehouseStorage, table: str, asset: str, record: Rollback, done: dict) -> None:
+    """A merged state: ``main`` to the tag of ``record.to``; each later date's tag kept as an undo tag."""
     if "tags" not in done:  # recorded before anything moves: a rollback stopped after it completes from the record
         loaded = storage.tables.load(table, asset)
         tags = {day: storage.merged.tag_snapshot(table, asset, day) for day in done["dropped"]}
@@ -190,8 +212,7 @@ def _roll_back_merged(spark: SparkSession, storage: WarehouseStorage, table: str
             key: loaded.properties[key] for day in done["dropped"] if (key := f"{SCHEMA_PROPERTY}{day}") in loaded.properties
         }
         _save(storage, record)
-    for day, snapshot in done["tags"].items():
-        spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{record.tag}_{day}` AS OF VERSION {snapshot} RETAIN {keep} MINUTES")
+    _undo_tags(spark, storage, table, asset, record, done["tags"])
     target = storage.merged.tag_snapshot(table, asset, record.to)
     if target is None:
         raise RollbackError(f"{table}/{asset}: no state of {record.to} is stored (no tag {record.to}): nothing to roll back to")
@@ -231,10 +252,12 @@ def undo_last_rollback(spark: SparkSession, storage: WarehouseStorage, table: st
         done = record.assets[asset]
         identifier = table_identifier(table, asset)
         storage.tables.set_current_snapshot(spark, table, asset, done["before"])
+        for day, snapshot in done.get("tags", {}).items():  # each date's tag back, with its own retention
+            age_ms = done.get("tag_ages", {}).get(day)
+            retain = "" if age_ms is None else f" RETAIN {math.ceil(age_ms / 60000)} MINUTES"
+            spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{day}` AS OF VERSION {snapshot}{retain}")
+            spark.sql(f"ALTER TABLE {identifier} DROP TAG IF EXISTS `{record.tag}_{day}`")
         if done.get("merged"):
-            for day, snapshot in done.get("tags", {}).items():
-                spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE TAG `{day}` AS OF VERSION {snapshot}")
-                spark.sql(f"ALTER TABLE {identifier} DROP TAG IF EXISTS `{record.tag}_{day}`")
             if done.get("properties"):
                 listed = ", ".join(f"'{key}'='{value}'" for key, value in done["properties"].items())
                 spark.sql(f"ALTER TABLE {identifier} SET TBLPROPERTIES ({listed})")

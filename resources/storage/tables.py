@@ -48,6 +48,8 @@ from resources.storage.lake import CATALOG_NAME, LakeCatalog, table_identifier
 STORED_DATES = "cdc.stored-dates"
 RUN_ID = "cdc.run-id"
 WRITTEN_DATES = "cdc.business-dates"
+# On a commit that removed dates (a re-run's later dates, retention, a rollback): the dates it removed.
+DROPPED_DATES = "cdc.dropped-dates"
 SCHEMAS_FOLDER = "_schemas"
 # A run's staging branch is this prefix and its Dagster run id (docs/publishing.md).
 STAGING_PREFIX = "cdc_run_"
@@ -313,11 +315,12 @@ class LakeTables:
         if self.branch is not None and loaded is not None and self.branch not in loaded.metadata.refs:
             self.session_for(spark).sql(f"ALTER TABLE {table_identifier(table, asset)} CREATE BRANCH IF NOT EXISTS `{self.branch}`").collect()
 
-    def publish(self, table: str, asset: str) -> int | None:
-        """Make the run's staged snapshot of the asset what ``main`` reads, and drop the staging branch, in
-        one metadata commit (no data written); returns the snapshot published, None when the run staged
-        nothing there. Refused with :class:`ConcurrentWriteError` when ``main`` moved since the branch was
-        made from it (a commit the branch does not hold would be lost). The caller holds the writer lock."""
+    def publish(self, table: str, asset: str, tag_days: int | None = None) -> int | None:
+        """Make the run's staged snapshot of the asset what ``main`` reads, tag each date the run wrote
+        (:meth:`_retag`: the run's newest commit of the date, kept ``tag_days`` days), and drop the staging
+        branch, in one metadata commit (no data written); returns the snapshot published, None when the run
+        staged nothing there. Refused with :class:`ConcurrentWriteError` when ``main`` moved since the branch
+        was made from it (a commit the branch does not hold would be lost). The caller holds the writer lock."""
         loaded = self.load(table, asset)
         if loaded is None or self.branch is None or self.branch not in loaded.metadata.refs:
             return None
@@ -335,8 +338,67 @@ class LakeTables:
             )
         with loaded.manage_snapshots() as snapshots:
             snapshots.set_current_snapshot(snapshot_id=staged.snapshot_id)
+            self._retag(loaded, snapshots, self._staged_commits(loaded, staged, staged_from), tag_days)
             snapshots.remove_branch(self.branch)
         return staged.snapshot_id
+
+    @staticmethod
+    def _staged_commits(loaded, staged, staged_from: str | None) -> list:
+        """The branch's own commits, newest first: back from its head to the snapshot of main it was made from
+        (or to the first one whose parent is expired or main's)."""
+        main = loaded.current_snapshot()
+        stop = {int(staged_from)} if staged_from else set()
+        if main is not None:
+            stop.add(main.snapshot_id)
+        found = []
+        snapshot = staged
+        while snapshot is not None and snapshot.snapshot_id not in stop:
+            found.append(snapshot)
+            snapshot = loaded.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+        return found
+
+    # -- a tag per published date (docs/publishing.md, Time travel by date) -----------------------------
+    @staticmethod
+    def _retag(loaded, snapshots, commits: list, tag_days: int | None) -> bool:
+        """Add to ``snapshots`` (a pyiceberg ``manage_snapshots()``) the date tags that ``commits`` (newest
+        first, now published) make; returns whether it added any change. Each date a commit wrote is tagged
+        with its name at the newest such commit, ``RETAIN`` ``tag_days`` days (Iceberg's expiry then drops
+        the tag with its snapshot, as ``retention.snapshot_days`` does the snapshot); each date a commit
+        dropped (retention, a re-run's later dates, a rollback) loses its tag. With no ``tag_days`` (None
+        or 0), a written date's older tag is dropped and none is made: no tag names what the date no longer is."""
+        seen: set[str] = set()
+        changed = False
+        for commit in commits:
+            summary = commit.summary or {}
+            dropped = [day for day in _listed(summary.get(DROPPED_DATES)) if day not in seen]
+            written = [day for day in _listed(summary.get(WRITTEN_DATES)) if day not in seen and day not in dropped]
+            seen.update(dropped, written)
+            for day in dropped + ([] if tag_days else written):
+                if _is_date_tag(loaded, day):
+                    snapshots.remove_tag(day)
+                    changed = True
+            for day in written if tag_days else []:
+                snapshots.create_tag(commit.snapshot_id, day, max_ref_age_ms=(tag_days or 0) * DAY_MS)
+                changed = True
+        return changed
+
+    def date_tags(self, table: str, asset: str) -> dict[str, int]:
+        """The asset's date tags (a published date -> the snapshot that published it)."""
+        loaded = self.load(table, asset)
+        if loaded is None:
+            return {}
+        return {name: ref.snapshot_id for name, ref in loaded.metadata.refs.items() if _is_date_tag(loaded, name)}
+
+    def drop_date_tags(self, table: str, asset: str) -> list[str]:
+        """Remove every date tag of the asset in one metadata commit (an erase: their snapshots hold the
+        keys); returns the tags removed."""
+        loaded = self.load(table, asset)
+        tags = sorted(self.date_tags(table, asset))
+        if tags:
+            with loaded.manage_snapshots() as snapshots:
+                for name in tags:
+                    snapshots.remove_tag(name)
+        return tags
 
     @staticmethod
     def _ancestors(loaded, snapshot) -> set[int]:
@@ -459,10 +521,15 @@ class LakeTables:
         properties: dict[str, str],
         dropped: Iterable[str] = (),
         read_snapshot: int | None = None,
+        tag_days: int | None = None,
     ) -> int:
         """Replace the dates ``business_dates`` of the asset with ``frame``'s rows in one commit (a frame
         with a ``business_date`` column), and forget the dates ``dropped`` (their rows go in the same commit);
         returns the id of the snapshot committed.
+
+        Written to ``main`` (not staged), the commit is published at once: each date written is then tagged
+        with its name (kept ``tag_days`` days; None or 0: no tag) and each date dropped loses its tag
+        (:meth:`_retag`). A staged commit is tagged when it is published (:meth:`publish`).
 
         The caller holds the table's writer lock. ``properties`` go into the snapshot summary; ``RUN_ID``
         among them finds the commit afterwards. The write is serializable from ``read_snapshot``, the
@@ -490,11 +557,16 @@ class LakeTables:
         for day, day_sid in stored.items():
             grouped.setdefault(day_sid, []).append(day)
         summary = {STORED_DATES: json.dumps({key: encode_dates(days) for key, days in sorted(grouped.items())}), **properties}
+        if business_dates:
+            summary.setdefault(WRITTEN_DATES, ",".join(business_dates))
+        if dropped:
+            summary[DROPPED_DATES] = ",".join(sorted(dropped))
         replaced = sorted(set(business_dates) | set(dropped))
         # Serializable: Iceberg checks, at the commit (and again at each retry of it), that no snapshot
         # after ``read_snapshot`` added files of these dates. With no snapshot read, every snapshot is
         # after it: validating from the table's first one is the same check.
-        if self.stage_writes and self.branch is not None:
+        staged = self.stage_writes and self.branch is not None
+        if staged:
             # Staged: readers of main do not see it until publish(); a write names the branch ``branch_<name>``
             # after the table. Each staged commit records the main snapshot the branch was made from: publish()
             # moves main only from there (the branch's own earlier snapshots may be expired meanwhile).
@@ -517,7 +589,13 @@ class LakeTables:
             raise _conflict(table, asset, replaced, read_snapshot, error) from error
         finally:
             release_hand_over(spark, hop)
-        return self._committed_by(table, asset, properties.get(RUN_ID))
+        committed = self._committed_by(table, asset, properties.get(RUN_ID))
+        if not staged:  # published at once: its dates' tags, in a metadata commit of their own
+            loaded = self.load(table, asset)
+            snapshots = loaded.manage_snapshots()
+            if self._retag(loaded, snapshots, [loaded.snapshot_by_id(committed)], tag_days):
+                snapshots.commit()
+        return committed
 
     def _committed_by(self, table: str, asset: str, run_id: str | None) -> int:
         """The newest snapshot of the asset's ``main`` history that ``run_id`` committed (the one this
@@ -609,6 +687,26 @@ def _staged_from(loaded, head) -> dict[str, str]:
     if recorded is None and main is None:
         recorded = ""
     return {} if recorded is None else {STAGED_FROM: recorded}
+
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+def _listed(dates: str | None) -> list[str]:
+    """A summary's comma-separated dates."""
+    return [day for day in (dates or "").split(",") if day]
+
+
+def _is_date_tag(loaded, name: str) -> bool:
+    """Whether ``name`` is a tag of ``loaded`` named by a business date."""
+    ref = loaded.metadata.refs.get(name)
+    if ref is None or not str(ref.snapshot_ref_type).lower().endswith("tag"):
+        return False
+    try:
+        date.fromisoformat(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _on_dates(days: Iterable[str]):

@@ -31,6 +31,7 @@ from resources.storage.lease import DEFAULT_LEASE_SECONDS, WriterLeases
 from resources.storage.lock import DEFAULT_LOCK_TIMEOUT_SECONDS, WriterLocks
 from resources.storage.merged import STORED_AS, MergedStates, StateOrderError
 from resources.storage.tables import (
+    DROPPED_DATES,
     RUN_ID,
     STAGING_PREFIX,
     WRITTEN_DATES,
@@ -177,21 +178,33 @@ class WarehouseStorage:
         """The table's assets this run staged a write of (its branch exists there)."""
         return [asset for asset in self.stored_assets(table) if self.branch in self.tables.staging_branches(table, asset)]
 
-    def publish(self, table: str, last: str) -> dict[str, int]:
-        """Publish what this run staged of the table: each output's ``main`` moved to the run's branch and the
-        branch dropped (a metadata commit per output, no data written), ``last`` (``current_table``) last, so
-        a reader of the current state never sees a date whose other outputs are not published yet. Returns
-        the snapshot published per output. Holds the table's writer lock."""
+    def publish(self, table: str, last: str, tag_days: int | None = None) -> dict[str, int]:
+        """Publish what this run staged of the table: each output's ``main`` moved to the run's branch, each
+        date it wrote tagged with its name (kept ``tag_days`` days) and the branch dropped (a metadata commit
+        per output, no data written), ``last`` (``current_table``) last, so a reader of the current state
+        never sees a date whose other outputs are not published yet. Returns the snapshot published per
+        output. Holds the table's writer lock."""
         self.hold_writer_lock(table)
         staged = self.staged_assets(table)
         published = {}
         for asset in sorted(staged, key=lambda name: (name == last, name)):
             fault_injection.pause_point(fault_injection.BEFORE_PUBLISH, table, asset)
             self._locks.confirm(table)
-            snapshot = self.tables.publish(table, asset)
+            snapshot = self.tables.publish(table, asset, tag_days)
             if snapshot is not None:
                 published[asset] = snapshot
         return published
+
+    def drop_date_tags(self, table: str) -> list[str]:
+        """Remove the date tags of the table's outputs stored per date (an erase: their snapshots hold the
+        keys; a merged state's tags are its dates, rewritten instead). Returns ``<asset>@<date>`` for each.
+        Holds the table's writer lock."""
+        self.hold_writer_lock(table)
+        dropped = []
+        for asset in self.stored_assets(table):
+            if not self.merged.holds(table, asset):
+                dropped += [f"{asset}@{day}" for day in self.tables.drop_date_tags(table, asset)]
+        return dropped
 
     def staging_branches(self, table: str) -> dict[str, int]:
         """Every staging branch of the table's outputs (any run's) -> its newest snapshot's time (ms)."""
@@ -218,7 +231,7 @@ class WarehouseStorage:
     # -- writing ---------------------------------------------------------------------------------------
     def write(
         self, frame: DataFrame, table: str, asset: str, business_dates: list[str], dropped: Iterable[str] = (),
-        renamed_from: dict[str, list[str]] | None = None, drop_columns: Iterable[str] = (),
+        renamed_from: dict[str, list[str]] | None = None, drop_columns: Iterable[str] = (), tag_days: int | None = None,
     ) -> dict[str, int]:
         """Store ``frame`` as the partitions ``business_dates`` of ``[table, asset]`` in one Iceberg commit;
         rows per date.
@@ -234,6 +247,8 @@ class WarehouseStorage:
         ``renamed_from``: the config's renamed columns (new name -> former names, newest first); a
         column the table still has under a former name is renamed first (:meth:`LakeTables.rename_columns`).
         ``drop_columns``: columns the config dropped, dropped from the table first (:meth:`LakeTables.drop_columns`).
+        ``tag_days``: a write that is not staged publishes its dates: each is tagged with its name, kept
+        that many days (``retention.snapshot_days``; None or 0: no tag). A staged one is tagged when published.
         """
         dropped = sorted(set(dropped))
         self.hold_writer_lock(table)
@@ -270,9 +285,10 @@ class WarehouseStorage:
         properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
         if dropped:
             self._record_dropped_by_rerun(table, asset, business_dates, dropped)
-            properties["cdc.dropped-dates"] = ",".join(dropped)
+            properties[DROPPED_DATES] = ",".join(dropped)
         self._read_snapshots[(table, asset)] = self.tables.write(
-            frame, table, asset, business_dates, properties, dropped=dropped, read_snapshot=self._read_snapshots.get((table, asset))
+            frame, table, asset, business_dates, properties, dropped=dropped, read_snapshot=self._read_snapshots.get((table, asset)),
+            tag_days=tag_days,
         )
         retention.forget_dropped(self.layout, table, asset, business_dates)
         self._in_use.update((table, asset, day) for day in business_dates)
@@ -287,7 +303,7 @@ class WarehouseStorage:
             return
         self.hold_writer_lock(table)
         self._record_dropped_by_rerun(table, asset, rerun_dates, dropped)
-        self._drop_dates(table, asset, dropped, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(dropped)})
+        self._drop_dates(table, asset, dropped, {RUN_ID: self.run_id, DROPPED_DATES: ",".join(dropped)})
 
     def write_state(
         self,
@@ -339,7 +355,7 @@ class WarehouseStorage:
         self._locks.confirm(table)
         summary = {RUN_ID: self.run_id, WRITTEN_DATES: business_date, STORED_AS: "full" if whole else "changes", **(properties or {})}
         if later:
-            summary["cdc.dropped-dates"] = ",".join(later)
+            summary[DROPPED_DATES] = ",".join(later)
         write = self.merged.replace_state if whole else self.merged.apply_changes
         write(frame, table, asset, business_date, summary, sid=sid, untouched=untouched)
         retention.forget_dropped(self.layout, table, asset, [business_date])
@@ -479,7 +495,7 @@ class WarehouseStorage:
         for day in expired:
             stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             retention.record_dropped(self.layout, table, asset, day, stamped)
-        self._drop_dates(table, asset, expired, {RUN_ID: self.run_id, "cdc.dropped-dates": ",".join(expired)})
+        self._drop_dates(table, asset, expired, {RUN_ID: self.run_id, DROPPED_DATES: ",".join(expired)})
 
     def _drop_dates(self, table: str, asset: str, days: list[str], properties: dict[str, str]) -> None:
         """Remove the dates from the asset in one commit: a date-partitioned table's rows, a merged state's tags."""
