@@ -386,7 +386,7 @@ def summary(results: dict) -> None:
         ratio("b-lake / b", lake, b, "b")
         ratio("b-lake / a", lake, a, "a")
     s = results["settings"]
-    title = (f"PERFORMANCE TARGETS (issues 10, 11, 23, 35)  rows/day={s['rows']:,}  range={s['range_days']}x{s['range_rows']:,}  "
+    title = (f"PERFORMANCE TARGETS (issues 10, 11, 23, 35, 48)  rows/day={s['rows']:,}  range={s['range_days']}x{s['range_rows']:,}  "
              f"at {results['git_commit']}  {results['started_utc']}  total {results.get('total_seconds', 0):.0f} s")
     notes = ["seconds: wall seconds of one fresh process (CLI or yardstick) unless warm; other: average cores other processes",
              "kept busy meanwhile (on 2 cores, above ~0.2 the seconds are not comparable with an idle run)"]
