@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
@@ -142,6 +143,12 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
         observed = instance.fetch_observations(AssetRecordsFilter(asset_key=AssetKey(["orders", asset]), asset_partitions=[DAY3]), limit=1)
         said = observed.records[0].asset_observation.metadata["cdc/publication"].value
         assert said.startswith(f"staged on branch {branch}, not published: blocking check(s) did not pass:") and "state_size" in said, said
+
+    # The runs log: the CDC step's row (it logs as it ends, before the checks), then the checks' verdict.
+    logged = [row for row in pq.read_table(Path(root) / "_runs").to_pylist() if row["run_id"] == failed.run_id]
+    assert sorted((row["step"], row["status"]) for row in logged) == [("cdc", "succeeded"), ("checks", "failed")], logged
+    [verdict] = [row["error"] for row in logged if row["step"] == "checks"]
+    assert verdict.startswith(f"NotPublished: not published, kept on branch {branch}: blocking check(s) did not pass:") and "state_size" in verdict
 
     # The next date's run is refused: date 3 is not published (the refusal reads the tables, not Dagster).
     (extract.parent / "2024-01-04.csv").write_text(good.replace("2024-01-03 23:00:00", "2024-01-04 23:00:00"))

@@ -36,6 +36,7 @@ from cdc_assets.core.capture.reconcile import (
     Reconciliation,
 )
 from cdc_assets.defs.asset_keys import asset_key, asset_keys
+from cdc_assets.defs.runs_log import log_not_published
 from cdc_assets.usecases import declared_checks, reconcile
 from cdc_assets.model.names import (
     CLASSIFICATION,
@@ -202,7 +203,9 @@ def _told_if_blocking(
     storage = io_manager.storage
     staged = storage.staged_assets(config.name) if failed else []
     if staged:
-        say_not_published(context.op_execution_context, config, list(context.partition_keys), failed, storage.branch, [PUBLISHED, *staged])
+        days = list(context.partition_keys)
+        say_not_published(context.op_execution_context, config, days, failed, storage.branch, [PUBLISHED, *staged])
+        log_not_published(context.op_execution_context, config, storage, days, [name for names in failed.values() for name in names])
 
 
 def _recorded(instance: DagsterInstance, key: AssetKey, day: str, names: tuple[str, ...]) -> dict[str, int]:

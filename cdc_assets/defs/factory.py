@@ -69,7 +69,7 @@ from cdc_assets.model.names import (
     day_before,
     pool_name,
 )
-from cdc_assets.defs.runs_log import RunsLogEntry, cdc_left_out, run_started_at, runs_logged
+from cdc_assets.defs.runs_log import RunsLogEntry, cdc_left_out, log_not_published, run_started_at, runs_logged
 from cdc_assets.usecases.capture import CaptureRun, capture_changes
 from cdc_assets.usecases.intake import Intake, read_intake
 from cdc_assets.usecases.publishing import publish_run
@@ -397,6 +397,7 @@ def build_published_asset(config: TableConfig, partitions_def: DailyPartitionsDe
         if unpassed:  # nothing is published: a reader of main keeps the dates before the run's
             by_day = {day: [name for name in unpassed if f" {day} (" in name] for day in days}
             say_not_published(context, config, days, by_day, storage.branch, [PUBLISHED, *storage.staged_assets(config.name)])
+            log_not_published(context, config, storage, days, unpassed)
             raise Failure(
                 description=f"{config.name}: nothing published: blocking check(s) did not pass: {', '.join(unpassed)}. What the "
                 f"run wrote stays on branch {storage.branch} (readable for publish.keep_failed_days, docs/publishing.md); "

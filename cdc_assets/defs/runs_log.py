@@ -29,7 +29,7 @@ from dagster import AssetExecutionContext
 
 from cdc_assets.model import settings
 from cdc_assets.model.config import TableConfig
-from cdc_assets.core.errors import error_summary
+from cdc_assets.core.errors import SummarizedError, error_summary
 from cdc_assets.defs.asset_keys import asset_key
 from cdc_assets.model.names import CURRENT
 from resources.storage import WarehouseStorage
@@ -44,7 +44,7 @@ RUNS_LOG_SCHEMA = pa.schema(
         pa.field("table", pa.string(), nullable=False),
         pa.field("business_date", pa.date32(), nullable=False),
         pa.field("status", pa.string(), nullable=False),  # succeeded | failed
-        pa.field("step", pa.string(), nullable=False),  # the step that wrote the row: cdc | intake
+        pa.field("step", pa.string(), nullable=False),  # the step that wrote the row: cdc | intake | checks | rollback | rollback-undo
         pa.field("run_first_date", pa.date32(), nullable=False),  # the run's dates (a backfill: several)
         pa.field("run_last_date", pa.date32(), nullable=False),
         pa.field("started_at", pa.timestamp("us", tz="UTC"), nullable=False),  # = processed_at in the outputs
@@ -182,6 +182,19 @@ def _append(context, table, storage, days, status, step, entry: RunsLogEntry, er
     days = [*days, *(entry.carried or [])]
     rows = runs_log_rows(table, context.run_id, run_started_at(context), days, status, step, entry.counts, error, entry.schema_change)
     storage.append_to_runs_log(rows, table.name)
+
+
+class NotPublished(SummarizedError):
+    """What the runs log says of a run's dates that a failed blocking check kept on the run's branch."""
+
+
+def log_not_published(context, table: TableConfig, storage: WarehouseStorage, days: list[str], unpassed: list[str]) -> None:
+    """The runs log's rows of a run whose dates a failed blocking check kept on the run's branch
+    (docs/publishing.md): ``failed``, step ``checks``, the branch and the checks (names and dates, no
+    values) in ``error``. They follow the CDC step's ``succeeded`` rows of the same run: the CDC step
+    logs when it ends, before the checks judge what it staged."""
+    why = NotPublished(f"not published, kept on branch {storage.branch}: blocking check(s) did not pass: {', '.join(unpassed)}")
+    storage.append_to_runs_log(runs_log_rows(table, context.run_id, run_started_at(context), days, FAILED, "checks", error=why), table.name)
 
 
 def run_started_at(context: AssetExecutionContext) -> datetime:
