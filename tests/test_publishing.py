@@ -184,9 +184,12 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
 
 
 @pytest.mark.slow  # a `dagster asset materialize` of its own, with its own JVM
-def test_a_run_killed_before_it_publishes_publishes_nothing_and_its_rerun_does(spark, tmp_path, monkeypatch):
-    """kill -9 of a `dagster asset materialize` paused at the named fault point before its first publication:
-    every output's main is where it was; the re-run publishes; the dead run's branch goes after the grace period."""
+@pytest.mark.parametrize("paused_at", ["deletes", "current_table"])
+def test_a_run_killed_before_it_publishes_publishes_nothing_and_its_rerun_does(spark, tmp_path, monkeypatch, paused_at):
+    """kill -9 of a `dagster asset materialize` paused at the named fault point before its first publication
+    (``deletes``): every output's main is where it was; or before its last (``current_table``): every other
+    output is published and a reader of the current state still sees the date before. The re-run publishes;
+    the dead run's branch goes after the grace period."""
     config_path = _setup(tmp_path, monkeypatch)
     root = str(tmp_path / "warehouse")
     defs = definitions_for(load_table_config(config_path))
@@ -199,7 +202,7 @@ def test_a_run_killed_before_it_publishes_publishes_nothing_and_its_rerun_does(s
     shutil.copy(REPO / "instance" / "dagster.yaml", home / "dagster.yaml")
     marker, log = tmp_path / "paused.marker", tmp_path / "killed.log"
     env = {**os.environ, "PYTHONPATH": str(REPO), "DAGSTER_HOME": str(home), "CDC_PAUSE_MARKER": str(marker),
-           "CDC_PAUSE_BEFORE_PUBLISH": "orders/deletes",  # the first output published (current_table is last)
+           "CDC_PAUSE_BEFORE_PUBLISH": f"orders/{paused_at}",  # deletes is published first, current_table last
            "CDC_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false", "spark.driver.memory": "1g"}'}
     command = [str(REPO / ".venv/bin/dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions",
                "--select", "group:orders", "--partition", DAY2]
@@ -216,10 +219,15 @@ def test_a_run_killed_before_it_publishes_publishes_nothing_and_its_rerun_does(s
         process.wait(timeout=60)
     assert process.returncode == -signal.SIGKILL
     storage = WarehouseStorage(root)
-    # Every output was written and checked on the dead run's branch; nothing of it reached main.
+    # Every output was written and checked on the dead run's branch; what was not published yet is still there.
     [branch] = storage.staging_branches("orders")
-    assert {asset: storage.tables.load("orders", asset).current_snapshot().snapshot_id for asset in published} == heads
-    assert _main_dates(root) == published
+    now = _main_dates(root)
+    if paused_at == "deletes":  # nothing of it reached main
+        assert {asset: storage.tables.load("orders", asset).current_snapshot().snapshot_id for asset in published} == heads
+        assert now == published
+    else:  # every output but current_table published; the current state is still date 1's
+        assert now["current_table"] == [DAY1] and all(days == [DAY1, DAY2] for asset, days in now.items() if asset != "current_table"), now
+        assert [asset for asset in published if branch in storage.tables.staging_branches("orders", asset)] == ["current_table"]
     staged = storage.tables.load("orders", "current_table").snapshot_by_name(branch)
     assert DAY2 in storage.tables.stored("orders", "current_table", staged)
 
