@@ -153,8 +153,8 @@ def blocking_check_keys(config: TableConfig, partitions_def: DailyPartitionsDefi
 def unpassed_blocking_checks(context: AssetExecutionContext, config: TableConfig, days: list[str]) -> list[str]:
     """The table's blocking checks that did not pass in this run on each of ``days``, as ``asset:check date
     (failed)`` or ``(not evaluated)``: a run that left a check out (the UI's *without checks*) publishes
-    nothing unchecked. Dagster gates a downstream step only on a check result without a partition; these
-    checks report one per date, so publication reads them here."""
+    nothing unchecked. Dagster skips a downstream step when a blocking check fails, not when a blocking
+    check reports nothing (left out of the run, or its step never ran), so publication reads them here."""
     wanted = blocking_check_keys(config, cast(DailyPartitionsDefinition, context.assets_def.partitions_def))
     passed: dict[tuple[AssetCheckKey, str | None], bool] = {}
     for record in context.instance.get_records_for_run(context.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION).records:
