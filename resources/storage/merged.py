@@ -172,14 +172,7 @@ class MergedStates:
         return labelled.combine_chunks() if rows.num_rows else pa.array([], pa.string())
 
     def _tags(self, table: str, asset: str) -> dict[str, int]:
-        loaded = self.tables.load(table, asset)
-        if loaded is None:
-            return {}
-        found = {}
-        for name, ref in loaded.metadata.refs.items():
-            if str(ref.snapshot_ref_type).lower().endswith("tag") and _is_date(name):
-                found[name] = ref.snapshot_id
-        return found
+        return self.tables.date_tags(table, asset)
 
     # -- writing -----------------------------------------------------------------------------------------
     def apply_changes(
@@ -470,14 +463,6 @@ def operation_as_of_sql(day: str, untouched: str, dialect: Dialect | str) -> str
         f"CASE WHEN {quote_identifier(OPERATION_DATE, dialect)} = {date_literal(day)} "
         f"THEN {quote_identifier(OPERATION, dialect)} ELSE '{untouched}' END"
     )
-
-
-def _is_date(name: str) -> bool:
-    try:
-        date.fromisoformat(name)
-    except ValueError:
-        return False
-    return True
 
 
 def _first_value(frame: DataFrame, column: int | str = 0) -> Any:

@@ -33,7 +33,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.core.errors import SummarizedError
 from resources.storage.lake import table_identifier
 from resources.storage.merged import SCHEMA_PROPERTY
-from resources.storage.tables import DROPPED_DATES, RUN_ID
+from resources.storage.tables import RUN_ID
 from resources.storage.warehouse import WarehouseStorage
 
 ROLLBACKS_FOLDER = "_rollbacks"
@@ -170,7 +170,7 @@ def roll_back(
             _roll_back_merged(spark, storage, table, asset, record, done)
         else:
             _keep_date_tags(spark, storage, table, asset, record, done)
-            properties = {RUN_ID: storage.run_id, ROLLBACK_ID: record.id, ROLLED_BACK_TO: to, DROPPED_DATES: ",".join(done["dropped"])}
+            properties = {RUN_ID: storage.run_id, ROLLBACK_ID: record.id, ROLLED_BACK_TO: to}
             # Serializable from the snapshot recorded: a writer the lock does not reach fails it, not lost.
             storage.tables.drop_dates(spark, table, asset, done["dropped"], properties, read_snapshot=done["before"])
         done["after"] = storage.tables.load(table, asset).current_snapshot().snapshot_id

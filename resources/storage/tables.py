@@ -28,7 +28,8 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import takewhile
 from typing import Any
 from dataclasses import dataclass, field
 from datetime import date, timedelta
@@ -350,12 +351,7 @@ class LakeTables:
         stop = {int(staged_from)} if staged_from else set()
         if main is not None:
             stop.add(main.snapshot_id)
-        found = []
-        snapshot = staged
-        while snapshot is not None and snapshot.snapshot_id not in stop:
-            found.append(snapshot)
-            snapshot = loaded.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
-        return found
+        return list(takewhile(lambda snapshot: snapshot.snapshot_id not in stop, _lineage(loaded, staged)))
 
     # -- a tag per published date (docs/publishing.md, Time travel by date) -----------------------------
     @staticmethod
@@ -402,11 +398,7 @@ class LakeTables:
 
     @staticmethod
     def _ancestors(loaded, snapshot) -> set[int]:
-        found = set()
-        while snapshot is not None:
-            found.add(snapshot.snapshot_id)
-            snapshot = loaded.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
-        return found
+        return {ancestor.snapshot_id for ancestor in _lineage(loaded, snapshot)}
 
     def staging_branches(self, table: str, asset: str) -> dict[str, int]:
         """Every staging branch of the asset (``cdc_run_<run id>``) -> when its newest snapshot was committed (ms)."""
@@ -531,8 +523,9 @@ class LakeTables:
         with its name (kept ``tag_days`` days; None or 0: no tag) and each date dropped loses its tag
         (:meth:`_retag`). A staged commit is tagged when it is published (:meth:`publish`).
 
-        The caller holds the table's writer lock. ``properties`` go into the snapshot summary; ``RUN_ID``
-        among them finds the commit afterwards. The write is serializable from ``read_snapshot``, the
+        The caller holds the table's writer lock. ``properties`` go into the snapshot summary (with
+        ``WRITTEN_DATES`` and ``DROPPED_DATES``, which this sets); ``RUN_ID`` among them finds the commit
+        afterwards. The write is serializable from ``read_snapshot``, the
         snapshot the caller's run found (None: it found none): if another commit since then wrote any of
         the dates, nothing is committed and :class:`ConcurrentWriteError` says so.
         """
@@ -557,8 +550,9 @@ class LakeTables:
         for day, day_sid in stored.items():
             grouped.setdefault(day_sid, []).append(day)
         summary = {STORED_DATES: json.dumps({key: encode_dates(days) for key, days in sorted(grouped.items())}), **properties}
+        # What the commit wrote and removed, by date: what finds a date's commit (its tag) and what reads its history.
         if business_dates:
-            summary.setdefault(WRITTEN_DATES, ",".join(business_dates))
+            summary[WRITTEN_DATES] = ",".join(business_dates)
         if dropped:
             summary[DROPPED_DATES] = ",".join(sorted(dropped))
         replaced = sorted(set(business_dates) | set(dropped))
@@ -601,12 +595,10 @@ class LakeTables:
         """The newest snapshot of the asset's ``main`` history that ``run_id`` committed (the one this
         process just committed: a run writes each asset from one step at a time)."""
         loaded = self.load(table, asset)
-        snapshot = self.head(loaded)
-        newest = snapshot
-        while snapshot is not None and run_id is not None:
+        newest = self.head(loaded)
+        for snapshot in _lineage(loaded, newest) if run_id is not None else ():
             if snapshot.summary is not None and snapshot.summary.get(RUN_ID) == run_id:
                 return snapshot.snapshot_id
-            snapshot = loaded.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
         return newest.snapshot_id
 
     def drop_dates(
@@ -690,6 +682,13 @@ def _staged_from(loaded, head) -> dict[str, str]:
 
 
 DAY_MS = 24 * 60 * 60 * 1000
+
+
+def _lineage(loaded, snapshot) -> Iterator:
+    """``snapshot`` and its ancestors, newest first, as far as they are kept (an expired parent ends it)."""
+    while snapshot is not None:
+        yield snapshot
+        snapshot = loaded.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
 
 
 def _listed(dates: str | None) -> list[str]:

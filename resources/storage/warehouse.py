@@ -282,10 +282,9 @@ class WarehouseStorage:
             self.tables.make_branch(frame.sparkSession, table, asset)
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
         self._locks.confirm(table)
-        properties = {RUN_ID: self.run_id, WRITTEN_DATES: ",".join(business_dates)}
+        properties = {RUN_ID: self.run_id}  # the dates written and dropped: LakeTables.write records them
         if dropped:
             self._record_dropped_by_rerun(table, asset, business_dates, dropped)
-            properties[DROPPED_DATES] = ",".join(dropped)
         self._read_snapshots[(table, asset)] = self.tables.write(
             frame, table, asset, business_dates, properties, dropped=dropped, read_snapshot=self._read_snapshots.get((table, asset)),
             tag_days=tag_days,
@@ -303,7 +302,7 @@ class WarehouseStorage:
             return
         self.hold_writer_lock(table)
         self._record_dropped_by_rerun(table, asset, rerun_dates, dropped)
-        self._drop_dates(table, asset, dropped, {RUN_ID: self.run_id, DROPPED_DATES: ",".join(dropped)})
+        self._drop_dates(table, asset, dropped, {RUN_ID: self.run_id})
 
     def write_state(
         self,
@@ -495,7 +494,7 @@ class WarehouseStorage:
         for day in expired:
             stamped = {**record, "dropped_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             retention.record_dropped(self.layout, table, asset, day, stamped)
-        self._drop_dates(table, asset, expired, {RUN_ID: self.run_id, DROPPED_DATES: ",".join(expired)})
+        self._drop_dates(table, asset, expired, {RUN_ID: self.run_id})
 
     def _drop_dates(self, table: str, asset: str, days: list[str], properties: dict[str, str]) -> None:
         """Remove the dates from the asset in one commit: a date-partitioned table's rows, a merged state's tags."""
