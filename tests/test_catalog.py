@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import DagsterInstance
 
 from cdc_assets.usecases.catalog_ddl import catalog_dir
@@ -23,6 +24,7 @@ from cdc_assets.engines.process import free_port
 from cdc_assets.engines.spark_home import spark_env
 from cdc_assets.cli.sql_server import CONNECT_PORT_FILE, PID_FILE, CatalogBusy, beeline_command, hold_catalog, password_file, server_state_dir
 from resources.storage import WarehouseStorage
+from resources.storage.tables import STAGING_PREFIX
 from tests.pipeline import definitions_for, run_dates, run_range
 from tests.test_listening import LOOPBACK, _listening, _tree
 
@@ -92,6 +94,16 @@ def _beeline(env, port: int, query: str) -> list[list[str]]:
     return [line.split("\t") for line in lines if line.strip()][1:]
 
 
+def _staged_current_dates(storage: WarehouseStorage) -> set[str]:
+    """The dates ``current_table`` holds on any run's staging branch (pyiceberg, read fresh)."""
+    loaded = storage.tables.load("orders", "current_table")
+    return {
+        day
+        for name, ref in loaded.metadata.refs.items() if name.startswith(STAGING_PREFIX)
+        for day in storage.tables.stored("orders", "current_table", loaded.snapshot_by_id(ref.snapshot_id))
+    }
+
+
 def _server_state(env) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         for key in ("CDC_WAREHOUSE", "CDC_SQL_SERVER_DIR"):
@@ -109,9 +121,11 @@ def _stored_counts(env, table: str, asset: str) -> dict[str, int]:
     return storage.row_counts(table, asset, storage.stored_dates(table, asset))
 
 
-def _materialize(env, table: str, day: str) -> subprocess.Popen:
+def _materialize(env, table: str, day: str, log=subprocess.PIPE) -> subprocess.Popen:
+    """``dagster asset materialize`` of the table's group for ``day``; its output to ``log`` (a file while
+    the caller polls: a pipe nobody reads would fill and stop the run)."""
     command = [str(BIN / "dagster"), "asset", "materialize", "-m", "cdc_assets.defs.definitions", "--select", f"group:{table}", "--partition", day]
-    return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
 def test_spark_sql_reads_every_table_of_a_backfill_by_name(spark, lake):
@@ -175,8 +189,34 @@ def test_sql_server_sees_reruns_and_new_commits_while_two_tables_run(spark, lake
     current = _beeline(lake, port, "SELECT business_date, count(*) FROM orders_current GROUP BY 1 ORDER BY 1")
     assert _counts_by_date(current) == _stored_counts(lake, "orders", "current_table")
 
+    # Write, audit, publish, seen through the SQL endpoint: a run of orders' date 3 whose declared check
+    # fails. Polled all along the run, and while date 3 is staged on the run's branch (written, its checks
+    # running or failed), the endpoint never shows date 3 in any output; the fixed run below publishes it.
+    refusing = Path(lake["CDC_TABLE_CONFIGS"]).parent / "configs_refusing"
+    refusing.mkdir()
+    document = yaml.safe_load((Path(lake["CDC_TABLE_CONFIGS"]) / "orders.yaml").read_text())
+    document["checks"] = [{"type": "sql", "name": "refuse_every_row", "predicate": "true"}]
+    (refusing / "orders.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    log = refusing / "run.log"
+    with log.open("w") as written:
+        failing = _materialize({**lake, "CDC_TABLE_CONFIGS": str(refusing)}, "orders", ORDERS_DAYS[2], written)
+    polls: list[tuple[bool, set[str]]] = []
+    while failing.poll() is None:
+        staged = _staged_current_dates(storage)  # before the query: staged then, still unpublished after
+        seen = {row[0] for row in _beeline(lake, port, "SELECT DISTINCT business_date FROM orders_current")}
+        seen |= {row[0] for row in _beeline(lake, port, "SELECT DISTINCT business_date FROM orders_history")}
+        polls.append((ORDERS_DAYS[2] in staged, seen))
+    failing.wait(timeout=60)
+    output = log.read_text()
+    assert failing.returncode != 0 and "refuse_every_row" in output, output[-6000:]
+    assert any(was_staged for was_staged, _ in polls), polls  # at least one poll while date 3 sat staged
+    assert all(ORDERS_DAYS[2] not in seen for _, seen in polls), polls
+    assert ORDERS_DAYS[2] in _staged_current_dates(storage)  # kept on the failed run's branch
+    current = _beeline(lake, port, "SELECT business_date, count(*) FROM orders_current GROUP BY 1 ORDER BY 1")
+    assert list(_counts_by_date(current)) == ORDERS_DAYS[:2]
+
     # Two tables' runs at once, each in a JVM of its own, while the server holds the metastore: orders
-    # through the CLI, accounts in this process's session.
+    # through the CLI (date 3 again, its check as shipped: published), accounts in this process's session.
     orders_run = _materialize(lake, "orders", ORDERS_DAYS[2])
     with pytest.MonkeyPatch.context() as patch:
         for key in ("CDC_TABLE_CONFIGS", "CDC_DATA_ROOT", "CDC_WAREHOUSE"):
