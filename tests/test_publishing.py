@@ -25,7 +25,7 @@ from cdc_assets.model.config import load_table_config
 from cdc_assets.usecases.publishing import publish_run
 from cdc_assets.usecases.readers import current_duckdb_sql
 from resources.storage import WarehouseStorage
-from resources.storage.tables import STAGING_PREFIX, ConcurrentWriteError
+from resources.storage.tables import STAGING_PREFIX, WRITTEN_DATES, ConcurrentWriteError
 from tests.pipeline import definitions_for, run_dates
 
 REPO = Path(__file__).resolve().parent.parent
@@ -181,6 +181,71 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     publication = publish_run(storage, load_table_config(config_path), [DAY3], now=later)
     assert publication.dropped_branches == sorted(left) and publication.snapshots == {}
     assert WarehouseStorage(root).staging_branches("orders") == {}
+
+
+@pytest.mark.slow  # a chain of its own, in the other layout
+def test_an_incremental_state_is_staged_and_each_date_is_tagged_at_its_own_commit_when_published(spark, tmp_path, monkeypatch):
+    """``storage: {current: incremental}`` (one table, a tag per date: docs/incremental-state.md) stages each
+    date's MERGE on the run's branch like any output: a failed check publishes no state and no tag; the
+    fixed run publishes the date, tagged at its own commit, without RETAIN (the tag is the date's state)."""
+    config_path = _setup(tmp_path, monkeypatch)
+    document = yaml.safe_load(config_path.read_text())
+    document["storage"] = {"current": "incremental"}
+    config_path.write_text(yaml.safe_dump(document, sort_keys=False))
+    root = str(tmp_path / "warehouse")
+    defs = definitions_for(load_table_config(config_path))
+    instance = DagsterInstance.ephemeral()
+    assert all(result.success for result in run_dates(defs, [DAY1, DAY2], instance))
+
+    def state() -> tuple[int, dict[str, int]]:
+        """What a reader of the state sees now: main's snapshot and the date tags (pyiceberg, read fresh)."""
+        storage = WarehouseStorage(root)
+        return storage.tables.load("orders", "current_table").current_snapshot().snapshot_id, storage.tables.date_tags("orders", "current_table")
+
+    head, tags = state()
+    assert sorted(tags) == [DAY1, DAY2] and tags[DAY2] == head != tags[DAY1]
+    loaded = WarehouseStorage(root).tables.load("orders", "current_table")
+    assert all(loaded.metadata.refs[day].max_ref_age_ms is None for day in tags)  # kept until retention drops the date
+    assert [loaded.snapshot_by_id(tags[day]).summary[WRITTEN_DATES] for day in (DAY1, DAY2)] == [DAY1, DAY2]
+    assert WarehouseStorage(root).staging_branches("orders") == {}
+
+    extract = tmp_path / "data" / "samples" / "orders" / f"{DAY3}.csv"
+    good = _bad_extract(extract)
+    seen: list[tuple[int, dict[str, int]]] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(state())
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        [failed] = run_dates(defs, [DAY3], instance, raise_on_error=False)
+    finally:
+        done.set()
+        poller.join()
+    assert not failed.success
+    assert len(seen) > 5 and all(polled == (head, tags) for polled in seen), seen[-1]
+    assert state() == (head, tags)
+    branch = f"{STAGING_PREFIX}{failed.run_id}"
+    sql = WarehouseStorage(root).tables.session_for(spark).sql
+    staged = sql(f"SELECT count(*) FROM lake.orders.current_table VERSION AS OF '{branch}'").collect()[0][0]
+    published = sql("SELECT count(*) FROM lake.orders.current_table").collect()[0][0]
+    assert staged > MAX_ROWS >= published
+
+    extract.write_text(good)
+    [fixed] = run_dates(defs, [DAY3], instance)
+    assert fixed.success
+    head, retagged = state()
+    assert retagged == {**tags, DAY3: head}
+    storage = WarehouseStorage(root)
+    assert storage.stored_dates("orders", "current_table") == [DAY1, DAY2, DAY3]
+    rows = sql("SELECT count(*) FROM lake.orders.current_table").collect()[0][0]
+    assert storage.row_counts("orders", "current_table", [DAY3]) == {DAY3: rows} and rows < MAX_ROWS
+    # The failed run's branch is kept (keep_failed_days); this run's is gone.
+    assert set(storage.staging_branches("orders")) == {branch}
 
 
 @pytest.mark.slow  # a `dagster asset materialize` of its own, with its own JVM

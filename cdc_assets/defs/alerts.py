@@ -48,7 +48,7 @@ from dagster import (
 from cdc_assets.defs.automation import RANGE_END_TAG, RANGE_START_TAG
 from cdc_assets.model.config import TableConfig
 from cdc_assets.core.errors import MESSAGE_WITHHELD, summarized_error_names
-from cdc_assets.defs.freshness import Clock, arrived, late, utc_now
+from cdc_assets.defs.freshness import Clock, late, utc_now
 from cdc_assets.defs.asset_keys import asset_key
 from cdc_assets.model.names import CURRENT, PUBLISHED
 from resources.alerts import AlertDeliveryError, AlertWebhook
@@ -256,17 +256,14 @@ def _failed_checks(instance: DagsterInstance, tables: Iterable[WatchedTable], si
 
 
 def _late_dates(instance: DagsterInstance, tables: Iterable[WatchedTable], now: datetime, since: datetime) -> list[Event]:
-    """The dates of tables with ``freshness`` whose deadline passed since ``since`` without being published (an
-    incremental state's: without its ``current_table``)."""
+    """The dates of tables with ``freshness`` whose deadline passed since ``since`` without being published."""
     events = []
     for table in tables:
         config = table.config
         if config.freshness is None:
             continue
-        name, arrived_as = arrived(config)
-        materialized = instance.get_materialized_partitions(asset_key(config, name))
-        missing = "not published" if name == PUBLISHED else f"{name} is not {arrived_as}"
-        due_by = f"{missing} for {{dates}}: each was due by {config.freshness.expected_by} ({config.freshness.timezone}) on the next day"
+        materialized = instance.get_materialized_partitions(asset_key(config, PUBLISHED))
+        due_by = f"not published for {{dates}}: each was due by {config.freshness.expected_by} ({config.freshness.timezone}) on the next day"
         events += [
             Event(config.name, due.business_date.isoformat(), Cause.late, due.deadline.timestamp(), what=due_by)
             for due in late(config, now, materialized, since)

@@ -205,7 +205,7 @@ def _intake_outputs(
 def _stage_if_published(context: AssetExecutionContext, table: TableConfig, io_manager: PartitionedParquetIOManager) -> None:
     """Write the step's outputs to the run's staging branch when the run also publishes them (its
     ``published`` step is in it: the table's job, a schedule's or sensor's run, a backfill). A run without
-    that step (assets picked by hand, an incremental state's table) writes to main as it goes."""
+    that step (assets picked by hand) writes to main as it goes."""
     key = asset_key(table, PUBLISHED)
     selection = context.dagster_run.asset_selection
     publishes = key in selection if selection else key in context.job_def.asset_layer.asset_graph.get_all_asset_keys()
@@ -440,9 +440,7 @@ def build_table_definitions(config: TableConfig) -> TableDefinitions:
     # Dagster's end_date is exclusive; the config's is the last business date.
     end = (config.end_date + timedelta(days=1)).isoformat() if config.end_date else None
     partitions_def = DailyPartitionsDefinition(start_date=config.start_date.isoformat(), end_date=end, timezone="UTC")
-    assets = [build_incoming_asset(config, partitions_def), build_cdc_assets(config, partitions_def)]
-    if not config.storage.incremental:  # an incremental state writes to main (docs/publishing.md says why)
-        assets.append(build_published_asset(config, partitions_def))
+    assets = [build_incoming_asset(config, partitions_def), build_cdc_assets(config, partitions_def), build_published_asset(config, partitions_def)]
     job = build_table_job(config, partitions_def)
     table = TableDefinitions(
         config=config,

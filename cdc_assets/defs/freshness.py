@@ -120,17 +120,10 @@ class FreshnessOutcome:
     metadata: dict
 
 
-def arrived(config: TableConfig) -> tuple[str, str]:
-    """The asset whose materialization of a date says the date arrived for readers, and the word for it: the
-    table's ``published`` step (docs/publishing.md), or an incremental state's ``current_table`` (it has none)."""
-    return (CURRENT, "materialized") if config.storage.incremental else (PUBLISHED, "published")
-
-
 def freshness_outcome(config: TableConfig, instance: DagsterInstance, now: datetime) -> FreshnessOutcome:
-    """Whether the table's newest due date is published (an incremental state's: its ``current_table``
-    materialized), as of ``now``."""
-    (name, arrived_as), freshness = arrived(config), _freshness(config)
-    key = asset_key(config, name)
+    """Whether the table's newest due date is published, as of ``now``."""
+    freshness = _freshness(config)
+    key = asset_key(config, PUBLISHED)
     newest = expected(config, now)
     if newest is None:
         first = deadline(freshness, config.start_date)
@@ -148,13 +141,13 @@ def freshness_outcome(config: TableConfig, instance: DagsterInstance, now: datet
     records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=[day]), limit=1).records
     if records:
         return FreshnessOutcome(
-            True, f"{day} is {arrived_as}; it was due by {_local(newest.deadline, freshness)}.", day, metadata
+            True, f"{day} is published; it was due by {_local(newest.deadline, freshness)}.", day, metadata
         )
     overdue = now - newest.deadline
     metadata["overdue_minutes"] = MetadataValue.int(int(overdue.total_seconds() // 60))
     return FreshnessOutcome(
         False,
-        f"{day} is late: it was due by {_local(newest.deadline, freshness)} and is not {arrived_as} "
+        f"{day} is late: it was due by {_local(newest.deadline, freshness)} and is not published "
         f"({_duration(overdue)} overdue).",
         day,
         metadata,
@@ -169,7 +162,7 @@ def build_freshness_check(config: TableConfig, clock: Clock = utc_now) -> AssetC
         name=FRESHNESS_CHECK,
         blocking=False,
         description=(
-            f"Each business date is {arrived(config)[1]} ({arrived(config)[0]}) by {freshness.expected_by} "
+            f"Each business date is published ({PUBLISHED}) by {freshness.expected_by} "
             f"({freshness.timezone}) on the next day: the newest date due is checked."
         ),
     )

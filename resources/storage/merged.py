@@ -17,6 +17,7 @@ writer lock.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import date
 from functools import reduce
@@ -31,7 +32,7 @@ from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH
 from cdc_assets.core.views.scd2 import Dialect, date_literal, quote_identifier
 from resources.storage.lake import CATALOG_NAME, table_identifier
-from resources.storage.tables import TABLE_PROPERTIES, LakeTables, create_table, hand_over, project_columns, release_hand_over
+from resources.storage.tables import DROPPED_DATES, TABLE_PROPERTIES, LakeTables, create_table, hand_over, project_columns, release_hand_over, staging_record
 
 # The business date whose run set a row's ``operation``.
 OPERATION_DATE = "operation_date"
@@ -172,7 +173,26 @@ class MergedStates:
         return labelled.combine_chunks() if rows.num_rows else pa.array([], pa.string())
 
     def _tags(self, table: str, asset: str) -> dict[str, int]:
-        return self.tables.date_tags(table, asset)
+        """The dates this run sees -> the snapshot of each date's state: the published dates (main's date
+        tags) under the dates the run's staging branch wrote (a range run's earlier dates, the dates its
+        checks read), less those the branch dropped. A reader without a branch sees the tags alone."""
+        written, dropped = self.tables.branch_dates(table, asset)
+        published = {day: snapshot for day, snapshot in self.tables.date_tags(table, asset).items() if day not in dropped}
+        return {**published, **written}
+
+    def _staging(self, spark: SparkSession, table: str, asset: str) -> dict[str, str] | None:
+        """When this run stages its writes: make its branch (at main) and return what each staged commit
+        records (``STAGED_FROM``); None when it writes to main."""
+        if not (self.tables.stage_writes and self.tables.branch is not None):
+            return None
+        self.tables.make_branch(spark, table, asset)
+        loaded = self.tables.load(table, asset)
+        return staging_record(loaded, loaded.snapshot_by_name(self.tables.branch))
+
+    def _target(self, table: str, asset: str, staging: dict[str, str] | None) -> str:
+        """The identifier a date's commit writes: the run's staging branch while staging, else the table (main)."""
+        identifier = table_identifier(table, asset)
+        return identifier if staging is None else f"{identifier}.`branch_{self.tables.branch}`"
 
     # -- writing -----------------------------------------------------------------------------------------
     def apply_changes(
@@ -187,10 +207,13 @@ class MergedStates:
         """
         spark = self.tables.session_for(changes.sparkSession)
         identifier = table_identifier(table, asset)
-        base = self._base_for(table, asset, day)
+        base = self._base_for(table, asset, day, ignoring=properties.get(DROPPED_DATES, "").split(","))
         if base is None:
             raise StateOrderError(f"{table}/{asset}: no state before {day} to apply its changes to; write the whole state")
-        self._reset_to(spark, table, asset, base)
+        staging = self._staging(spark, table, asset)
+        self._reset_to(spark, table, asset, base, staging)
+        properties = {**properties, **(staging or {})}
+        target = self._target(table, asset, staging)
         source = f"cdc_changes_{table}_{asset}_{day.replace('-', '_')}"
         changes, hop = hand_over(changes, spark)
         dated = changes.drop(BUSINESS_DATE).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
@@ -203,7 +226,7 @@ class MergedStates:
         listed = ", ".join(f"`{name}`" for name in columns)
         values = ", ".join(f"cdc_change.`{name}`" for name in columns)
         statement = (
-            f"MERGE INTO {identifier} cdc_state USING {source} cdc_change ON cdc_state.`{KEY_HASH}` = cdc_change.`{KEY_HASH}` "
+            f"MERGE INTO {target} cdc_state USING {source} cdc_change ON cdc_state.`{KEY_HASH}` = cdc_change.`{KEY_HASH}` "
             f"WHEN MATCHED AND cdc_change.`{OPERATION}` = '{DELETE}' THEN DELETE "
             f"WHEN MATCHED THEN UPDATE SET {assignments} "
             f"WHEN NOT MATCHED AND cdc_change.`{OPERATION}` <> '{DELETE}' THEN INSERT ({listed}) VALUES ({values})"
@@ -213,7 +236,7 @@ class MergedStates:
         finally:
             spark.catalog.dropTempView(source)
             release_hand_over(spark, hop)
-        return self._tag_head(spark, table, asset, day)
+        return self._tag_head(spark, table, asset, day, staging)
 
     def replace_state(
         self, state: DataFrame, table: str, asset: str, day: str, properties: dict[str, str], sid: str = "", untouched: str = ""
@@ -234,18 +257,20 @@ class MergedStates:
                 missing = [f for f in spark.table(identifier).schema.fields if f.name not in dated.columns]
                 dated = dated.withColumns({f.name: F.lit(None).cast(f.dataType) for f in missing})
             self._describe_date(spark, identifier, day, sid, untouched)
-            writer = dated.writeTo(identifier)
-            for key, value in properties.items():
+            staging = self._staging(spark, table, asset)
+            writer = dated.writeTo(self._target(table, asset, staging))
+            for key, value in {**properties, **(staging or {})}.items():
                 writer = writer.option(f"snapshot-property.{key}", value)
             writer.overwrite(F.lit(True))
         finally:
             release_hand_over(spark, hop)
-        return self._tag_head(spark, table, asset, day)
+        return self._tag_head(spark, table, asset, day, staging)
 
-    def _base_for(self, table: str, asset: str, day: str) -> str | None:
+    def _base_for(self, table: str, asset: str, day: str, ignoring: Collection[str] = ()) -> str | None:
         """The tag a date's changes apply to: the newest date before ``day``, which must be the date
-        before it when ``day`` is new, or ``day``'s own predecessor when ``day`` is the newest (a re-run)."""
-        stored = self.dates(table, asset)
+        before it when ``day`` is new, or ``day``'s own predecessor when ``day`` is the newest (a re-run).
+        ``ignoring``: later dates the date's own commit drops (a staged re-run's)."""
+        stored = [stored_day for stored_day in self.dates(table, asset) if stored_day not in ignoring]
         earlier = [stored_day for stored_day in stored if stored_day < day]
         later = [stored_day for stored_day in stored if stored_day > day]
         if later:
@@ -254,19 +279,28 @@ class MergedStates:
             )
         return earlier[-1] if earlier else None
 
-    def _reset_to(self, spark: SparkSession, table: str, asset: str, day: str) -> None:
-        """Point the table's ``main`` at the snapshot tagged ``day`` unless it is there already (a
-        re-run of the date after, or a run killed between its MERGE and its tag)."""
+    def _reset_to(self, spark: SparkSession, table: str, asset: str, day: str, staging: dict[str, str] | None) -> None:
+        """Point the table's ``main`` (while staging: the run's branch) at the state of ``day`` unless it is
+        there already (a re-run of the date after, or a run killed between its MERGE and its tag)."""
         snapshot = self.tag_snapshot(table, asset, day)
         if snapshot is None:
             raise StateOrderError(f"{table}/{asset}: no state of {day} is stored (no tag {day}) to set the table back to")
         loaded = self.tables.load(table, asset)
-        if loaded.current_snapshot() is not None and loaded.current_snapshot().snapshot_id == snapshot:
+        head = loaded.current_snapshot() if staging is None else loaded.snapshot_by_name(self.tables.branch)
+        if head is not None and head.snapshot_id == snapshot:
             return
-        self.tables.set_current_snapshot(spark, table, asset, snapshot)
+        if staging is None:
+            self.tables.set_current_snapshot(spark, table, asset, snapshot)
+        else:  # the branch's next commit records the main it was made from (``staging``), not the published date's
+            spark.sql(f"ALTER TABLE {table_identifier(table, asset)} CREATE OR REPLACE BRANCH `{self.tables.branch}` AS OF VERSION {snapshot}")
 
-    def _tag_head(self, spark: SparkSession, table: str, asset: str, day: str) -> int:
-        snapshot = self.tables.load(table, asset).current_snapshot().snapshot_id
+    def _tag_head(self, spark: SparkSession, table: str, asset: str, day: str, staging: dict[str, str] | None) -> int:
+        """Tag the date's commit with the date, unless staged: publication tags it (``LakeTables.publish``).
+        Returns the commit's snapshot."""
+        loaded = self.tables.load(table, asset)
+        if staging is not None:
+            return loaded.snapshot_by_name(self.tables.branch).snapshot_id
+        snapshot = loaded.current_snapshot().snapshot_id
         spark.sql(f"ALTER TABLE {table_identifier(table, asset)} CREATE OR REPLACE TAG `{day}` AS OF VERSION {snapshot}")
         return snapshot
 
@@ -334,7 +368,7 @@ class MergedStates:
             ).collect()
             return held
 
-        for day, snapshot in sorted(self._tags(table, asset).items()):
+        for day, snapshot in sorted(self.tables.date_tags(table, asset).items()):
             branch = f"cdc_erase_{day.replace('-', '_')}"
             spark.sql(f"ALTER TABLE {identifier} CREATE OR REPLACE BRANCH `{branch}` AS OF VERSION {snapshot}")
             try:

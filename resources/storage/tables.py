@@ -346,12 +346,33 @@ class LakeTables:
     @staticmethod
     def _staged_commits(loaded, staged, staged_from: str | None) -> list:
         """The branch's own commits, newest first: back from its head to the snapshot of main it was made from
-        (or to the first one whose parent is expired or main's)."""
+        (or to the first one whose parent is expired or main's, or one a tag names or staged from another
+        snapshot of main: a published date's commit, where a merged state's branch was set back to re-run the
+        date after it)."""
         main = loaded.current_snapshot()
         stop = {int(staged_from)} if staged_from else set()
         if main is not None:
             stop.add(main.snapshot_id)
-        return list(takewhile(lambda snapshot: snapshot.snapshot_id not in stop, _lineage(loaded, staged)))
+        stop.update(ref.snapshot_id for ref in loaded.metadata.refs.values() if ref.snapshot_ref_type == "tag")
+
+        def own(snapshot) -> bool:
+            recorded = (snapshot.summary or {}).get(STAGED_FROM)
+            return snapshot.snapshot_id not in stop and (staged_from is None or recorded is None or recorded == staged_from)
+
+        return list(takewhile(own, _lineage(loaded, staged)))
+
+    def branch_dates(self, table: str, asset: str, branch: str | None = None) -> tuple[dict[str, int], set[str]]:
+        """What a staging branch of the asset (default: this run's) holds of its own: each date its commits
+        wrote -> the newest such commit, and the dates a commit dropped that no later one wrote again; nothing
+        without the branch. What publication tags and untags (:meth:`_retag`), and what the run reads over
+        main's tags."""
+        branch = branch or self.branch
+        loaded = self.load(table, asset)
+        if loaded is None or branch is None or branch not in loaded.metadata.refs:
+            return {}, set()
+        staged = loaded.snapshot_by_name(branch)
+        staged_from = staged.summary.get(STAGED_FROM) if staged.summary is not None else None
+        return _dates_of(self._staged_commits(loaded, staged, staged_from))
 
     # -- a tag per published date (docs/publishing.md, Time travel by date) -----------------------------
     @staticmethod
@@ -361,21 +382,19 @@ class LakeTables:
         with its name at the newest such commit, ``RETAIN`` ``tag_days`` days (Iceberg's expiry then drops
         the tag with its snapshot, as ``retention.snapshot_days`` does the snapshot); each date a commit
         dropped (retention, a re-run's later dates, a rollback) loses its tag. With no ``tag_days`` (None
-        or 0), a written date's older tag is dropped and none is made: no tag names what the date no longer is."""
-        seen: set[str] = set()
+        or 0), a written date's older tag is dropped and none is made: no tag names what the date no longer is;
+        with ``TAG_FOREVER`` the tags have no ``RETAIN`` (a merged state's: its dates' states)."""
+        written, dropped = _dates_of(commits)
         changed = False
-        for commit in commits:
-            summary = commit.summary or {}
-            dropped = [day for day in _listed(summary.get(DROPPED_DATES)) if day not in seen]
-            written = [day for day in _listed(summary.get(WRITTEN_DATES)) if day not in seen and day not in dropped]
-            seen.update(dropped, written)
-            for day in dropped + ([] if tag_days else written):
-                if _is_date_tag(loaded, day):
-                    snapshots.remove_tag(day)
-                    changed = True
-            for day in written if tag_days else []:
-                snapshots.create_tag(commit.snapshot_id, day, max_ref_age_ms=(tag_days or 0) * DAY_MS)
+        for day in sorted(dropped | (set() if tag_days else set(written))):
+            if _is_date_tag(loaded, day):
+                snapshots.remove_tag(day)
                 changed = True
+        if not tag_days:
+            return changed
+        for day, snapshot in sorted(written.items()):
+            snapshots.create_tag(snapshot, day, max_ref_age_ms=None if tag_days == TAG_FOREVER else tag_days * DAY_MS)
+            changed = True
         return changed
 
     def date_tags(self, table: str, asset: str) -> dict[str, int]:
@@ -566,7 +585,7 @@ class LakeTables:
             # moves main only from there (the branch's own earlier snapshots may be expired meanwhile).
             self.make_branch(spark, table, asset)
             loaded = self.load(table, asset)
-            summary.update(_staged_from(loaded, loaded.snapshot_by_name(self.branch)))
+            summary.update(staging_record(loaded, loaded.snapshot_by_name(self.branch)))
             identifier = f"{identifier}.`branch_{self.branch}`"
         writer = frame.writeTo(identifier).option("mergeSchema", "true").option("isolation-level", "serializable")
         if read_snapshot is not None:
@@ -668,7 +687,7 @@ class LakeTables:
         return frame.select(*project_columns(frame, schema), F.col(BUSINESS_DATE))
 
 
-def _staged_from(loaded, head) -> dict[str, str]:
+def staging_record(loaded, head) -> dict[str, str]:
     """The ``STAGED_FROM`` of the next staged commit on a branch whose head is ``head``: main's snapshot while
     the branch still points at it (nothing staged on it yet), else the head's own record (a table whose main
     has no snapshot: none); else unknown (nothing: publication then checks the branch's ancestry)."""
@@ -682,6 +701,8 @@ def _staged_from(loaded, head) -> dict[str, str]:
 
 
 DAY_MS = 24 * 60 * 60 * 1000
+# ``tag_days`` of a date tag kept until it is dropped (a merged state's: the tag is the date's state).
+TAG_FOREVER = -1
 
 
 def _lineage(loaded, snapshot) -> Iterator:
@@ -689,6 +710,21 @@ def _lineage(loaded, snapshot) -> Iterator:
     while snapshot is not None:
         yield snapshot
         snapshot = loaded.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+
+
+def _dates_of(commits: Iterable) -> tuple[dict[str, int], set[str]]:
+    """Of ``commits`` (newest first): each date one wrote -> the newest commit writing it, and the dates one
+    dropped that no later commit wrote again (``WRITTEN_DATES``, ``DROPPED_DATES`` of their summaries)."""
+    written: dict[str, int] = {}
+    dropped: set[str] = set()
+    for commit in commits:
+        summary = commit.summary or {}
+        gone = [day for day in _listed(summary.get(DROPPED_DATES)) if day not in written and day not in dropped]
+        dropped.update(gone)
+        for day in _listed(summary.get(WRITTEN_DATES)):
+            if day not in written and day not in dropped:
+                written[day] = commit.snapshot_id
+    return written, dropped
 
 
 def _listed(dates: str | None) -> list[str]:

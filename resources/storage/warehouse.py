@@ -34,6 +34,7 @@ from resources.storage.tables import (
     DROPPED_DATES,
     RUN_ID,
     STAGING_PREFIX,
+    TAG_FOREVER,
     WRITTEN_DATES,
     LakeTables,
     as_read_now,
@@ -190,7 +191,8 @@ class WarehouseStorage:
         for asset in sorted(staged, key=lambda name: (name == last, name)):
             fault_injection.pause_point(fault_injection.BEFORE_PUBLISH, table, asset)
             self._locks.confirm(table)
-            snapshot = self.tables.publish(table, asset, tag_days)
+            # A merged state's tags are its dates' states: kept until retention or a rollback drops them.
+            snapshot = self.tables.publish(table, asset, TAG_FOREVER if self.merged.holds(table, asset) else tag_days)
             if snapshot is not None:
                 published[asset] = snapshot
         return published
@@ -338,7 +340,7 @@ class WarehouseStorage:
         stored = self._stored(table, asset)
         after = [day for day in stored if day > business_date]
         rewritten = [day for day in after if day in later or day in rerun_of]
-        if rewritten:
+        if rewritten and not self.staging:  # staged: the date's commit drops them (DROPPED_DATES), published with it
             self.merged.drop_dates(self._session(), table, asset, rewritten)
         if set(after) - set(rewritten):
             raise StateOrderError(
@@ -353,8 +355,9 @@ class WarehouseStorage:
         fault_injection.pause_point(fault_injection.BEFORE_COMMIT, table, asset)
         self._locks.confirm(table)
         summary = {RUN_ID: self.run_id, WRITTEN_DATES: business_date, STORED_AS: "full" if whole else "changes", **(properties or {})}
-        if later:
-            summary[DROPPED_DATES] = ",".join(later)
+        gone = sorted(set(later) | (set(rewritten) if self.staging else set()))
+        if gone:
+            summary[DROPPED_DATES] = ",".join(gone)
         write = self.merged.replace_state if whole else self.merged.apply_changes
         write(frame, table, asset, business_date, summary, sid=sid, untouched=untouched)
         retention.forget_dropped(self.layout, table, asset, [business_date])
@@ -552,10 +555,9 @@ class WarehouseStorage:
         error = missing_partition_error(self.dropped_partition(table, asset, business_date), table, asset, business_date)
         if type(error) is not MissingPartitionError:
             return error
-        loaded = self.tables.load(table, asset)
         staged = sorted(
             name for name in self.tables.staging_branches(table, asset)
-            if name != self.branch and business_date in self.tables.stored(table, asset, loaded.snapshot_by_name(name))
+            if name != self.branch and business_date in self.tables.branch_dates(table, asset, name)[0]
         )
         if not staged:
             return error
