@@ -14,6 +14,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import duckdb
 import pyarrow.parquet as pq
@@ -31,6 +32,7 @@ from tests.pipeline import definitions_for, run_dates
 REPO = Path(__file__).resolve().parent.parent
 DAY1, DAY2, DAY3 = "2024-01-01", "2024-01-02", "2024-01-03"
 MAX_ROWS = 40
+T = TypeVar("T")
 
 
 def _setup(tmp_path: Path, monkeypatch) -> Path:
@@ -79,6 +81,27 @@ def _duckdb_current_rows(root: str) -> int:
     return duckdb.sql(f"SELECT count(*) FROM ({current_duckdb_sql('orders', root)})").fetchall()[0][0]
 
 
+def _run_polling(defs, day: str, instance, look: Callable[[], T]) -> tuple[Any, list[T]]:
+    """Run ``day`` (failures allowed) while another thread calls ``look`` every 0.1 s; the run's result and
+    what each look saw."""
+    seen: list[T] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(look())
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        [result] = run_dates(defs, [day], instance, raise_on_error=False)
+    finally:
+        done.set()
+        poller.join()
+    return result, seen
+
+
 def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, tmp_path, monkeypatch):
     config_path = _setup(tmp_path, monkeypatch)
     root = str(tmp_path / "warehouse")
@@ -99,29 +122,12 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     # Date 3's bad extract: a reader of main, polled all along the run, never sees date 3 in any output.
     extract = tmp_path / "data" / "samples" / "orders" / f"{DAY3}.csv"
     good = _bad_extract(extract)
-    seen: list[dict[str, list[str]]] = []
-    done = threading.Event()
-
-    duckdb_rows: list[int] = []
-
-    def poll() -> None:
-        while not done.is_set():
-            seen.append(_main_dates(root))
-            # DuckDB's current state (the newest date published): date 3's would hold more than MAX_ROWS.
-            duckdb_rows.append(_duckdb_current_rows(root))
-            time.sleep(0.1)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        [failed] = run_dates(defs, [DAY3], instance, raise_on_error=False)
-    finally:
-        done.set()
-        poller.join()
+    # DuckDB's current state is the newest date published: date 3's would hold more than MAX_ROWS.
+    failed, polled = _run_polling(defs, DAY3, instance, lambda: (_main_dates(root), _duckdb_current_rows(root)))
     assert not failed.success
-    assert len(seen) > 5
-    assert all(DAY3 not in days for snapshot in seen for days in snapshot.values())
-    assert len(duckdb_rows) > 5 and max(duckdb_rows) < MAX_ROWS, duckdb_rows
+    assert len(polled) > 5
+    assert all(DAY3 not in days for snapshot, _ in polled for days in snapshot.values())
+    assert max(rows for _, rows in polled) < MAX_ROWS, polled
     assert _main_dates(root) == published
     assert _date_tags(root) == tags  # the failed date has no tag
     assert not instance.get_latest_materialization_event(AssetKey(["orders", "published"])).asset_materialization.partition == DAY3
@@ -211,21 +217,7 @@ def test_an_incremental_state_is_staged_and_each_date_is_tagged_at_its_own_commi
 
     extract = tmp_path / "data" / "samples" / "orders" / f"{DAY3}.csv"
     good = _bad_extract(extract)
-    seen: list[tuple[int, dict[str, int]]] = []
-    done = threading.Event()
-
-    def poll() -> None:
-        while not done.is_set():
-            seen.append(state())
-            time.sleep(0.1)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        [failed] = run_dates(defs, [DAY3], instance, raise_on_error=False)
-    finally:
-        done.set()
-        poller.join()
+    failed, seen = _run_polling(defs, DAY3, instance, state)
     assert not failed.success
     assert len(seen) > 5 and all(polled == (head, tags) for polled in seen), seen[-1]
     assert state() == (head, tags)
