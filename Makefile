@@ -38,7 +38,7 @@ else
 export SPARK_REMOTE
 endif
 
-.PHONY: install jars demo test test-fast lint browser ui validate benchmark benchmark-many benchmark-state spark-server spark-server-stop cluster-up cluster-down lake-up lake-down lake-env sql sql-server sql-server-stop clean
+.PHONY: install jars demo test test-fast lint browser ui validate benchmark benchmark-many benchmark-state spark-server spark-server-stop cluster-up cluster-down lake-up lake-down lake-env trino-install trino-up trino-down sql sql-server sql-server-stop clean
 
 $(BIN)/dagster: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -241,6 +241,44 @@ lake-down: install
 # The export lines for the running lake (keys of this local lake only): eval "$$(make -s lake-env)".
 lake-env:
 	@$(BIN)/python -m cdc_assets.engines.lake_server env --state-dir $(LAKE_DIR)
+
+# Trino, read-only on 127.0.0.1, over the warehouse's catalog (docs/consumers.md; cdc_assets/cli/trino_server.py).
+# The server tarball (820 MB, unpacked with the Iceberg plugin only) and the CLI come from Maven Central by mvn,
+# pinned and checked by sha256, into .trino/ (ignored by git); the project's SQLite driver goes into the plugin's
+# folder. Trino 476 runs on Java 24 or later, not 17: CDC_TRINO_JAVA_HOME, else the newest JDK in /usr/lib/jvm.
+TRINO_DIR := .trino
+TRINO_VERSION := 476
+TRINO_SERVER := io.trino:trino-server:$(TRINO_VERSION):tar.gz
+TRINO_SERVER_SHA256 := cfd5accde17e8ebd251eeeb78aed1f490e77bb3a164d95a0f454bf8a7c1cbd3f
+TRINO_CLI := io.trino:trino-cli:$(TRINO_VERSION):jar:executable
+TRINO_CLI_SHA256 := fe4e9c7fb569cd67673afa1622945f6308e1e59bdb825419352b80887661757b
+TRINO_HOME := $(TRINO_DIR)/trino-server-$(TRINO_VERSION)
+TRINO_CLI_JAR := $(TRINO_DIR)/trino-cli-$(TRINO_VERSION)-executable.jar
+trino-install: install
+	@mkdir -p $(TRINO_DIR)
+	@set -e; if [ ! -f $(TRINO_CLI_JAR) ]; then \
+		echo "trino: $(TRINO_CLI)"; rm -rf $(TRINO_DIR)/.partial; \
+		$(MVN) --batch-mode -q dependency:copy -Dartifact=$(TRINO_CLI) -DoutputDirectory=$(TRINO_DIR)/.partial; \
+		echo "$(TRINO_CLI_SHA256)  $(TRINO_DIR)/.partial/trino-cli-$(TRINO_VERSION)-executable.jar" | sha256sum --check --status \
+			|| { echo "trino: the downloaded CLI is not the pinned $(TRINO_CLI) (its sha256 differs)" >&2; exit 1; }; \
+		mv $(TRINO_DIR)/.partial/trino-cli-$(TRINO_VERSION)-executable.jar $(TRINO_CLI_JAR); rm -rf $(TRINO_DIR)/.partial; \
+	fi
+	@set -e; if [ ! -x $(TRINO_HOME)/bin/launcher ]; then \
+		echo "trino: $(TRINO_SERVER)"; rm -rf $(TRINO_DIR)/.partial $(TRINO_HOME); \
+		$(MVN) --batch-mode -q dependency:copy -Dartifact=$(TRINO_SERVER) -DoutputDirectory=$(TRINO_DIR)/.partial; \
+		echo "$(TRINO_SERVER_SHA256)  $(TRINO_DIR)/.partial/trino-server-$(TRINO_VERSION).tar.gz" | sha256sum --check --status \
+			|| { echo "trino: the downloaded server is not the pinned $(TRINO_SERVER) (its sha256 differs)" >&2; exit 1; }; \
+		tar xzf $(TRINO_DIR)/.partial/trino-server-$(TRINO_VERSION).tar.gz -C $(TRINO_DIR)/.partial; \
+		find $(TRINO_DIR)/.partial/trino-server-$(TRINO_VERSION)/plugin -mindepth 1 -maxdepth 1 ! -name iceberg -exec rm -rf {} +; \
+		mv $(TRINO_DIR)/.partial/trino-server-$(TRINO_VERSION) $(TRINO_HOME); rm -rf $(TRINO_DIR)/.partial; \
+	fi
+	@rm -f $(TRINO_HOME)/plugin/iceberg/sqlite-jdbc-*.jar && cp $(JARS_DIR)/sqlite-jdbc-*.jar $(TRINO_HOME)/plugin/iceberg/
+
+trino-up: trino-install
+	$(BIN)/python -m cdc_assets.cli.trino_server start
+
+trino-down: install
+	$(BIN)/python -m cdc_assets.cli.trino_server stop
 
 # spark-sql on the SQL catalog (database cdc: <table>_current, _history, _latest, _scd2, runs_log), e.g.
 # make sql SQL_ARGS='-e "SELECT * FROM cdc.orders_latest"'. Goes through the SQL server when it runs.
