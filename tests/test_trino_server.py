@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_assets.cli import trino_server
+from cdc_assets.model import settings
 from cdc_assets.cli.trino_server import TrinoSetupError, catalog_properties, java_home, server_files
 
 
@@ -39,8 +39,8 @@ def _jdk(folder, version: str):
 
 
 def test_java_home_takes_the_configured_jdk_only_when_it_is_new_enough(tmp_path, monkeypatch):
-    monkeypatch.setenv(trino_server.JAVA_HOME_ENV, str(_jdk(tmp_path / "jdk25", "25.0.1")))
+    monkeypatch.setenv(settings.TRINO_JAVA_HOME.name, str(_jdk(tmp_path / "jdk25", "25.0.1")))
     assert java_home() == tmp_path / "jdk25"
-    monkeypatch.setenv(trino_server.JAVA_HOME_ENV, str(_jdk(tmp_path / "jdk17", "17.0.15")))
-    with pytest.raises(TrinoSetupError, match=f"needs Java 24 or later and {trino_server.JAVA_HOME_ENV}=.*jdk17 is"):
+    monkeypatch.setenv(settings.TRINO_JAVA_HOME.name, str(_jdk(tmp_path / "jdk17", "17.0.15")))
+    with pytest.raises(TrinoSetupError, match=f"needs Java 24 or later and {settings.TRINO_JAVA_HOME.name}=.*jdk17 is"):
         java_home()

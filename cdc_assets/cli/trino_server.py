@@ -42,6 +42,7 @@ from cdc_assets.engines.process import (
     wait_for_port,
     write_number_file,
 )
+from cdc_assets.model import settings
 from cdc_assets.model.file_modes import apply_umask
 from resources.storage import warehouse_root
 
@@ -53,8 +54,6 @@ SERVER_HOME = INSTALL_DIR / f"trino-server-{TRINO_VERSION}"
 CLI_JAR = INSTALL_DIR / f"trino-cli-{TRINO_VERSION}-executable.jar"
 # Trino 476's launcher refuses an older Java.
 MIN_JAVA = 24
-JAVA_HOME_ENV = "CDC_TRINO_JAVA_HOME"
-STATE_DIR_ENV = "CDC_TRINO_DIR"
 CATALOG_NAME = "lake"
 PID_FILE = "trino.pid"
 PORT_FILE = "trino.port"
@@ -73,20 +72,20 @@ class TrinoQueryError(RuntimeError):
 
 
 def default_state_dir() -> Path:
-    configured = os.environ.get(STATE_DIR_ENV)
+    configured = settings.TRINO_DIR.value()
     return Path(configured) if configured else Path.home() / ".local" / "state" / "cdc_assets" / "trino"
 
 
 def java_home() -> Path:
     """A Java home whose ``bin/java`` is version :data:`MIN_JAVA` or later: ``CDC_TRINO_JAVA_HOME``, else the
     newest such JDK under ``/usr/lib/jvm``. Raises :class:`TrinoSetupError` naming what to set."""
-    configured = os.environ.get(JAVA_HOME_ENV)
+    configured = settings.TRINO_JAVA_HOME.value()
     candidates = [Path(configured)] if configured else sorted(Path("/usr/lib/jvm").glob("*"), key=_java_version, reverse=True)
     for home in candidates:
         if _java_version(home) >= MIN_JAVA:
             return home
-    where = f"{JAVA_HOME_ENV}={configured} is" if configured else "no JDK under /usr/lib/jvm is"
-    raise TrinoSetupError(f"Trino {TRINO_VERSION} needs Java {MIN_JAVA} or later and {where} one: set {JAVA_HOME_ENV} to such a JDK's home")
+    where = f"{settings.TRINO_JAVA_HOME.name}={configured} is" if configured else "no JDK under /usr/lib/jvm is"
+    raise TrinoSetupError(f"Trino {TRINO_VERSION} needs Java {MIN_JAVA} or later and {where} one: set {settings.TRINO_JAVA_HOME.name} to such a JDK's home")
 
 
 def _java_version(home: Path) -> int:

@@ -124,6 +124,15 @@ SQL_SERVER_DIR = _setting(
     "the SQL server's own folder, outside the warehouse (mode 0700): its password, pid, ports, conf and logs "
     "([consumers.md](consumers.md#the-sql-server-reads-only))",
 )  # fmt: skip
+TRINO_DIR = _setting(
+    "CDC_TRINO_DIR", "", "`~/.local/state/cdc_assets/trino`",
+    "the folder of the Trino server `make trino-up` starts (mode 0700): its generated `etc/`, log, pid and port "
+    "([consumers.md](consumers.md#reading-the-tables-directly-spark-pyiceberg-duckdb))",
+)  # fmt: skip
+TRINO_JAVA_HOME = _setting(
+    "CDC_TRINO_JAVA_HOME", "", "the newest JDK of 24 or later in `/usr/lib/jvm`",
+    "the Java home Trino runs on (Trino 476 does not run on Java 17)",
+)  # fmt: skip
 GIT_COMMIT = _setting(
     "CDC_GIT_COMMIT", "", "the source tree's `git rev-parse HEAD`",
     "the commit the runs log records ([operations.md](operations.md#audit-columns-and-the-runs-log))",
