@@ -155,7 +155,7 @@ lint: install
 	$(BIN)/mypy
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not lake" $(PYTEST_ARGS)
 
 # Chromium for the browser test (tests/test_ui_browser.py), from Debian's package: Playwright's own browser
 # download cannot be reached from here. Installs only when no Chromium is found and apt-get can run as root;

@@ -30,6 +30,14 @@ os.environ["AWS_SECRET_ACCESS_KEY"] = f"cdc-tests-{secrets.token_hex(16)}"
 os.environ["AWS_REGION"] = "us-east-1"
 os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
+# Every JVM the suite starts (the session's, each CLI run's, Connect and SQL servers, the cluster's daemons and
+# executors) compiles with C1 only and collects with the serial collector: the suite's JVMs live minutes on tiny
+# data, where C2's compiling and G1's threads cost more CPU than they save, and the suite is CPU-bound on two
+# cores. tests/test_bad_values.py alone: 127 CPU-seconds -> 90, wall 198 s -> 160 (docs/testing.md). The JIT and
+# the collector change no result. Not the product's default: a cold run of a big date wants C2.
+os.environ["JDK_JAVA_OPTIONS"] = " ".join(
+    part for part in (os.environ.get("JDK_JAVA_OPTIONS", ""), "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC") if part
+)
 
 
 @pytest.fixture(scope="session")
