@@ -137,7 +137,7 @@ demo: install $(DAGSTER_HOME)/dagster.yaml
 # first's. PYTEST_ARGS go to both.
 SUITE_FIRST := not slow or lake or in_process
 SUITE_SECOND := slow and not lake and not in_process
-test: install browser lint
+test: install browser lint trino-install
 	@second_log=$$(mktemp); second_tmp=$$(mktemp -d); \
 	$(BIN)/python -m pytest -m "$(SUITE_SECOND)" -p no:cacheprovider --basetemp="$$second_tmp/basetemp" $(PYTEST_ARGS) > "$$second_log" 2>&1 & second=$$!; \
 	trap 'kill $$second 2>/dev/null' INT TERM; \

@@ -1,6 +1,6 @@
 """The Trino reader's setup without a server (cdc_assets/cli/trino_server.py): the files it generates listen on
 loopback only and refuse writes, a warehouse it cannot serve is named, and the Java it needs is found or named.
-The server itself is started by hand for now (`make trino-up`; docs/consumers.md)."""
+The server itself: tests/test_trino.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,123 @@
+"""Trino 476 reading the demo's warehouse (cdc_assets/cli/trino_server.py, `make trino-up`): the server from
+`make trino-install`, on Java 24+, on loopback only, read-only over the embedded catalog.
+
+The demo's two dates, run one date per run as a user's daily runs are, in this process's Spark; then, through
+Trino's own CLI: the tables by name, the README's counts and labels, the stored rows equal to Spark's, time
+travel to a business date by its tag, and every write refused.
+"""
+
+from __future__ import annotations
+
+import csv
+import ipaddress
+
+import psutil
+import pytest
+from pyspark.sql import functions as F
+
+from cdc_assets.cli import trino_server
+from cdc_assets.cli.generate import generate
+from resources.storage import WarehouseStorage
+from tests.pipeline import definitions_for, run_dates, write_table_config
+
+pytestmark = pytest.mark.slow
+
+DAY1, DAY2 = "2019-06-18", "2019-06-19"
+ASSETS = ("hashed_incoming", "rejects", "hash_join_classification", "inserts", "deletes", "updates", "current_table", "history_partition")
+
+
+def _rows(query: str, state_dir) -> list[list[str]]:
+    """The query's rows as the CLI prints them (CSV, every value quoted)."""
+    return [row for row in csv.reader(trino_server.sql(query, state_dir).stdout.splitlines()) if row]
+
+
+def _counts(rows: list[list[str]]) -> dict[tuple[str, str], int]:
+    return {(day, operation): int(count) for day, operation, count in rows}
+
+
+@pytest.fixture(scope="module")
+def demo_warehouse(spark, tmp_path_factory):
+    """The demo's data (`make demo`'s generator arguments) stored by two runs, one per date."""
+    root = tmp_path_factory.mktemp("trino-demo")
+    generate(10000, 10000, 5, 10, 0.2, 0.4, 0.4, root / "data" / DAY1, root / "data" / DAY2, seed=42)
+    config = write_table_config(root / "configs", "synthetic", f"{root / 'data'}/{{date}}/")
+    warehouse = root / "warehouse"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CDC_WAREHOUSE", str(warehouse))
+        assert all(result.success for result in run_dates(definitions_for(config), [DAY1, DAY2]))
+    return warehouse
+
+
+@pytest.fixture(scope="module")
+def trino(demo_warehouse, tmp_path_factory):
+    """A server over the demo's warehouse; its state folder. Stopped at the end, however the tests end."""
+    state_dir = tmp_path_factory.mktemp("trino-state")
+    with pytest.MonkeyPatch.context() as patch:
+        # The suite's JIT setting (tests/conftest.py) without its collector: Trino's jvm.config names G1, and two
+        # collectors stop the JVM.
+        patch.setenv("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+        trino_server.start(state_dir, str(demo_warehouse))
+        try:
+            yield state_dir
+        finally:
+            trino_server.stop(state_dir)
+
+
+def test_trino_reads_every_output_by_name_with_the_readmes_counts_and_sparks_rows(spark, demo_warehouse, trino):
+    tables = {row[0] for row in _rows("SHOW TABLES FROM lake.synthetic", trino)}
+    assert set(ASSETS) <= tables, tables
+
+    current = _counts(_rows("SELECT CAST(business_date AS varchar), operation, count(*) FROM synthetic.current_table GROUP BY 1, 2", trino))
+    history = _counts(_rows("SELECT CAST(business_date AS varchar), operation, count(*) FROM synthetic.history_partition GROUP BY 1, 2", trino))
+    # The README's figures for the demo.
+    assert current == {(DAY1, "I"): 10000, (DAY2, "I"): 2000, (DAY2, "N"): 4000, (DAY2, "U"): 4000}
+    assert history == {(DAY1, "I"): 10000, (DAY2, "D"): 2000, (DAY2, "I"): 2000, (DAY2, "U"): 4000}
+
+    # A date's stored rows, value for value, as Spark reads them: keys, values, hashes, labels and audit columns
+    # (the timestamp as epoch seconds, which neither engine's session zone changes).
+    storage = WarehouseStorage(str(demo_warehouse))
+    by_spark = storage.read_one(spark, "synthetic", "current_table", DAY2)
+    texts = [field.name for field in by_spark.schema.fields if field.dataType.simpleString() == "string"]
+    doubles = [field.name for field in by_spark.schema.fields if field.dataType.simpleString() == "double"]
+    assert len(texts) == 9 and len(doubles) == 10, by_spark.schema  # 5 keys, 2 hashes, operation, process_id; 10 values
+    listed = ", ".join([*texts, *doubles, "CAST(eff_start_date AS varchar)", "CAST(floor(to_unixtime(processed_at)) AS bigint)"])
+    by_trino = _rows(f"SELECT {listed} FROM synthetic.current_table WHERE business_date = DATE '{DAY2}' ORDER BY key_hash", trino)
+    read_back = [[*row[: len(texts)], *map(float, row[len(texts) : -2]), row[-2], int(row[-1])] for row in by_trino]
+    selected = by_spark.select(*texts, *doubles, F.col("eff_start_date").cast("string"), F.unix_timestamp("processed_at")).orderBy("key_hash")
+    assert len(read_back) == 10000 and read_back == [list(row) for row in selected.collect()]
+
+def test_trino_travels_to_a_business_date_by_its_tag(trino):
+    # One run per date: the tag of DAY1 names the version before DAY2 was written.
+    assert _rows(f"SELECT count(*) FROM synthetic.current_table FOR VERSION AS OF '{DAY1}'", trino) == [["10000"]]
+    assert _rows(f"SELECT count(*) FROM synthetic.current_table FOR VERSION AS OF '{DAY2}'", trino) == [["20000"]]
+    assert _rows(f"SELECT count(DISTINCT business_date) FROM synthetic.history_partition FOR VERSION AS OF '{DAY1}'", trino) == [["1"]]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        f"DELETE FROM synthetic.current_table WHERE business_date = DATE '{DAY2}'",
+        "INSERT INTO synthetic.history_partition SELECT * FROM synthetic.history_partition",
+        "DROP TABLE synthetic.rejects",
+        "CREATE TABLE synthetic.made_by_trino (x integer)",
+    ],
+)
+def test_trino_refuses_every_write(trino, statement):
+    with pytest.raises(trino_server.TrinoQueryError, match="Access Denied"):
+        trino_server.sql(statement, trino)
+    assert _rows("SELECT count(*) FROM synthetic.current_table", trino) == [["20000"]]
+
+
+def test_trino_listens_on_loopback_only(trino):
+    pid = trino_server.recorded_pid(trino / trino_server.PID_FILE, trino_server.MAIN_CLASS)
+    assert pid is not None
+    root = psutil.Process(pid)
+    listening = [conn.laddr for process in [root, *root.children(recursive=True)]
+                 for conn in process.net_connections(kind="inet") if conn.status == psutil.CONN_LISTEN]  # fmt: skip
+    # Java's sockets are IPv6 ones: 127.0.0.1 shows as ::ffff:127.0.0.1.
+    assert listening and all(_loopback(address.ip) for address in listening), listening
+
+
+def _loopback(text: str) -> bool:
+    address = ipaddress.ip_address(text)
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
