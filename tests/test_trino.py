@@ -1,5 +1,6 @@
 """Trino 476 reading the demo's warehouse (cdc_assets/cli/trino_server.py, `make trino-up`): the server from
-`make trino-install`, on Java 24+, on loopback only, read-only over the embedded catalog.
+`make trino-install`, on Java 24+, on loopback only, read-only over the embedded catalog and over a lake's
+REST catalog (SeaweedFS, SigV4-signed, the objects through Trino's native S3).
 
 The demo's two dates, run one date per run as a user's daily runs are, in this process's Spark; then, through
 Trino's own CLI: the tables by name, the README's counts and labels, the stored rows equal to Spark's, time
@@ -8,8 +9,12 @@ travel to a business date by its tag, and every write refused.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import ipaddress
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import psutil
 import pytest
@@ -17,7 +22,10 @@ from pyspark.sql import functions as F
 
 from cdc_assets.cli import trino_server
 from cdc_assets.cli.generate import generate
+from cdc_assets.engines import lake_server
 from resources.storage import WarehouseStorage
+from resources.storage.lake import LakeCatalog
+from tests.lake import lake_variables, pointed_at, start_lake, upload
 from tests.pipeline import definitions_for, run_dates, write_table_config
 
 pytestmark = pytest.mark.slow
@@ -35,35 +43,63 @@ def _counts(rows: list[list[str]]) -> dict[tuple[str, str], int]:
     return {(day, operation): int(count) for day, operation, count in rows}
 
 
-@pytest.fixture(scope="module")
-def demo_warehouse(spark, tmp_path_factory):
-    """The demo's data (`make demo`'s generator arguments) stored by two runs, one per date."""
-    root = tmp_path_factory.mktemp("trino-demo")
-    generate(10000, 10000, 5, 10, 0.2, 0.4, 0.4, root / "data" / DAY1, root / "data" / DAY2, seed=42)
-    config = write_table_config(root / "configs", "synthetic", f"{root / 'data'}/{{date}}/")
-    warehouse = root / "warehouse"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CDC_WAREHOUSE", str(warehouse))
-        assert all(result.success for result in run_dates(definitions_for(config), [DAY1, DAY2]))
-    return warehouse
+@dataclass(frozen=True)
+class Demo:
+    """The demo's warehouse: its root and, on a lake, the variables that point the project at it."""
+
+    root: str
+    variables: dict[str, str] | None
+
+    @contextlib.contextmanager
+    def storage(self, monkeypatch) -> Iterator[WarehouseStorage]:
+        """The warehouse's storage, with the project pointed at it inside the block."""
+        with pointed_at(monkeypatch, self.variables):
+            yield WarehouseStorage(self.root)
+
+
+@pytest.fixture(scope="module", params=["embedded", pytest.param("lake", marks=pytest.mark.lake)])
+def demo(request, spark, tmp_path_factory):
+    """The demo's data (`make demo`'s generator arguments) stored by two runs, one per date, in a local
+    warehouse (the embedded catalog) or in a lake of the module's own (SeaweedFS: S3 and its REST catalog)."""
+    root = tmp_path_factory.mktemp(f"trino-{request.param}")
+    extracts = root / "extracts"
+    generate(10000, 10000, 5, 10, 0.2, 0.4, 0.4, extracts / "synthetic" / DAY1, extracts / "synthetic" / DAY2, seed=42)
+    with contextlib.ExitStack() as stack:
+        if request.param == "lake":
+            handle = start_lake(root / "lake")
+            stack.callback(lake_server.stop, handle.state_dir)
+            variables: dict[str, str] | None = lake_variables(handle)
+            upload(extracts, handle)
+            demo = Demo(variables["CDC_WAREHOUSE"], variables)
+            source = "synthetic/{date}/"  # under CDC_DATA_ROOT, the lake's landing prefix
+        else:
+            variables, demo = None, Demo(str(root / "warehouse"), None)
+            source = f"{extracts / 'synthetic'}/{{date}}/"
+        config = write_table_config(root / "configs", "synthetic", source)
+        with pytest.MonkeyPatch.context() as patch, pointed_at(patch, variables):
+            patch.setenv("CDC_WAREHOUSE", demo.root)
+            assert all(result.success for result in run_dates(definitions_for(config), [DAY1, DAY2]))
+        yield demo
 
 
 @pytest.fixture(scope="module")
-def trino(demo_warehouse, tmp_path_factory):
-    """A server over the demo's warehouse; its state folder. Stopped at the end, however the tests end."""
+def trino(demo, tmp_path_factory):
+    """A server over the demo's catalog; its state folder. Stopped at the end, however the tests end."""
     state_dir = tmp_path_factory.mktemp("trino-state")
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, pointed_at(patch, demo.variables):
         # The suite's JIT setting (tests/conftest.py) without its collector: Trino's jvm.config names G1, and two
         # collectors stop the JVM.
         patch.setenv("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
-        trino_server.start(state_dir, str(demo_warehouse))
+        trino_server.start(state_dir, LakeCatalog.from_environment(demo.root))
+        files = "\n".join(path.read_text() for path in (state_dir / "etc").rglob("*.properties"))
+        assert os.environ["AWS_SECRET_ACCESS_KEY"] not in files  # a lake's keys are ${ENV:...} references
         try:
             yield state_dir
         finally:
             trino_server.stop(state_dir)
 
 
-def test_trino_reads_every_output_by_name_with_the_readmes_counts_and_sparks_rows(spark, demo_warehouse, trino):
+def test_trino_reads_every_output_by_name_with_the_readmes_counts_and_sparks_rows(spark, demo, trino, monkeypatch):
     tables = {row[0] for row in _rows("SHOW TABLES FROM lake.synthetic", trino)}
     assert set(ASSETS) <= tables, tables
 
@@ -75,8 +111,8 @@ def test_trino_reads_every_output_by_name_with_the_readmes_counts_and_sparks_row
 
     # A date's stored rows, value for value, as Spark reads them: keys, values, hashes, labels and audit columns
     # (the timestamp as epoch seconds, which neither engine's session zone changes).
-    storage = WarehouseStorage(str(demo_warehouse))
-    by_spark = storage.read_one(spark, "synthetic", "current_table", DAY2)
+    with demo.storage(monkeypatch) as storage:
+        by_spark = storage.read_one(spark, "synthetic", "current_table", DAY2).cache()
     texts = [field.name for field in by_spark.schema.fields if field.dataType.simpleString() == "string"]
     doubles = [field.name for field in by_spark.schema.fields if field.dataType.simpleString() == "double"]
     assert len(texts) == 9 and len(doubles) == 10, by_spark.schema  # 5 keys, 2 hashes, operation, process_id; 10 values
@@ -85,6 +121,7 @@ def test_trino_reads_every_output_by_name_with_the_readmes_counts_and_sparks_row
     read_back = [[*row[: len(texts)], *map(float, row[len(texts) : -2]), row[-2], int(row[-1])] for row in by_trino]
     selected = by_spark.select(*texts, *doubles, F.col("eff_start_date").cast("string"), F.unix_timestamp("processed_at")).orderBy("key_hash")
     assert len(read_back) == 10000 and read_back == [list(row) for row in selected.collect()]
+    by_spark.unpersist()
 
 def test_trino_travels_to_a_business_date_by_its_tag(trino):
     # One run per date: the tag of DAY1 names the version before DAY2 was written.

@@ -8,6 +8,8 @@ import pytest
 
 from cdc_assets.model import settings
 from cdc_assets.cli.trino_server import TrinoSetupError, catalog_properties, java_home, server_files
+from resources.storage.lake import LakeCatalog
+from resources.storage.object_store import ObjectStore
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -15,7 +17,7 @@ def _properties(text: str) -> dict[str, str]:
 
 
 def test_the_server_listens_on_loopback_and_its_catalog_is_the_warehouses_read_only(tmp_path):
-    files = server_files(18080, tmp_path / "state", str(tmp_path / "warehouse"))
+    files = server_files(18080, tmp_path / "state", LakeCatalog(root=str(tmp_path / "warehouse")))
     node, config = _properties(files["node.properties"]), _properties(files["config.properties"])
     assert node["node.bind-ip"] == node["node.internal-address"] == "127.0.0.1"
     assert config["http-server.http.port"] == "18080" and config["discovery.uri"] == "http://127.0.0.1:18080"
@@ -27,9 +29,27 @@ def test_the_server_listens_on_loopback_and_its_catalog_is_the_warehouses_read_o
     assert len(keys) > 15 and not any("secret" in key or "password" in key or "key" in key for key in keys), keys
 
 
-def test_a_warehouse_behind_a_rest_catalog_is_named_not_served():
-    with pytest.raises(TrinoSetupError, match="s3://cdc/warehouse is in object storage"):
-        catalog_properties("s3://cdc/warehouse")
+def _lake() -> LakeCatalog:
+    store = ObjectStore(endpoint="http://127.0.0.1:18333", region="us-east-1")
+    return LakeCatalog(root="s3://cdc/warehouse", uri="http://127.0.0.1:18181", warehouse="s3://lake", signing_name="s3tables", store=store)
+
+
+def test_a_lakes_rest_catalog_is_signed_read_only_and_its_keys_are_environment_references(monkeypatch):
+    monkeypatch.setenv(settings.ACCESS_KEY.name, "the-key-id")
+    monkeypatch.setenv(settings.SECRET_KEY.name, "the-secret-value")
+    catalog = catalog_properties(_lake())
+    assert catalog["iceberg.catalog.type"] == "rest" and catalog["iceberg.security"] == "read_only"
+    assert (catalog["iceberg.rest-catalog.uri"], catalog["iceberg.rest-catalog.warehouse"]) == ("http://127.0.0.1:18181", "s3://lake")
+    assert (catalog["iceberg.rest-catalog.sigv4-enabled"], catalog["iceberg.rest-catalog.signing-name"]) == ("true", "s3tables")
+    assert (catalog["s3.endpoint"], catalog["s3.path-style-access"], catalog["s3.region"]) == ("http://127.0.0.1:18333", "true", "us-east-1")
+    assert catalog["s3.aws-access-key"] == "${ENV:AWS_ACCESS_KEY_ID}" and catalog["s3.aws-secret-key"] == "${ENV:AWS_SECRET_ACCESS_KEY}"
+    assert not any("the-key-id" in value or "the-secret-value" in value for value in catalog.values())
+
+
+def test_a_lake_without_keys_in_the_environment_is_named(monkeypatch):
+    monkeypatch.delenv(settings.SECRET_KEY.name, raising=False)
+    with pytest.raises(TrinoSetupError, match=f"needs the lake's keys in {settings.SECRET_KEY.name}"):
+        catalog_properties(_lake())
 
 
 def _jdk(folder, version: str):

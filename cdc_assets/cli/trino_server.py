@@ -12,12 +12,13 @@ plugin's folder (in ``lib/`` the catalog is silently not loaded). Trino 476 does
 :func:`java_home` finds a Java 24 or later (``CDC_TRINO_JAVA_HOME``, else the newest under
 ``/usr/lib/jvm``) or names what to set.
 
-What it serves: one catalog, ``lake``, the warehouse of the project's settings (``CDC_WAREHOUSE``) through
-its embedded JDBC catalog (the SQLite file), with ``iceberg.security=read_only`` (Trino refuses every
-write and DDL). It listens on 127.0.0.1 only (``node.bind-ip``), on a port chosen free unless given,
+What it serves: one catalog, ``lake``, the warehouse of the project's settings (``CDC_WAREHOUSE``): its
+embedded JDBC catalog (the SQLite file), or the REST catalog of a lake (``CDC_CATALOG_URI``, signed with
+SigV4 as the project signs it, the objects through Trino's native S3 with ``CDC_S3_ENDPOINT``), with
+``iceberg.security=read_only`` (Trino refuses every write and DDL). It listens on 127.0.0.1 only (``node.bind-ip``), on a port chosen free unless given,
 with a small heap. The generated ``etc/`` is in the state folder (default ``~/.local/state/cdc_assets/trino``,
-``CDC_TRINO_DIR``), 0700; it holds no secret. A warehouse behind a REST catalog (the lake) is not
-served yet: starting on one says so. No Dagster or Spark import.
+``CDC_TRINO_DIR``), 0700; it holds no secret: a lake's keys are ``${ENV:AWS_ACCESS_KEY_ID}`` and
+``${ENV:AWS_SECRET_ACCESS_KEY}``, which Trino reads from its environment. No Dagster or Spark import.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from cdc_assets.engines.process import (
 from cdc_assets.model import settings
 from cdc_assets.model.file_modes import apply_umask
 from resources.storage import warehouse_root
+from resources.storage.lake import LakeCatalog, catalog_file
+from resources.storage.object_store import DEFAULT_REGION
 
 REPO = Path(__file__).resolve().parents[2]
 # What `make trino-install` unpacks (the Makefile pins the version and the sha256 of both files).
@@ -98,34 +101,55 @@ def _java_version(home: Path) -> int:
     return int(found.group(1)) if found else 0
 
 
-def catalog_properties(warehouse: str) -> dict[str, str]:
-    """``etc/catalog/lake.properties`` for the warehouse at ``warehouse`` (a local folder with the embedded
-    catalog's SQLite file), read-only."""
-    if "://" in warehouse:
-        raise TrinoSetupError(
-            f"the warehouse {warehouse} is in object storage behind a REST catalog: Trino is not set up for it here yet "
-            "(docs/consumers.md); point CDC_WAREHOUSE at a local warehouse"
-        )
-    root = Path(warehouse).resolve()
-    return {
+def catalog_properties(catalog: LakeCatalog) -> dict[str, str]:
+    """``etc/catalog/lake.properties`` for the warehouse's catalog, read-only: the embedded one (its SQLite file
+    in a local warehouse) or a REST catalog over object storage, signed as the project signs it. No secret is
+    written: the keys are Trino's ``${ENV:...}`` references to the server's environment."""
+    common = {
         "connector.name": "iceberg",
-        "iceberg.catalog.type": "jdbc",
-        "iceberg.jdbc-catalog.driver-class": "org.sqlite.JDBC",
-        "iceberg.jdbc-catalog.connection-url": f"jdbc:sqlite:{root / 'lake_catalog.db'}",
-        # The catalog's name inside the SQLite file: any other reads as an empty catalog, without an error.
-        "iceberg.jdbc-catalog.catalog-name": CATALOG_NAME,
-        "iceberg.jdbc-catalog.default-warehouse-dir": f"file://{root}",
         # Readers never write: INSERT, DELETE, UPDATE, MERGE and DDL are refused ("Access Denied").
         "iceberg.security": "read_only",
-        # The tables' files are local paths (file:///...).
-        "fs.native-local.enabled": "true",
-        "local.location": "/",
     }
+    if catalog.embedded:
+        root = Path(catalog.root).resolve()
+        return {
+            **common,
+            "iceberg.catalog.type": "jdbc",
+            "iceberg.jdbc-catalog.driver-class": "org.sqlite.JDBC",
+            "iceberg.jdbc-catalog.connection-url": f"jdbc:sqlite:{catalog_file(str(root))}",
+            # The catalog's name inside the SQLite file: any other reads as an empty catalog, without an error.
+            "iceberg.jdbc-catalog.catalog-name": CATALOG_NAME,
+            "iceberg.jdbc-catalog.default-warehouse-dir": f"file://{root}",
+            # The tables' files are local paths (file:///...).
+            "fs.native-local.enabled": "true",
+            "local.location": "/",
+        }
+    missing = [setting.name for setting in (settings.ACCESS_KEY, settings.SECRET_KEY) if not setting.value()]
+    if missing:
+        raise TrinoSetupError(f"the REST catalog {catalog.uri} needs the lake's keys in {' and '.join(missing)} (eval \"$(make -s lake-env)\")")
+    store = catalog.store
+    properties = {
+        **common,
+        "iceberg.catalog.type": "rest",
+        "iceberg.rest-catalog.uri": catalog.uri,
+        "iceberg.rest-catalog.warehouse": catalog.warehouse,
+        "fs.native-s3.enabled": "true",
+        "s3.region": store.region or DEFAULT_REGION,
+        # Substituted by Trino from its own environment when it starts: the file holds the variables' names only.
+        "s3.aws-access-key": f"${{ENV:{settings.ACCESS_KEY.name}}}",
+        "s3.aws-secret-key": f"${{ENV:{settings.SECRET_KEY.name}}}",
+    }
+    if catalog.signing_name:
+        # SigV4 on the catalog's requests too, with the S3 keys and region (SeaweedFS and S3 Tables: s3tables).
+        properties.update({"iceberg.rest-catalog.sigv4-enabled": "true", "iceberg.rest-catalog.signing-name": catalog.signing_name})
+    if store.endpoint:
+        properties.update({"s3.endpoint": store.endpoint, "s3.path-style-access": "true"})
+    return properties
 
 
-def server_files(port: int, state_dir: Path, warehouse: str) -> dict[str, str]:
+def server_files(port: int, state_dir: Path, catalog: LakeCatalog) -> dict[str, str]:
     """The ``etc/`` files (relative path -> text) of a single-node server on 127.0.0.1:``port``."""
-    catalog = catalog_properties(warehouse)
+    properties = catalog_properties(catalog)
     return {
         "node.properties": _properties({
             "node.environment": "cdc",
@@ -145,7 +169,7 @@ def server_files(port: int, state_dir: Path, warehouse: str) -> dict[str, str]:
         }),
         "jvm.config": "\n".join(["-server", "-Xmx1G", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError", "-Djdk.attach.allowAttachSelf=true"]) + "\n",
         "log.properties": "io.trino=WARN\n",
-        f"catalog/{CATALOG_NAME}.properties": _properties(catalog),
+        f"catalog/{CATALOG_NAME}.properties": _properties(properties),
     }
 
 
@@ -153,7 +177,7 @@ def _properties(values: dict[str, str]) -> str:
     return "".join(f"{key}={value}\n" for key, value in values.items())
 
 
-def start(state_dir: Path, warehouse: str, port: int | None = None, timeout: float = START_TIMEOUT) -> int:
+def start(state_dir: Path, catalog: LakeCatalog, port: int | None = None, timeout: float = START_TIMEOUT) -> int:
     """Start the server (unless it runs) and wait until it answers; returns its port."""
     running = recorded_pid(state_dir / PID_FILE, MAIN_CLASS)
     if running is not None:
@@ -169,7 +193,7 @@ def start(state_dir: Path, warehouse: str, port: int | None = None, timeout: flo
     apply_umask()
     state_dir.mkdir(parents=True, exist_ok=True)
     state_dir.chmod(0o700)
-    for name, text in server_files(port, state_dir, warehouse).items():
+    for name, text in server_files(port, state_dir, catalog).items():
         path = state_dir / "etc" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -228,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = args.state_dir or default_state_dir()
     try:
         if args.action == "start":
-            port = start(state_dir, warehouse_root(), args.port)
+            port = start(state_dir, LakeCatalog.from_environment(warehouse_root()), args.port)
             print(f"trino: http://{HOST}:{port} (catalog {CATALOG_NAME}, read-only); CLI: {CLI_JAR}")
         elif args.action == "stop":
             print("trino: stopped" if stop(state_dir) else "trino: not running", file=sys.stderr)
