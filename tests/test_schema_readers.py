@@ -181,6 +181,11 @@ def test_the_select_list_names_only_stored_names(config):
     assert configured_select_list(config.columns[1:4], ["a", "b", "b2", "c"], Dialect.spark) == [
         "CAST(`a` AS bigint) AS `a`", "CAST(coalesce(`b2`, `b`) AS int) AS `b2`", "CAST(`c` AS string) AS `c`",
     ]  # fmt: skip
+    # Trino's own type names (tests/test_trino.py runs its queries).
+    assert configured_select_list(config.columns, ["ID", "a", "b", "f", "d"], Dialect.trino) == [
+        'CAST("id" AS integer) AS "id"', 'CAST("a" AS bigint) AS "a"', 'CAST("b" AS integer) AS "b2"',
+        'CAST(NULL AS varchar) AS "c"', 'CAST("f" AS double) AS "f"', 'CAST("d" AS decimal(12,2)) AS "d"',
+    ]  # fmt: skip
 
 
 @pytest.fixture()

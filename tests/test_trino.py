@@ -13,6 +13,7 @@ import contextlib
 import csv
 import ipaddress
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ from pyspark.sql import functions as F
 from cdc_assets.cli import trino_server
 from cdc_assets.cli.generate import generate
 from cdc_assets.engines import lake_server
+from cdc_assets.model.config import TableConfig
+from cdc_assets.usecases.readers import current_state, current_trino_sql, scd2_trino_sql, scd2_view
 from resources.storage import WarehouseStorage
 from resources.storage.lake import LakeCatalog
 from tests.lake import lake_variables, pointed_at, start_lake, upload
@@ -31,6 +34,7 @@ from tests.pipeline import definitions_for, run_dates, write_table_config
 pytestmark = pytest.mark.slow
 
 DAY1, DAY2 = "2019-06-18", "2019-06-19"
+INCREMENTAL = "synthetic_incremental"
 ASSETS = ("hashed_incoming", "rejects", "hash_join_classification", "inserts", "deletes", "updates", "current_table", "history_partition")
 
 
@@ -49,6 +53,7 @@ class Demo:
 
     root: str
     variables: dict[str, str] | None
+    configs: dict[str, TableConfig]
 
     @contextlib.contextmanager
     def storage(self, monkeypatch) -> Iterator[WarehouseStorage]:
@@ -70,16 +75,20 @@ def demo(request, spark, tmp_path_factory):
             stack.callback(lake_server.stop, handle.state_dir)
             variables: dict[str, str] | None = lake_variables(handle)
             upload(extracts, handle)
-            demo = Demo(variables["CDC_WAREHOUSE"], variables)
+            warehouse = variables["CDC_WAREHOUSE"]
             source = "synthetic/{date}/"  # under CDC_DATA_ROOT, the lake's landing prefix
         else:
-            variables, demo = None, Demo(str(root / "warehouse"), None)
+            variables, warehouse = None, str(root / "warehouse")
             source = f"{extracts / 'synthetic'}/{{date}}/"
-        config = write_table_config(root / "configs", "synthetic", source)
+        # The same extracts twice: stored per date (the default), and as one table with a tag per date.
+        configs = {
+            "synthetic": write_table_config(root / "configs", "synthetic", source),
+            INCREMENTAL: write_table_config(root / "configs", INCREMENTAL, source, storage={"current": "incremental"}),
+        }
         with pytest.MonkeyPatch.context() as patch, pointed_at(patch, variables):
-            patch.setenv("CDC_WAREHOUSE", demo.root)
-            assert all(result.success for result in run_dates(definitions_for(config), [DAY1, DAY2]))
-        yield demo
+            patch.setenv("CDC_WAREHOUSE", warehouse)
+            assert all(result.success for result in run_dates(definitions_for(*configs.values()), [DAY1, DAY2]))
+        yield Demo(warehouse, variables, configs)
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +131,32 @@ def test_trino_reads_every_output_by_name_with_the_readmes_counts_and_sparks_row
     selected = by_spark.select(*texts, *doubles, F.col("eff_start_date").cast("string"), F.unix_timestamp("processed_at")).orderBy("key_hash")
     assert len(read_back) == 10000 and read_back == [list(row) for row in selected.collect()]
     by_spark.unpersist()
+
+@pytest.mark.parametrize("table", ["synthetic", INCREMENTAL])
+def test_the_query_sql_for_prints_gives_sparks_state_of_a_date_with_its_labels_in_trino(spark, demo, trino, monkeypatch, table):
+    config = demo.configs[table]
+    with demo.storage(monkeypatch):
+        query = current_trino_sql(config, demo.root, DAY2)
+        by_spark = current_state(spark, config, DAY2, demo.root).select("key_hash", "non_key_hash", "operation")
+        expected = sorted(tuple(row) for row in by_spark.collect())
+    by_trino = sorted(tuple(row) for row in _rows(f"SELECT key_hash, non_key_hash, operation FROM ({query})", trino))
+    assert len(by_trino) == 10000 and by_trino == expected
+    # The README's labels, also where the stored operation is each key's last change (one table, a tag a date).
+    assert Counter(operation for _, _, operation in by_trino) == {"I": 2000, "N": 4000, "U": 4000}
+    assert ("FOR VERSION AS OF" in query) == (table == INCREMENTAL), query
+
+
+def test_the_scd2_query_sql_for_prints_gives_sparks_versions_in_trino(spark, demo, trino, monkeypatch):
+    config = demo.configs["synthetic"]
+    with demo.storage(monkeypatch):
+        query = scd2_trino_sql(config, demo.root, DAY2)
+        versions = scd2_view(spark, config, DAY2, demo.root).select("key_1", "key_2", "key_3", "key_4", "key_5", "valid_from", "valid_to", "is_current")
+        expected = sorted((*row[:5], str(row[5]), str(row[6]) if row[6] else "", str(row[7]).lower()) for row in versions.collect())
+    listed = "key_1, key_2, key_3, key_4, key_5, CAST(valid_from AS varchar), CAST(valid_to AS varchar), is_current"
+    by_trino = sorted(tuple(row) for row in _rows(f"SELECT {listed} FROM ({query})", trino))
+    # 10,000 first versions, 4,000 of them closed by an update and 2,000 by a delete, 6,000 new ones.
+    assert len(by_trino) == 16000 and by_trino == expected
+
 
 def test_trino_travels_to_a_business_date_by_its_tag(trino):
     # One run per date: the tag of DAY1 names the version before DAY2 was written.

@@ -5,6 +5,8 @@
     cdc-catalog server start|status|stop  the SQL server (Spark Thrift server) on 127.0.0.1:10000 (`make sql-server`):
                                           read-only, a password in its 0600 file (docs/consumers.md)
     cdc-catalog describe TABLE --json     what pyiceberg needs to read any asset's any date (no Spark)
+    cdc-catalog sql-for TABLE --engine trino|duckdb [--view current|scd2] [--as-of DATE]
+                                          the query of a friendly name in that engine's SQL (no Spark)
 
 Database ``cdc`` (``CDC_CATALOG_DATABASE``) in Spark's Hive metastore holds, as views over the
 Iceberg catalog ``lake`` (``lake.<table>.<asset>``), each stored table's ``<table>_current``,
@@ -25,7 +27,7 @@ from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.model import settings
 from cdc_assets.usecases.catalog_ddl import catalog_database, catalog_dir
 from cdc_assets.usecases.catalog_describe import describe
-from cdc_assets.usecases.readers import table_config
+from cdc_assets.usecases.readers import current_duckdb_sql, current_trino_sql, scd2_duckdb_sql, scd2_trino_sql, table_config
 from cdc_assets.engines.process import HOST
 from cdc_assets.cli.sql_server import (
     DEFAULT_SQL_PORT,
@@ -42,7 +44,12 @@ from cdc_assets.cli.sql_server import (
 )
 from resources.storage import WarehouseStorage, warehouse_root
 
-
+# The queries `sql-for` prints: Trino's read the catalog `make trino-up` serves when they run, DuckDB's the
+# metadata files committed when they were generated (docs/consumers.md).
+QUERIES_BY_ENGINE = {
+    "trino": {"current": current_trino_sql, "scd2": scd2_trino_sql},
+    "duckdb": {"current": current_duckdb_sql, "scd2": scd2_duckdb_sql},
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     describe_table = commands.add_parser("describe", help="the table's Iceberg catalog and tables, for scripts (pyiceberg)")
     describe_table.add_argument("table", help="the table config's name")
     describe_table.add_argument("--json", action="store_true", required=True, help="print one JSON object (the only format)")
+    sql_for = commands.add_parser(
+        "sql-for", help="print the query of a name (current, scd2) for an engine that has no Spark view of it (no Spark)"
+    )
+    sql_for.add_argument("table", help="the table config's name")
+    sql_for.add_argument("--engine", choices=sorted(QUERIES_BY_ENGINE), required=True)
+    sql_for.add_argument("--view", choices=["current", "scd2"], default="current", help="current: a date's state with its labels (default)")
+    sql_for.add_argument("--as-of", default=None, help="the business date (default: the newest stored)")
     argv = sys.argv[1:] if argv is None else argv
     # Everything after "sql" belongs to spark-sql, options included.
     args = parser.parse_args(argv[:1] if argv[:1] == ["sql"] else argv)
@@ -66,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
     storage = WarehouseStorage(warehouse_root())
     try:
+        if args.command == "sql-for":
+            print(QUERIES_BY_ENGINE[args.engine][args.view](table_config(args.table), None, args.as_of))
+            return 0
         if args.command == "describe":
             print(json.dumps(describe(storage, table_config(args.table)), indent=2))
             return 0

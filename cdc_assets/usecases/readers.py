@@ -34,6 +34,8 @@ from cdc_assets.usecases.stored_schema import stored_configured_names, stored_fo
 from resources.storage.state import read_state
 from cdc_assets.engines.duckdb_iceberg import load_extensions
 from resources.storage import WarehouseStorage, warehouse_root
+from resources.storage.lake import CATALOG_NAME
+from resources.storage.merged import OPERATION_DATE, operation_as_of_sql
 
 # What the views need of history besides the configured columns and business_date.
 _HISTORY_COLUMNS = ((KEY_HASH, "string"), (NON_KEY_HASH, "string"), (OPERATION, "string"))
@@ -115,6 +117,56 @@ def current_duckdb_sql(config: TableConfig | str, warehouse: str | None = None, 
         return f"SELECT {', '.join([*configured, *own])} FROM ({state}) AS state"
     own = [quote_identifier(name, Dialect.duckdb) for name in pipeline_columns(stored)]
     return f"SELECT {', '.join([*configured, *own])} FROM {_iceberg_scan(storage, config.name, CURRENT)} WHERE {BUSINESS_DATE} = DATE '{day}'"
+
+
+def current_trino_sql(config: TableConfig | str, warehouse: str | None = None, as_of: str | date | None = None) -> str:
+    """A Trino query of :func:`current_state` (the state as of ``as_of``, default the newest stored date, with
+    its labels and the same columns) over the catalog ``lake`` as `make trino-up` serves it.
+
+    A table stored per date reads its date's partition; ``storage: {current: incremental}`` reads the
+    table at the date's tag (``FOR VERSION AS OF '<date>'``) and labels each row as of that date (an
+    untouched key ``N``, or ``X`` for a delta), as :func:`current_state` does. Trino reads the catalog
+    when the query runs: unlike the DuckDB query, it sees what was published since it was generated.
+    """
+    config = table_config(config)
+    storage = WarehouseStorage(warehouse_root(warehouse))
+    day = current_as_of(config, as_of, warehouse)
+    stored = storage.stored_schema(config.name, CURRENT, day).names
+    trino = Dialect.trino
+    configured = configured_select_list(config.columns, stored, trino)
+    own = [name for name in pipeline_columns(stored) if name != OPERATION_DATE]
+    table = _trino_table(config.name, CURRENT)
+    if storage.merged.holds(config.name, CURRENT):
+        untouched = untouched_operation(config.load_type)
+        labelled = [
+            f"{operation_as_of_sql(day, untouched, trino)} AS {quote_identifier(name, trino)}" if name == OPERATION else quote_identifier(name, trino)
+            for name in own
+        ]
+        return f"SELECT {', '.join([*configured, *labelled])} FROM {table} FOR VERSION AS OF '{day}'"
+    columns = [*configured, *(quote_identifier(name, trino) for name in own)]
+    return f"SELECT {', '.join(columns)} FROM {table} WHERE {BUSINESS_DATE} = DATE '{day}'"
+
+
+def scd2_trino_sql(config: TableConfig | str, warehouse: str | None = None, as_of: str | date | None = None) -> str:
+    """The SCD type 2 query of :func:`scd2_view` for Trino, over ``lake.<table>.history_partition`` as
+    `make trino-up` serves it: the configured columns as :func:`read_history` shows them, every stored
+    date up to ``as_of`` (default: the newest stored date)."""
+    config = table_config(config)
+    storage = WarehouseStorage(warehouse_root(warehouse))
+    day = scd2_as_of(config, as_of, warehouse)
+    trino = Dialect.trino
+    stored = stored_configured_names(storage, config, HISTORY, storage.stored_dates(config.name, HISTORY))
+    own = ", ".join(quote_identifier(name, trino) for name, _ in _HISTORY_COLUMNS)
+    relation = (
+        f"(SELECT {', '.join(configured_select_list(config.columns, stored, trino))}, {own}, {BUSINESS_DATE} "
+        f"FROM {_trino_table(config.name, HISTORY)} WHERE {BUSINESS_DATE} <= DATE '{day}') AS stored_history"
+    )
+    return scd2_sql([column.name for column in config.columns], relation, day, config.scd2.open_end, config.scd2.hard_deletes, trino)
+
+
+def _trino_table(table: str, asset: str) -> str:
+    """``lake."<table>"."<asset>"``: the catalog as trino_server.py names it (the project's own name)."""
+    return ".".join([CATALOG_NAME, quote_identifier(table, Dialect.trino), quote_identifier(asset, Dialect.trino)])
 
 
 def _iceberg_scan(storage: WarehouseStorage, table: str, asset: str) -> str:

@@ -30,6 +30,8 @@ from cdc_assets.core.views.scd2 import Dialect, quote_identifier
 _NUMERIC = {"tinyint", "smallint", "int", "bigint", "float", "double"}
 # DuckDB's names of the configured (Spark SQL) types that differ.
 _DUCKDB_TYPES = {"string": "VARCHAR", "int": "INTEGER"}
+# Trino's: its Iceberg connector reads a stored timestamp as timestamp(6) with time zone.
+_TRINO_TYPES = {"string": "varchar", "int": "integer", "float": "real", "timestamp": "timestamp(6) with time zone"}
 
 
 def stored_names(column: Column) -> tuple[str, ...]:
@@ -84,8 +86,8 @@ def configured_select_list(columns: Sequence[Column], stored: Collection[str], d
     """:func:`configured_columns` as SQL select-list items of ``dialect``, over a relation with the
     columns ``stored`` (any case). A name the relation lacks is not referenced: DuckDB fails on one.
 
-    DuckDB casts only numeric columns (the ones a stored type can be narrower than) and NULLs:
-    it reads a Spark timestamp as a TIMESTAMP or a TIMESTAMP WITH TIME ZONE depending on how it is
+    DuckDB and Trino cast only numeric columns (the ones a stored type can be narrower than) and NULLs:
+    DuckDB reads a Spark timestamp as a TIMESTAMP or a TIMESTAMP WITH TIME ZONE depending on how it is
     stored, and a cast between the two would shift it by the session's time zone.
     """
     dialect = Dialect(dialect)
@@ -97,7 +99,7 @@ def configured_select_list(columns: Sequence[Column], stored: Collection[str], d
         if dialect is Dialect.spark:
             value = f"CAST({value} AS {column.type})"
         elif not names or _numeric(column.type):
-            value = f"CAST({value} AS {_duckdb_type(column.type)})"
+            value = f"CAST({value} AS {_trino_type(column.type) if dialect is Dialect.trino else _duckdb_type(column.type)})"
         items.append(f"{value} AS {quote_identifier(column.name, dialect)}")
     return items
 
@@ -108,3 +110,7 @@ def _numeric(data_type: str) -> bool:
 
 def _duckdb_type(data_type: str) -> str:
     return _DUCKDB_TYPES.get(data_type, data_type.upper())
+
+
+def _trino_type(data_type: str) -> str:
+    return _TRINO_TYPES.get(data_type, data_type)

@@ -1,8 +1,9 @@
-"""The SCD type 2 view of a table's history: one SQL text, rendered for Spark SQL or for DuckDB.
+"""The SCD type 2 view of a table's history: one SQL text, rendered for Spark SQL, DuckDB or Trino.
 
 The query lives in ``cdc_assets/sql/scd2.sql`` (shipped with the package) so that it can be read,
-and run, outside this project. Rendering only fills in its placeholders; the two dialects differ
-in identifier quoting alone, and ``tests/test_scd2.py`` checks that both give the same rows.
+and run, outside this project. Rendering only fills in its placeholders; the dialects differ in
+identifier quoting alone, and ``tests/test_scd2.py`` (Spark, DuckDB) and ``tests/test_trino.py`` check
+that they give the same rows.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ SCD2_SQL_FILE = "sql/scd2.sql"
 class Dialect(str, Enum):
     spark = "spark"
     duckdb = "duckdb"
+    trino = "trino"
 
 
 # Each dialect's identifier quote; a quote inside a name is doubled.
-_QUOTES = {Dialect.spark: "`", Dialect.duckdb: '"'}
+_QUOTES = {Dialect.spark: "`", Dialect.duckdb: '"', Dialect.trino: '"'}
 
 
 def quote_identifier(name: str, dialect: Dialect | str) -> str:
-    """``name`` as a quoted identifier of ``dialect``: `name` for Spark, "name" for DuckDB."""
+    """``name`` as a quoted identifier of ``dialect``: `name` for Spark, "name" for DuckDB and Trino."""
     quote = _QUOTES[Dialect(dialect)]
     return quote + name.replace(quote, quote * 2) + quote
 
@@ -72,7 +74,7 @@ def scd2_sql(
     hard_deletes: HardDeletes | str,
     dialect: Dialect | str,
 ) -> str:
-    """The SCD type 2 query over ``history_relation``, as of ``as_of``, in ``dialect`` (spark or duckdb).
+    """The SCD type 2 query over ``history_relation``, as of ``as_of``, in ``dialect`` (spark, duckdb or trino).
 
     ``columns`` are the configured column names (keys, non-keys, untracked), quoted here;
     ``history_relation`` is SQL text used as is (a quoted view name, or DuckDB's ``iceberg_scan(...)``)
