@@ -92,7 +92,8 @@ def _beeline(env, port: int, state: Path, statements: list[str]) -> list[str]:
     outputs, current = [], []
     for line in done.stdout.splitlines():
         line = _NOISE.sub("", line)
-        if not line.strip() or line.startswith("WARNING: Using incubator modules"):
+        # The JVM's own notes (stderr is in the stream): the incubator module, the suite's JDK_JAVA_OPTIONS.
+        if not line.strip() or line.startswith(("WARNING: Using incubator modules", "NOTE: Picked up JDK_JAVA_OPTIONS")):
             continue
         marker = re.search(r"marker-(\d+)$", line)
         if marker:
