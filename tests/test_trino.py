@@ -121,7 +121,7 @@ def test_trino_reads_every_output_by_name_with_the_readmes_counts_and_sparks_row
     # A date's stored rows, value for value, as Spark reads them: keys, values, hashes, labels and audit columns
     # (the timestamp as epoch seconds, which neither engine's session zone changes).
     with demo.storage(monkeypatch) as storage:
-        by_spark = storage.read_one(spark, "synthetic", "current_table", DAY2).cache()
+        by_spark = storage.read_one(spark, "synthetic", "current_table", DAY2)
     texts = [field.name for field in by_spark.schema.fields if field.dataType.simpleString() == "string"]
     doubles = [field.name for field in by_spark.schema.fields if field.dataType.simpleString() == "double"]
     assert len(texts) == 9 and len(doubles) == 10, by_spark.schema  # 5 keys, 2 hashes, operation, process_id; 10 values
@@ -130,7 +130,6 @@ def test_trino_reads_every_output_by_name_with_the_readmes_counts_and_sparks_row
     read_back = [[*row[: len(texts)], *map(float, row[len(texts) : -2]), row[-2], int(row[-1])] for row in by_trino]
     selected = by_spark.select(*texts, *doubles, F.col("eff_start_date").cast("string"), F.unix_timestamp("processed_at")).orderBy("key_hash")
     assert len(read_back) == 10000 and read_back == [list(row) for row in selected.collect()]
-    by_spark.unpersist()
 
 @pytest.mark.parametrize("table", ["synthetic", INCREMENTAL])
 def test_the_query_sql_for_prints_gives_sparks_state_of_a_date_with_its_labels_in_trino(spark, demo, trino, monkeypatch, table):

@@ -15,7 +15,8 @@ plugin's folder (in ``lib/`` the catalog is silently not loaded). Trino 476 does
 What it serves: one catalog, ``lake``, the warehouse of the project's settings (``CDC_WAREHOUSE``): its
 embedded JDBC catalog (the SQLite file), or the REST catalog of a lake (``CDC_CATALOG_URI``, signed with
 SigV4 as the project signs it, the objects through Trino's native S3 with ``CDC_S3_ENDPOINT``), with
-``iceberg.security=read_only`` (Trino refuses every write and DDL). It listens on 127.0.0.1 only (``node.bind-ip``), on a port chosen free unless given,
+``iceberg.security=read_only`` (Trino refuses every write and DDL). It listens on 127.0.0.1 only
+(``node.bind-ip``), on a port chosen free unless given,
 with a small heap. The generated ``etc/`` is in the state folder (default ``~/.local/state/cdc_assets/trino``,
 ``CDC_TRINO_DIR``), 0700; it holds no secret: a lake's keys are ``${ENV:AWS_ACCESS_KEY_ID}`` and
 ``${ENV:AWS_SECRET_ACCESS_KEY}``, which Trino reads from its environment. No Dagster or Spark import.
@@ -46,7 +47,7 @@ from cdc_assets.engines.process import (
 from cdc_assets.model import settings
 from cdc_assets.model.file_modes import apply_umask
 from resources.storage import warehouse_root
-from resources.storage.lake import LakeCatalog, catalog_file
+from resources.storage.lake import CATALOG_NAME, LakeCatalog, catalog_file
 from resources.storage.object_store import DEFAULT_REGION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +58,6 @@ SERVER_HOME = INSTALL_DIR / f"trino-server-{TRINO_VERSION}"
 CLI_JAR = INSTALL_DIR / f"trino-cli-{TRINO_VERSION}-executable.jar"
 # Trino 476's launcher refuses an older Java.
 MIN_JAVA = 24
-CATALOG_NAME = "lake"
 PID_FILE = "trino.pid"
 PORT_FILE = "trino.port"
 LOG_FILE = "server.log"

@@ -165,7 +165,7 @@ def scd2_trino_sql(config: TableConfig | str, warehouse: str | None = None, as_o
 
 
 def _trino_table(table: str, asset: str) -> str:
-    """``lake."<table>"."<asset>"``: the catalog as trino_server.py names it (the project's own name)."""
+    """``lake."<table>"."<asset>"``: the project's catalog name, which trino_server.py gives Trino's catalog too."""
     return ".".join([CATALOG_NAME, quote_identifier(table, Dialect.trino), quote_identifier(asset, Dialect.trino)])
 
 
