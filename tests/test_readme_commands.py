@@ -9,6 +9,10 @@ documentation's commands"):
   the ``orders`` sample table's three dates, written by a real pipeline run.
 - ``<!-- tested slow on an empty warehouse: prints "TEXT" -->``: the same, in a working directory of
   its own whose warehouse is empty (a block that runs a table from its first date).
+- ``<!-- tested slow on both catalogs: prints "TEXT" -->``: as ``tested slow``, and again with the project
+  pointed at a lake (SeaweedFS, its REST catalog; what ``eval "$(make -s lake-env)"`` sets) whose warehouse
+  holds the same three dates.
+- ``<!-- tested slow on the lake: prints "TEXT" -->``: on that lake only (a reader of REST catalogs).
 - ``<!-- not tested: REASON -->``: servers, long runs, syntax only.
 
 A block is run with ``bash -euo pipefail`` and the project's ``.venv/bin`` first on PATH, so a
@@ -30,6 +34,7 @@ import pytest
 import yaml
 
 from cdc_assets.model.config import load_table_config
+from tests.lake import LAKE_VARIABLES
 from tests.pipeline import definitions_for, run_range
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,10 +44,16 @@ README_MAX_LINES = 250
 # The environment the commands are written for: the project's virtualenv, which runs this test.
 VENV = Path(sys.prefix)
 
-MARKER = re.compile(r"^<!--\s*(tested slow on an empty warehouse|tested slow|tested|not tested)\s*(?::\s*(.*?))?\s*-->$")
+MARKER = re.compile(
+    r"^<!--\s*(tested slow on an empty warehouse|tested slow on both catalogs|tested slow on the lake|tested slow|tested|not tested)"
+    r"\s*(?::\s*(.*?))?\s*-->$"
+)
 # A block that starts a table from its first date: on the shared warehouse it would re-run a date that
 # later stored dates were computed from, which a run refuses (docs/operations.md).
 EMPTY_WAREHOUSE = "tested slow on an empty warehouse"
+# A reader whose commands differ by catalog (the embedded one, a lake's REST catalog): run on both.
+BOTH_CATALOGS = "tested slow on both catalogs"
+ON_THE_LAKE = "tested slow on the lake"
 PRINTS = re.compile(r'prints\s+"([^"]+)"')
 FENCE = re.compile(r"^(`{3,})\s*([\w+-]*)")
 
@@ -61,7 +72,7 @@ class Block:
     page: Path
     line: int  # of the opening fence, from 1
     language: str
-    marker: str | None  # "tested", "tested slow", EMPTY_WAREHOUSE, "not tested", or None
+    marker: str | None  # "tested", "tested slow", EMPTY_WAREHOUSE, BOTH_CATALOGS, ON_THE_LAKE, "not tested", or None
     note: str
     text: str
 
@@ -121,14 +132,16 @@ def project_dir(root: Path) -> Path:
     return root
 
 
-def command_env(project: Path) -> dict[str, str]:
+def command_env(project: Path, lake: dict[str, str] | None = None) -> dict[str, str]:
     """The test's environment without the project's settings, so the commands see their defaults,
-    with this checkout's code first and Spark kept small and local."""
+    with this checkout's code first and Spark kept small and local; with ``lake``, the variables that
+    point the project at a lake (``make -s lake-env``'s)."""
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in ("SPARK_REMOTE", "CDC_WAREHOUSE", "CDC_TABLE_CONFIGS", "CDC_DATA_ROOT", "CDC_SPARK_MASTER")
+        if key not in ("SPARK_REMOTE", "CDC_TABLE_CONFIGS", "CDC_SPARK_MASTER", *LAKE_VARIABLES)
     }
+    env.update(lake or {})
     env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["DAGSTER_HOME"] = str(project / ".dagster_home")
@@ -137,12 +150,13 @@ def command_env(project: Path) -> dict[str, str]:
     return env
 
 
-def run_block(block: Block, project: Path, timeout: float) -> str:
-    """Run the block's commands in ``project``; returns their output, failing the test if any command failed."""
+def run_block(block: Block, project: Path, timeout: float, lake: dict[str, str] | None = None) -> str:
+    """Run the block's commands in ``project`` (pointed at ``lake`` if given); returns their output, failing
+    the test if any command failed."""
     process = subprocess.Popen(
         ["bash", "-euo", "pipefail", "-c", block.text],
         cwd=project,
-        env=command_env(project),
+        env=command_env(project, lake),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -158,8 +172,8 @@ def run_block(block: Block, project: Path, timeout: float) -> str:
     return output
 
 
-def check_block(block: Block, project: Path, timeout: float) -> None:
-    output = run_block(block, project, timeout)
+def check_block(block: Block, project: Path, timeout: float, lake: dict[str, str] | None = None) -> None:
+    output = run_block(block, project, timeout, lake)
     missing = [text for text in block.expected if text not in output]
     assert not missing, f"{block.name} did not print {missing}:\n{block.text}\n{output[-4000:]}"
 
@@ -181,7 +195,7 @@ def test_every_bash_block_is_marked():
     assert not silent, f'tested blocks must say what they print (prints "..."): {silent}'
     unexplained = [block.name for block in blocks if block.marker == "not tested" and not block.note]
     assert not unexplained, f"not tested blocks must say why: {unexplained}"
-    assert marked("tested") and marked("tested slow") and marked(EMPTY_WAREHOUSE)
+    assert marked("tested") and marked("tested slow") and marked(EMPTY_WAREHOUSE) and marked(BOTH_CATALOGS) and marked(ON_THE_LAKE)
 
 
 def test_markers_are_on_bash_blocks_only():
@@ -261,9 +275,38 @@ def orders_project(spark, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", marked("tested slow"), ids=lambda block: block.name)
+@pytest.mark.parametrize("block", [*marked("tested slow"), *marked(BOTH_CATALOGS)], ids=lambda block: block.name)
 def test_command_block_on_the_orders_warehouse(block, orders_project):
     check_block(block, orders_project, SLOW_TIMEOUT_SECONDS)
+
+
+@pytest.fixture(scope="module")
+def orders_lake(spark, tmp_path_factory):
+    """A project directory and a lake of its own (SeaweedFS) whose warehouse holds the orders sample's
+    2024-01-01..03, from one real run; yields the directory and the variables that point at the lake."""
+    from cdc_assets.engines import lake_server
+    from tests.lake import lake_variables, pointed_at, start_lake
+
+    root = tmp_path_factory.mktemp("readme-lake")
+    handle = start_lake(root / "lake")
+    try:
+        variables = {name: value for name, value in lake_variables(handle).items() if name != "CDC_DATA_ROOT"}
+        with pytest.MonkeyPatch.context() as patch, pointed_at(patch, variables):
+            patch.setenv("CDC_DATA_ROOT", str(REPO))  # the samples' extracts, read from this checkout
+            result = run_range(definitions_for(load_table_config(REPO / "table_configs" / "orders.yaml")), "2024-01-01", "2024-01-03")
+            assert result.success
+        (root / "project").mkdir()
+        yield project_dir(root / "project"), variables
+    finally:
+        lake_server.stop(handle.state_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.lake
+@pytest.mark.parametrize("block", [*marked(BOTH_CATALOGS), *marked(ON_THE_LAKE)], ids=lambda block: block.name)
+def test_command_block_on_the_orders_lake(block, orders_lake):
+    project, variables = orders_lake
+    check_block(block, project, SLOW_TIMEOUT_SECONDS, lake=variables)
 
 
 @pytest.mark.slow

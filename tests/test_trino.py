@@ -4,7 +4,8 @@ REST catalog (SeaweedFS, SigV4-signed, the objects through Trino's native S3).
 
 The demo's two dates, run one date per run as a user's daily runs are, in this process's Spark; then, through
 Trino's own CLI: the tables by name, the README's counts and labels, the stored rows equal to Spark's, time
-travel to a business date by its tag, and every write refused.
+travel to a business date by its tag, and every write refused. DuckDB reads the same: the state's query
+`cdc-catalog sql-for` prints, and on the lake the catalog attached by name (read-only).
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from dataclasses import dataclass
 
 import psutil
 import pytest
+import duckdb
 from pyspark.sql import functions as F
 
 from cdc_assets.cli import trino_server
 from cdc_assets.cli.generate import generate
 from cdc_assets.engines import lake_server
 from cdc_assets.model.config import TableConfig
-from cdc_assets.usecases.readers import current_state, current_trino_sql, scd2_trino_sql, scd2_view
+from cdc_assets.engines.duckdb_iceberg import duckdb_connection
+from cdc_assets.usecases.readers import current_duckdb_sql, current_state, current_trino_sql, scd2_trino_sql, scd2_view
 from resources.storage import WarehouseStorage
-from resources.storage.lake import LakeCatalog
+from resources.storage.lake import CatalogSettingError, LakeCatalog
 from tests.lake import lake_variables, pointed_at, start_lake, upload
 from tests.pipeline import definitions_for, run_dates, write_table_config
 
@@ -80,10 +83,13 @@ def demo(request, spark, tmp_path_factory):
         else:
             variables, warehouse = None, str(root / "warehouse")
             source = f"{extracts / 'synthetic'}/{{date}}/"
-        # The same extracts twice: stored per date (the default), and as one table with a tag per date.
+        # The same extracts twice: stored per date (the default), and as one table with a tag per date whose
+        # second date is a MERGE (merge-on-read), not a compaction's full copy: by default a date that changes
+        # a quarter of the rows (this one changes 80%) is stored whole.
+        merged = {"current": "incremental", "compact_after_share": 2.0}
         configs = {
             "synthetic": write_table_config(root / "configs", "synthetic", source),
-            INCREMENTAL: write_table_config(root / "configs", INCREMENTAL, source, storage={"current": "incremental"}),
+            INCREMENTAL: write_table_config(root / "configs", INCREMENTAL, source, storage=merged),
         }
         with pytest.MonkeyPatch.context() as patch, pointed_at(patch, variables):
             patch.setenv("CDC_WAREHOUSE", warehouse)
@@ -143,6 +149,48 @@ def test_the_query_sql_for_prints_gives_sparks_state_of_a_date_with_its_labels_i
     # The README's labels, also where the stored operation is each key's last change (one table, a tag a date).
     assert Counter(operation for _, _, operation in by_trino) == {"I": 2000, "N": 4000, "U": 4000}
     assert ("FOR VERSION AS OF" in query) == (table == INCREMENTAL), query
+    # DuckDB, by the query `sql-for --engine duckdb` prints: the same rows and labels.
+    with demo.storage(monkeypatch):
+        by_duckdb = sorted(duckdb.sql(f"SELECT key_hash, non_key_hash, operation FROM ({current_duckdb_sql(config, demo.root, DAY2)})").fetchall())
+    assert by_duckdb == expected
+
+
+def test_the_merged_state_of_the_second_date_is_a_merge_on_read_commit_whose_raw_rows_carry_each_keys_last_change(
+    demo, trino, monkeypatch
+):
+    """What the labelled queries above read: the tag of DAY2 is the MERGE's commit, position deletes not
+    compacted away, and its stored ``operation`` is each key's last change (the 4,000 keys DAY2 left alone
+    keep DAY1's I), which only ``operation_date`` turns into DAY2's labels."""
+    with demo.storage(monkeypatch) as storage:
+        summary = storage.merged.summary(INCREMENTAL, "current_table", DAY2)
+    assert summary["cdc.stored-as"] == "changes" and int(summary["total-position-deletes"]) > 0, summary
+    raw = _rows(
+        f"SELECT operation, CAST(operation_date AS varchar), count(*) FROM {INCREMENTAL}.current_table "
+        f"FOR VERSION AS OF '{DAY2}' GROUP BY 1, 2",
+        trino,
+    )
+    assert {(operation, day): int(count) for operation, day, count in raw} == {("I", DAY1): 4000, ("I", DAY2): 2000, ("U", DAY2): 4000}
+
+
+def test_duckdb_attaches_the_lakes_catalog_read_only_and_reads_every_output_by_name(demo, monkeypatch):
+    with demo.storage(monkeypatch) as storage, duckdb_connection() as duck:
+        if storage.lake.embedded:  # a JDBC catalog on SQLite is none DuckDB attaches: the error says what to use
+            with pytest.raises(CatalogSettingError, match="iceberg_scan"):
+                storage.lake.duckdb_attach_sql()
+            return
+        for statement in storage.lake.duckdb_attach_sql("lake"):
+            duck.execute(statement)
+        counts = duck.sql("SELECT CAST(business_date AS varchar), operation, count(*) FROM lake.synthetic.history_partition GROUP BY ALL").fetchall()
+        assert _counts(counts) == {(DAY1, "I"): 10000, (DAY2, "D"): 2000, (DAY2, "I"): 2000, (DAY2, "U"): 4000}
+        # Time travel by the date's tag, which DuckDB takes as its snapshot id.
+        first = storage.tables.date_tags("synthetic", "current_table")[DAY1]
+        assert duck.sql(f"SELECT count(*) FROM lake.synthetic.current_table AT (VERSION => {first})").fetchall() == [(10000,)]
+        # DDL shows the read-only attach (DuckDB 1.4 neither inserts into nor deletes from a partitioned table at all).
+        for statement in ("CREATE TABLE lake.synthetic.made_by_duckdb (x INTEGER)", "DROP TABLE lake.synthetic.rejects"):
+            with pytest.raises(duckdb.InvalidInputException, match="read-only"):
+                duck.execute(statement)
+        assert duck.sql("SELECT count(*) FROM lake.synthetic.rejects").fetchall() == [(0,)]
+        assert "made_by_duckdb" not in {name for _, _, name, *_ in duck.sql("SHOW ALL TABLES").fetchall()}
 
 
 def test_the_scd2_query_sql_for_prints_gives_sparks_versions_in_trino(spark, demo, trino, monkeypatch):

@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.model import settings
 from cdc_assets.model.file_modes import owner_only_folder
-from resources.storage.object_store import DEFAULT_REGION, ObjectStore, is_object_store
+from resources.storage.object_store import DEFAULT_REGION, ObjectStore, sql_text, is_object_store
 
 # The name Spark and pyiceberg open the catalog under (also the key of its rows in the SQLite file).
 CATALOG_NAME = "lake"
@@ -241,6 +241,36 @@ class LakeCatalog:
                 "rest.signing-region": self.store.region or DEFAULT_REGION,
             })  # fmt: skip
         return properties
+
+    def duckdb_attach_sql(self, alias: str = CATALOG_NAME) -> list[str]:
+        """The statements that attach this REST catalog to a DuckDB connection as ``alias``, read-only, so
+        that ``alias.<table>.<asset>`` reads a table by name (DuckDB's iceberg extension, 1.4): a secret
+        for the objects, one for the catalog, and the ``ATTACH``. They hold the environment's keys: run
+        them, never print or log them.
+
+        The catalog secret is OAuth2 client credentials (the key pair, at the REST spec's token endpoint
+        ``<uri>/v1/oauth/tokens``), which the lake of ``make lake-up`` accepts: DuckDB 1.4.4 signs
+        SigV4 requests to a plain-http catalog wrongly. ``READ_ONLY``: DuckDB itself refuses INSERT,
+        DELETE and DDL on the attached catalog. The embedded catalog (SQLite, a JDBC catalog) is none
+        DuckDB can attach: its tables are read by ``iceberg_scan`` of their metadata files."""
+        if self.embedded:
+            raise CatalogSettingError(
+                f"{self.describe()}: DuckDB attaches REST catalogs only; read a table of the embedded catalog "
+                "with iceberg_scan of its metadata file (`cdc-catalog sql-for TABLE --engine duckdb`)"
+            )
+        key, secret = settings.ACCESS_KEY.value(), settings.SECRET_KEY.value()
+        if not (key and secret):
+            raise CatalogSettingError(
+                f"{self.describe()}: DuckDB's attach signs in with the key pair: set {settings.ACCESS_KEY.name} and "
+                f"{settings.SECRET_KEY.name} in the environment"
+            )
+        uri = self.uri.rstrip("/")
+        return [
+            self.store.duckdb_secret_sql(),
+            f"CREATE OR REPLACE SECRET cdc_catalog (TYPE iceberg, CLIENT_ID '{sql_text(key)}', "
+            f"CLIENT_SECRET '{sql_text(secret)}', OAUTH2_SERVER_URI '{sql_text(uri)}/v1/oauth/tokens')",
+            f"ATTACH '{sql_text(self.warehouse)}' AS {alias} (TYPE iceberg, ENDPOINT '{sql_text(uri)}', SECRET cdc_catalog, READ_ONLY)",
+        ]
 
     def use(self, spark: SparkSession) -> None:
         """Open the catalog as ``lake`` in ``spark`` (see :func:`use_catalog`)."""

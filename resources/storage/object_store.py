@@ -124,10 +124,10 @@ class ObjectStore:
         options = [f"REGION '{self.region}'"]
         key, secret = os.environ.get(ACCESS_KEY_ENV, ""), os.environ.get(SECRET_KEY_ENV, "")
         if key and secret:
-            options += [f"KEY_ID '{_sql_text(key)}'", f"SECRET '{_sql_text(secret)}'"]
+            options += [f"KEY_ID '{sql_text(key)}'", f"SECRET '{sql_text(secret)}'"]
             token = settings.SESSION_TOKEN.value()
             if token:
-                options.append(f"SESSION_TOKEN '{_sql_text(token)}'")
+                options.append(f"SESSION_TOKEN '{sql_text(token)}'")
         if self.endpoint:
             parsed = urlparse(self.endpoint)
             options += [f"ENDPOINT '{parsed.netloc}'", "URL_STYLE 'path'", f"USE_SSL {str(parsed.scheme == 'https').lower()}"]
@@ -176,7 +176,8 @@ def compact_deleted_objects(store: ObjectStore, locations: Iterable[str]) -> int
     return compacted
 
 
-def _sql_text(value: str) -> str:
+def sql_text(value: str) -> str:
+    """``value`` as the body of a single-quoted SQL string literal."""
     return value.replace("'", "''")
 
 
