@@ -49,11 +49,12 @@ def read_date(catalog, how: dict, day: str) -> pa.Table:
     if "partition_column" in how:
         return table.scan(row_filter=f"{how['partition_column']} = '{day}'").to_arrow()
     rows = table.scan(snapshot_id=table.snapshot_by_name(how["tag"].format(date=day)).snapshot_id).to_arrow()
-    if "operation" not in rows.column_names:  # a state without operations of its own (applied_sequences)
+    stored = how["operation_column"]  # last_operation: each key's last change, not the date's label
+    if stored not in rows.column_names:  # a state without operations of its own (applied_sequences)
         return rows
     on_day = pc.fill_null(pc.equal(rows[how["operation_date_column"]], pa.scalar(datetime.fromisoformat(day).date())), False)
-    labelled = pc.if_else(on_day, rows["operation"], pa.scalar(how["untouched_operation"]))
-    return rows.set_column(rows.column_names.index("operation"), "operation", labelled)
+    labelled = pc.if_else(on_day, rows[stored], pa.scalar(how["untouched_operation"]))
+    return rows.set_column(rows.column_names.index(stored), "operation", labelled)
 
 
 @pytest.mark.parametrize("mode", ["snapshot", "incremental"])

@@ -186,3 +186,44 @@ def test_a_date_with_a_new_column_adds_it_and_earlier_rows_read_it_as_null(spark
     assert sorted((row.id, row.city) for row in state.collect()) == [(1, None), (3, None), (4, None), (5, "Oslo")]
     # The earlier tags still read as they were written.
     assert _rows(states.state(spark, "t", "current_table", D3, "X")) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "U")]
+
+
+def test_the_stored_column_is_each_keys_last_operation_and_only_the_labelled_state_says_operation(spark, states):
+    """A reader of the raw table at a tag (Trino, DuckDB, pyiceberg) gets ``last_operation``, a name that
+    does not pass for the date's label; the labelled state has ``operation`` in its place."""
+    _three_dates(spark, states)
+    table = states.tables.load("t", "current_table")
+    raw = table.scan(snapshot_id=table.snapshot_by_name(D3).snapshot_id).to_arrow()
+    assert "operation" not in raw.column_names and {"last_operation", "operation_date"} <= set(raw.column_names)
+    # As of D3, keys 1 and 3 keep D2's U and N: their last change, not what D3 did (X).
+    assert sorted(zip(raw["id"].to_pylist(), raw["last_operation"].to_pylist())) == [(1, "U"), (3, "N"), (4, "U")]
+    state = states.state(spark, "t", "current_table", D3, "X")
+    assert state.columns == ["id", "name", "key_hash", "operation", "eff_start_date"]  # in the stored column's place
+    assert states.touched(spark, "t", "current_table", D3).select("id", "operation").collect() == [(4, "U")]
+    untouched = states.untouched("t", "current_table")  # the table property (none set here: "")
+    assert sorted(states.operations("t", "current_table", D3).to_pylist()) == sorted(["U", untouched, untouched])
+
+
+def test_a_table_written_while_the_column_was_named_operation_keeps_the_name_and_reads_the_same(spark, states, monkeypatch):
+    from resources.storage import merged
+
+    with monkeypatch.context() as before:  # the previous layout: the stored column named operation
+        before.setattr(merged, "LAST_OPERATION", "operation")
+        states.replace_state(_frame(spark, [(1, "a", "I", D1), (2, "b", "I", D1), (3, "c", "I", D1)]), "t", "current_table", D1, {})
+    assert "operation" in states.tables.load("t", "current_table").schema().column_names
+    assert states.operation_column("t", "current_table") == "operation"
+    states.apply_changes(
+        _frame(spark, [(1, "A", "U", D2), (2, "b", "D", D1), (4, "d", "I", D2), (3, "c", "N", D1)]), "t", "current_table", D2, {}
+    )
+    states.apply_changes(_frame(spark, [(4, "D", "U", D3)]), "t", "current_table", D3, {})
+    columns = states.tables.load("t", "current_table").schema().column_names
+    assert "operation" in columns and "last_operation" not in columns  # never renamed: the tags read the same name
+    assert _rows(states.state(spark, "t", "current_table", D2, "X")) == [(1, "A", "U"), (3, "c", "N"), (4, "d", "I")]
+    assert _rows(states.state(spark, "t", "current_table", D3, "X")) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "U")]
+    untouched = states.untouched("t", "current_table")  # the table property (none set here: "")
+    assert sorted(states.operations("t", "current_table", D3).to_pylist()) == sorted(["U", untouched, untouched])
+    from cdc_assets.engines.duckdb_iceberg import duckdb_connection
+
+    with duckdb_connection() as duck:
+        found = duck.sql(f"SELECT id, name, operation FROM ({states.duckdb_sql('t', 'current_table', D3, 'X')})").fetchall()
+    assert sorted(found) == [(1, "A", "X"), (3, "c", "X"), (4, "D", "U")]

@@ -28,7 +28,15 @@ from cdc_assets.cli.generate import generate
 from cdc_assets.engines import lake_server
 from cdc_assets.model.config import TableConfig
 from cdc_assets.engines.duckdb_iceberg import duckdb_connection
-from cdc_assets.usecases.readers import current_duckdb_sql, current_state, current_trino_sql, scd2_trino_sql, scd2_view
+from cdc_assets.usecases.readers import (
+    current_duckdb_sql,
+    current_spark_sql,
+    current_state,
+    current_trino_sql,
+    scd2_spark_sql,
+    scd2_trino_sql,
+    scd2_view,
+)
 from resources.storage import WarehouseStorage
 from resources.storage.lake import CatalogSettingError, LakeCatalog
 from tests.lake import lake_variables, pointed_at, start_lake, upload
@@ -149,27 +157,32 @@ def test_the_query_sql_for_prints_gives_sparks_state_of_a_date_with_its_labels_i
     # The README's labels, also where the stored operation is each key's last change (one table, a tag a date).
     assert Counter(operation for _, _, operation in by_trino) == {"I": 2000, "N": 4000, "U": 4000}
     assert ("FOR VERSION AS OF" in query) == (table == INCREMENTAL), query
-    # DuckDB, by the query `sql-for --engine duckdb` prints: the same rows and labels.
-    with demo.storage(monkeypatch):
+    # DuckDB and Spark SQL, by the queries `sql-for --engine duckdb|spark` prints: the same rows and labels.
+    with demo.storage(monkeypatch) as storage:
         by_duckdb = sorted(duckdb.sql(f"SELECT key_hash, non_key_hash, operation FROM ({current_duckdb_sql(config, demo.root, DAY2)})").fetchall())
-    assert by_duckdb == expected
+        spark_sql = f"SELECT key_hash, non_key_hash, operation FROM ({current_spark_sql(config, demo.root, DAY2)})"
+        by_spark_sql = sorted(tuple(row) for row in storage.tables.session_for(spark).sql(spark_sql).collect())
+    assert by_duckdb == expected and by_spark_sql == expected
 
 
 def test_the_merged_state_of_the_second_date_is_a_merge_on_read_commit_whose_raw_rows_carry_each_keys_last_change(
     demo, trino, monkeypatch
 ):
     """What the labelled queries above read: the tag of DAY2 is the MERGE's commit, position deletes not
-    compacted away, and its stored ``operation`` is each key's last change (the 4,000 keys DAY2 left alone
-    keep DAY1's I), which only ``operation_date`` turns into DAY2's labels."""
+    compacted away, and its stored ``last_operation`` is each key's last change (the 4,000 keys DAY2 left
+    alone keep DAY1's I), which only ``operation_date`` turns into DAY2's labels: no ``operation`` column
+    in the raw table passes for them."""
     with demo.storage(monkeypatch) as storage:
         summary = storage.merged.summary(INCREMENTAL, "current_table", DAY2)
     assert summary["cdc.stored-as"] == "changes" and int(summary["total-position-deletes"]) > 0, summary
     raw = _rows(
-        f"SELECT operation, CAST(operation_date AS varchar), count(*) FROM {INCREMENTAL}.current_table "
+        f"SELECT last_operation, CAST(operation_date AS varchar), count(*) FROM {INCREMENTAL}.current_table "
         f"FOR VERSION AS OF '{DAY2}' GROUP BY 1, 2",
         trino,
     )
     assert {(operation, day): int(count) for operation, day, count in raw} == {("I", DAY1): 4000, ("I", DAY2): 2000, ("U", DAY2): 4000}
+    columns = {row[0] for row in _rows(f"SHOW COLUMNS FROM {INCREMENTAL}.current_table", trino)}
+    assert "operation" not in columns and {"last_operation", "operation_date"} <= columns
 
 
 def test_duckdb_attaches_the_lakes_catalog_read_only_and_reads_every_output_by_name(demo, monkeypatch):
@@ -203,6 +216,10 @@ def test_the_scd2_query_sql_for_prints_gives_sparks_versions_in_trino(spark, dem
     by_trino = sorted(tuple(row) for row in _rows(f"SELECT {listed} FROM ({query})", trino))
     # 10,000 first versions, 4,000 of them closed by an update and 2,000 by a delete, 6,000 new ones.
     assert len(by_trino) == 16000 and by_trino == expected
+    with demo.storage(monkeypatch) as storage:  # the query `sql-for --engine spark` prints, in Spark SQL
+        spark_sql = f"SELECT {listed.replace('varchar', 'string')} FROM ({scd2_spark_sql(config, demo.root, DAY2)})"
+        by_spark_sql = sorted((*row[:7], str(row[7]).lower()) for row in storage.tables.session_for(spark).sql(spark_sql).collect())
+    assert by_spark_sql == [(*row[:6], row[6] or None, row[7]) for row in expected]
 
 
 def test_trino_travels_to_a_business_date_by_its_tag(trino):

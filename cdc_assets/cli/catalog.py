@@ -5,7 +5,7 @@
     cdc-catalog server start|status|stop  the SQL server (Spark Thrift server) on 127.0.0.1:10000 (`make sql-server`):
                                           read-only, a password in its 0600 file (docs/consumers.md)
     cdc-catalog describe TABLE --json     what pyiceberg needs to read any asset's any date (no Spark)
-    cdc-catalog sql-for TABLE --engine trino|duckdb [--view current|scd2] [--as-of DATE]
+    cdc-catalog sql-for TABLE --engine trino|duckdb|spark [--view current|scd2] [--as-of DATE]
                                           the query of a friendly name in that engine's SQL (no Spark)
 
 Database ``cdc`` (``CDC_CATALOG_DATABASE``) in Spark's Hive metastore holds, as views over the
@@ -27,7 +27,15 @@ from cdc_assets.model.file_modes import apply_umask
 from cdc_assets.model import settings
 from cdc_assets.usecases.catalog_ddl import catalog_database, catalog_dir
 from cdc_assets.usecases.catalog_describe import describe
-from cdc_assets.usecases.readers import current_duckdb_sql, current_trino_sql, scd2_duckdb_sql, scd2_trino_sql, table_config
+from cdc_assets.usecases.readers import (
+    current_duckdb_sql,
+    current_spark_sql,
+    current_trino_sql,
+    scd2_duckdb_sql,
+    scd2_spark_sql,
+    scd2_trino_sql,
+    table_config,
+)
 from cdc_assets.engines.process import HOST
 from cdc_assets.cli.sql_server import (
     DEFAULT_SQL_PORT,
@@ -44,11 +52,12 @@ from cdc_assets.cli.sql_server import (
 )
 from resources.storage import WarehouseStorage, warehouse_root
 
-# The queries `sql-for` prints: Trino's read the catalog `make trino-up` serves when they run, DuckDB's the
-# metadata files committed when they were generated (docs/consumers.md).
+# The queries `sql-for` prints: Trino's and Spark's read the catalog when they run, DuckDB's the metadata
+# files committed when they were generated (docs/consumers.md).
 QUERIES_BY_ENGINE = {
     "trino": {"current": current_trino_sql, "scd2": scd2_trino_sql},
     "duckdb": {"current": current_duckdb_sql, "scd2": scd2_duckdb_sql},
+    "spark": {"current": current_spark_sql, "scd2": scd2_spark_sql},
 }
 
 

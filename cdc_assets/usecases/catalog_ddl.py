@@ -59,7 +59,7 @@ from cdc_assets.model.names import CURRENT, HISTORY
 from cdc_assets.usecases.stored_schema import date_schema, stored_former_names
 from resources.storage import WarehouseStorage
 from resources.storage.lake import CATALOG_NAME
-from resources.storage.merged import operation_as_of_sql
+from resources.storage.merged import LAST_OPERATION, operation_as_of_sql
 
 DATABASE_ENV = settings.CATALOG_DATABASE.name
 CATALOG_DIR_ENV = settings.CATALOG_DIR.name
@@ -168,6 +168,7 @@ class AssetView:
     # written with (its snapshot's schema may lack later columns), and the operation of an untouched row.
     tags: tuple[tuple[str, frozenset[str]], ...] = ()
     untouched: str = ""
+    stored_operation: str = LAST_OPERATION  # the merged state's stored operation column (merged.py)
 
     def view(self) -> View:
         """``SELECT`` the declared columns, each as its declared type (NULL if the Iceberg table lacks it),
@@ -178,7 +179,7 @@ class AssetView:
             return View(self.name, self.asset, self.comment, f"SELECT {', '.join(items)} FROM {lake_table(self.table, self.asset)}")
         selects = []
         for day, columns in self.tags:
-            operation = operation_as_of_sql(day, self.untouched, Dialect.spark)
+            operation = operation_as_of_sql(day, self.untouched, Dialect.spark, self.stored_operation)
             items = [*self._items(columns, {OPERATION: operation}), f"DATE '{day}' AS {quote_identifier(BUSINESS_DATE, Dialect.spark)}"]
             selects.append(f"SELECT {', '.join(items)} FROM {lake_table(self.table, self.asset)} VERSION AS OF '{day}'")
         return View(self.name, self.asset, self.comment, " UNION ALL ".join(selects))
@@ -240,8 +241,9 @@ def asset_views(config: TableConfig, storage: WarehouseStorage) -> list[AssetVie
             for day in storage.stored_dates(config.name, asset)
         ) if merged else ()
         untouched = untouched_operation(config.load_type) if merged else ""
+        stored_operation = storage.merged.operation_column(config.name, asset) if merged else LAST_OPERATION
         views.append(AssetView(table_name(config, asset), config.name, asset, _asset_comment(config, asset), bool(columns), columns,
-                               lake_columns, tags, untouched))
+                               lake_columns, tags, untouched, stored_operation))
     return views
 
 

@@ -11,8 +11,9 @@ One JSON object::
 Each asset's one business date is the rows whose ``partition_column`` equals it. An incremental state
 (``storage: {current: incremental}``) is one table with a tag per date instead: ``"tag": "{date}"``
 names the snapshot of date D (``table.snapshot_by_name(D)``), and a row's ``operation`` as of D is its
-own where ``operation_date_column`` equals D, else ``untouched_operation`` (N or X). No Spark, no
-Dagster: it reads the catalog and the tables' metadata only.
+stored ``operation_column`` (``last_operation``: the key's last change) where ``operation_date_column``
+equals D, else ``untouched_operation`` (N or X). No Spark, no Dagster: it reads the catalog and the
+tables' metadata only.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ def describe(storage: WarehouseStorage, config: TableConfig) -> dict:
         described = {"identifier": f"{config.name}.{asset}", "stored_dates": storage.stored_dates(config.name, asset)}
         if storage.merged.holds(config.name, asset):
             # One table, a tag per date: read the tag's snapshot, then label each row as of the date.
-            described.update(tag="{date}", operation_date_column=OPERATION_DATE, untouched_operation=storage.merged.untouched(config.name, asset))
+            described.update(
+                tag="{date}", operation_column=storage.merged.operation_column(config.name, asset),
+                operation_date_column=OPERATION_DATE, untouched_operation=storage.merged.untouched(config.name, asset),
+            )  # fmt: skip
         else:
             described["partition_column"] = BUSINESS_DATE
         assets[asset] = described

@@ -128,22 +128,37 @@ def current_trino_sql(config: TableConfig | str, warehouse: str | None = None, a
     untouched key ``N``, or ``X`` for a delta), as :func:`current_state` does. Trino reads the catalog
     when the query runs: unlike the DuckDB query, it sees what was published since it was generated.
     """
+    return _current_sql(config, Dialect.trino, warehouse, as_of)
+
+
+def current_spark_sql(config: TableConfig | str, warehouse: str | None = None, as_of: str | date | None = None) -> str:
+    """:func:`current_trino_sql` in Spark SQL, over the catalog ``lake`` as a session opened on the warehouse
+    has it (``make sql``, the SQL server, :func:`resources.storage.lake.spark_catalog_conf`): the query of
+    ``cdc.<table>_current`` for one date, without the metastore view."""
+    return _current_sql(config, Dialect.spark, warehouse, as_of)
+
+
+# How each dialect reads a table at a tag.
+_AT_TAG = {Dialect.trino: "FOR VERSION AS OF", Dialect.spark: "VERSION AS OF"}
+
+
+def _current_sql(config: TableConfig | str, dialect: Dialect, warehouse: str | None, as_of: str | date | None) -> str:
     config = table_config(config)
     storage = WarehouseStorage(warehouse_root(warehouse))
     day = current_as_of(config, as_of, warehouse)
     stored = storage.stored_schema(config.name, CURRENT, day).names
-    trino = Dialect.trino
-    configured = configured_select_list(config.columns, stored, trino)
+    configured = configured_select_list(config.columns, stored, dialect)
     own = [name for name in pipeline_columns(stored) if name != OPERATION_DATE]
-    table = _trino_table(config.name, CURRENT)
+    table = _lake_table(config.name, CURRENT, dialect)
     if storage.merged.holds(config.name, CURRENT):
-        untouched = untouched_operation(config.load_type)
+        stored_operation = storage.merged.operation_column(config.name, CURRENT)
+        operation = operation_as_of_sql(day, untouched_operation(config.load_type), dialect, stored_operation)
         labelled = [
-            f"{operation_as_of_sql(day, untouched, trino)} AS {quote_identifier(name, trino)}" if name == OPERATION else quote_identifier(name, trino)
+            f"{operation} AS {quote_identifier(name, dialect)}" if name == OPERATION else quote_identifier(name, dialect)
             for name in own
         ]
-        return f"SELECT {', '.join([*configured, *labelled])} FROM {table} FOR VERSION AS OF '{day}'"
-    columns = [*configured, *(quote_identifier(name, trino) for name in own)]
+        return f"SELECT {', '.join([*configured, *labelled])} FROM {table} {_AT_TAG[dialect]} '{day}'"
+    columns = [*configured, *(quote_identifier(name, dialect) for name in own)]
     return f"SELECT {', '.join(columns)} FROM {table} WHERE {BUSINESS_DATE} = DATE '{day}'"
 
 
@@ -151,22 +166,31 @@ def scd2_trino_sql(config: TableConfig | str, warehouse: str | None = None, as_o
     """The SCD type 2 query of :func:`scd2_view` for Trino, over ``lake.<table>.history_partition`` as
     `make trino-up` serves it: the configured columns as :func:`read_history` shows them, every stored
     date up to ``as_of`` (default: the newest stored date)."""
+    return _scd2_sql(config, Dialect.trino, warehouse, as_of)
+
+
+def scd2_spark_sql(config: TableConfig | str, warehouse: str | None = None, as_of: str | date | None = None) -> str:
+    """:func:`scd2_trino_sql` in Spark SQL, over the catalog ``lake`` as a session opened on the warehouse has it."""
+    return _scd2_sql(config, Dialect.spark, warehouse, as_of)
+
+
+def _scd2_sql(config: TableConfig | str, dialect: Dialect, warehouse: str | None, as_of: str | date | None) -> str:
     config = table_config(config)
     storage = WarehouseStorage(warehouse_root(warehouse))
     day = scd2_as_of(config, as_of, warehouse)
-    trino = Dialect.trino
     stored = stored_configured_names(storage, config, HISTORY, storage.stored_dates(config.name, HISTORY))
-    own = ", ".join(quote_identifier(name, trino) for name, _ in _HISTORY_COLUMNS)
+    own = ", ".join(quote_identifier(name, dialect) for name, _ in _HISTORY_COLUMNS)
     relation = (
-        f"(SELECT {', '.join(configured_select_list(config.columns, stored, trino))}, {own}, {BUSINESS_DATE} "
-        f"FROM {_trino_table(config.name, HISTORY)} WHERE {BUSINESS_DATE} <= DATE '{day}') AS stored_history"
+        f"(SELECT {', '.join(configured_select_list(config.columns, stored, dialect))}, {own}, {BUSINESS_DATE} "
+        f"FROM {_lake_table(config.name, HISTORY, dialect)} WHERE {BUSINESS_DATE} <= DATE '{day}') AS stored_history"
     )
-    return scd2_sql([column.name for column in config.columns], relation, day, config.scd2.open_end, config.scd2.hard_deletes, trino)
+    return scd2_sql([column.name for column in config.columns], relation, day, config.scd2.open_end, config.scd2.hard_deletes, dialect)
 
 
-def _trino_table(table: str, asset: str) -> str:
-    """``lake."<table>"."<asset>"``: the project's catalog name, which trino_server.py gives Trino's catalog too."""
-    return ".".join([CATALOG_NAME, quote_identifier(table, Dialect.trino), quote_identifier(asset, Dialect.trino)])
+def _lake_table(table: str, asset: str, dialect: Dialect) -> str:
+    """``lake."<table>"."<asset>"`` (Spark: with backquotes): the project's catalog name, which trino_server.py
+    gives Trino's catalog too."""
+    return ".".join([CATALOG_NAME, quote_identifier(table, dialect), quote_identifier(asset, dialect)])
 
 
 def _iceberg_scan(storage: WarehouseStorage, table: str, asset: str) -> str:

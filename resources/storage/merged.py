@@ -4,10 +4,13 @@
 Where a snapshot table stores the whole state once per date, this stores it once: each date's run
 applies the rows of the keys it touched with one ``MERGE`` (merge-on-read: a small data file and
 position deletes, not a rewrite), then tags the snapshot with the date. The state as of D is the
-table at tag D. Each row keeps the ``operation`` of the date that last touched it and that date
-(``operation_date``); as of D a row carries its stored operation when D touched it, and otherwise
-the operation of a key D did not touch (N after a full load, X after a delta or change set): the
-labels a snapshot of D holds.
+table at tag D. Each row keeps the operation of the date that last touched it, ``last_operation``,
+and that date, ``operation_date``; as of D a row's ``operation`` is its last one when D touched it,
+and otherwise the operation of a key D did not touch (N after a full load, X after a delta or change
+set): the labels a snapshot of D holds. The stored column is not named ``operation`` because it is not
+D's label: a reader of the raw table at a tag (Trino, DuckDB, pyiceberg, which read no view of the
+project's) would take it for one. A table written before the column had this name keeps ``operation``
+(:meth:`MergedStates.operation_column`).
 
 A date can also replace the whole state (the table's first date, or a date that changed most rows):
 one overwrite, tagged the same way. The tables are partitioned by ``bucket(N, key_hash)``, so an
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import date
 from functools import reduce
 from typing import Any
@@ -34,8 +38,11 @@ from cdc_assets.core.views.scd2 import Dialect, date_literal, quote_identifier
 from resources.storage.lake import CATALOG_NAME, table_identifier
 from resources.storage.tables import DROPPED_DATES, TABLE_PROPERTIES, LakeTables, create_table, hand_over, project_columns, release_hand_over, staging_record
 
-# The business date whose run set a row's ``operation``.
+# The business date whose run set a row's ``last_operation``.
 OPERATION_DATE = "operation_date"
+# The stored operation of a row: what the date of ``operation_date`` did to its key, which readers label
+# as of a date (label_as_of). Tables written before the name (December 2026) store it as ``operation``.
+LAST_OPERATION = "last_operation"
 # Buckets of ``key_hash``: a bucket's files hold the keys an erase must rewrite.
 DEFAULT_BUCKETS = 16
 # A MERGE adds rows and position deletes; an erase's DELETE must rewrite the files holding the key.
@@ -71,12 +78,20 @@ class MergedStates:
 
     tables: LakeTables
     buckets: int = DEFAULT_BUCKETS
+    # The layout of each table found written: a table keeps it for life (a write of the other layout is
+    # refused, WarehouseStorage.write_state), so it is read once, not at every step of a date (a catalog
+    # request each on a REST catalog). A table not written yet is looked up again.
+    _layouts: dict[tuple[str, str], bool] = dataclass_field(default_factory=dict, repr=False)
 
     # -- what is stored ---------------------------------------------------------------------------------
     def holds(self, table: str, asset: str) -> bool:
         """Whether the asset is stored as a merged state (its table says so)."""
-        loaded = self.tables.load(table, asset)
-        return loaded is not None and loaded.properties.get(LAYOUT_PROPERTY) == "merged"
+        if (table, asset) not in self._layouts:
+            loaded = self.tables.load(table, asset)
+            if loaded is None:
+                return False
+            self._layouts[(table, asset)] = loaded.properties.get(LAYOUT_PROPERTY) == "merged"
+        return self._layouts[(table, asset)]
 
     def stored(self, table: str, asset: str) -> dict[str, str]:
         """Every date the table holds a state of (a tag) and the id of the project's schema record of it."""
@@ -167,10 +182,19 @@ class MergedStates:
 
         loaded = self.tables.load(table, asset)
         snapshot = self.tag_snapshot(table, asset, day)
-        rows = loaded.scan(snapshot_id=snapshot, selected_fields=(OPERATION, OPERATION_DATE)).to_arrow()
+        stored = self.operation_column(table, asset)
+        rows = loaded.scan(snapshot_id=snapshot, selected_fields=(stored, OPERATION_DATE)).to_arrow()
         on_day = pc.equal(rows.column(OPERATION_DATE), pa.scalar(date.fromisoformat(day), pa.date32()))
-        labelled = pc.if_else(pc.fill_null(on_day, False), rows.column(OPERATION), pa.scalar(self.untouched(table, asset)))
+        labelled = pc.if_else(pc.fill_null(on_day, False), rows.column(stored), pa.scalar(self.untouched(table, asset)))
         return labelled.combine_chunks() if rows.num_rows else pa.array([], pa.string())
+
+    def operation_column(self, table: str, asset: str) -> str:
+        """The table's stored operation column: ``last_operation``, or ``operation`` in a table written
+        before that name, which keeps it (a rename would not reach its tags: Spark, Trino and pyiceberg
+        read a tag with its snapshot's schema). A table not written yet gets ``last_operation``."""
+        loaded = self.tables.load(table, asset)
+        names = set() if loaded is None else set(loaded.schema().column_names)
+        return OPERATION if OPERATION in names and LAST_OPERATION not in names else LAST_OPERATION
 
     def _tags(self, table: str, asset: str) -> dict[str, int]:
         """The dates this run sees -> the snapshot of each date's state: the published dates (main's date
@@ -201,7 +225,8 @@ class MergedStates:
         """Apply date ``day``'s changes and tag the result ``day``; returns the tagged snapshot's id.
 
         ``changes`` holds one row per key the date touched, with the state's columns and ``operation``:
-        I, U and N rows are upserted with ``operation_date`` = ``day``; a D row deletes its key. The
+        I, U and N rows are upserted with ``operation_date`` = ``day`` (``operation`` stored as
+        ``last_operation``); a D row deletes its key. The
         table must hold the state of the date before ``day`` as its newest tag; a re-run of its newest
         date first sets the table back to the tag before it. ``properties`` go into the snapshot summary.
         """
@@ -216,7 +241,8 @@ class MergedStates:
         target = self._target(table, asset, staging)
         source = f"cdc_changes_{table}_{asset}_{day.replace('-', '_')}"
         changes, hop = hand_over(changes, spark)
-        dated = changes.drop(BUSINESS_DATE).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
+        stored = self.operation_column(table, asset)
+        dated = changes.drop(BUSINESS_DATE).withColumnRenamed(OPERATION, stored).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
         dated = self._add_columns(spark, identifier, dated)
         self._describe_date(spark, identifier, day, sid, untouched)
         dated.createOrReplaceTempView(source)
@@ -227,9 +253,9 @@ class MergedStates:
         values = ", ".join(f"cdc_change.`{name}`" for name in columns)
         statement = (
             f"MERGE INTO {target} cdc_state USING {source} cdc_change ON cdc_state.`{KEY_HASH}` = cdc_change.`{KEY_HASH}` "
-            f"WHEN MATCHED AND cdc_change.`{OPERATION}` = '{DELETE}' THEN DELETE "
+            f"WHEN MATCHED AND cdc_change.`{stored}` = '{DELETE}' THEN DELETE "
             f"WHEN MATCHED THEN UPDATE SET {assignments} "
-            f"WHEN NOT MATCHED AND cdc_change.`{OPERATION}` <> '{DELETE}' THEN INSERT ({listed}) VALUES ({values})"
+            f"WHEN NOT MATCHED AND cdc_change.`{stored}` <> '{DELETE}' THEN INSERT ({listed}) VALUES ({values})"
         )
         try:
             self._with_snapshot_properties(spark, properties, lambda: spark.sql(statement).collect())
@@ -248,7 +274,8 @@ class MergedStates:
         identifier = table_identifier(table, asset)
         state, hop = hand_over(state, spark)
         try:
-            dated = state.drop(BUSINESS_DATE).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
+            stored = self.operation_column(table, asset)
+            dated = state.drop(BUSINESS_DATE).withColumnRenamed(OPERATION, stored).withColumn(OPERATION_DATE, F.lit(day).cast("date"))
             if self.tables.load(table, asset) is None:
                 self._create(spark, table, asset, dated)
             else:
@@ -421,9 +448,14 @@ class MergedStates:
             raise KeyError(f"{table}/{asset}: no state of {day} is stored")
         metadata = "'" + loaded.metadata_location.replace("'", "''") + "'"
         duck = Dialect.duckdb
-        stars = f"* EXCLUDE ({quote_identifier(OPERATION_DATE, duck)})"
-        if OPERATION in loaded.schema().column_names:
-            stars += f" REPLACE ({operation_as_of_sql(day, untouched, duck)} AS {quote_identifier(OPERATION, duck)})"
+        stored = self.operation_column(table, asset)
+        if stored not in loaded.schema().column_names:  # a state without operations of its own
+            return f"SELECT * EXCLUDE ({quote_identifier(OPERATION_DATE, duck)}) FROM iceberg_scan({metadata}, snapshot_from_id => {snapshot})"
+        labelled = f"{operation_as_of_sql(day, untouched, duck, stored)} AS {quote_identifier(OPERATION, duck)}"
+        if stored == OPERATION:
+            stars = f"* EXCLUDE ({quote_identifier(OPERATION_DATE, duck)}) REPLACE ({labelled})"
+        else:
+            stars = f"* EXCLUDE ({quote_identifier(OPERATION_DATE, duck)}, {quote_identifier(stored, duck)}), {labelled}"
         return f"SELECT {stars} FROM iceberg_scan({metadata}, snapshot_from_id => {snapshot})"
 
     @staticmethod
@@ -465,13 +497,12 @@ class MergedStates:
 
     def touched(self, spark: SparkSession, table: str, asset: str, day: str) -> DataFrame:
         """The rows date ``day`` wrote (its I, U and stored N rows, as of its tag, with their stored
-        operation), with a ``business_date`` column: what a date's changes are once applied."""
+        operation as ``operation``), with a ``business_date`` column: what a date's changes are once applied."""
         spark = self.tables.session_for(spark)
         snapshot = self.tag_snapshot(table, asset, day)
         frame = spark.read.option("snapshot-id", str(snapshot)).table(table_identifier(table, asset))
-        return frame.where(F.col(OPERATION_DATE) == F.lit(day).cast("date")).drop(OPERATION_DATE).withColumn(
-            BUSINESS_DATE, F.lit(day).cast("date")
-        )
+        frame = frame.where(F.col(OPERATION_DATE) == F.lit(day).cast("date")).drop(OPERATION_DATE)
+        return frame.withColumnRenamed(self.operation_column(table, asset), OPERATION).withColumn(BUSINESS_DATE, F.lit(day).cast("date"))
 
     def untouched(self, table: str, asset: str) -> str:
         """The operation a date's untouched rows read with (N after a full load, X otherwise)."""
@@ -480,22 +511,25 @@ class MergedStates:
 
 
 def label_as_of(frame: DataFrame, day: str, untouched: str) -> DataFrame:
-    """``frame`` (a merged state's rows) with the operations as of ``day``: the stored one on rows whose
+    """``frame`` (a merged state's rows) with the operations as of ``day`` as ``operation``, where its stored
+    one (``last_operation``, or ``operation`` in an older table) was: the stored one on rows whose
     ``operation_date`` is ``day``, ``untouched`` on every other; without ``operation_date``."""
-    if OPERATION not in frame.columns:  # a state without operations of its own (applied_sequences)
+    stored = LAST_OPERATION if LAST_OPERATION in frame.columns else OPERATION
+    if stored not in frame.columns:  # a state without operations of its own
         return frame.drop(OPERATION_DATE)
     on_day = F.col(OPERATION_DATE) == F.lit(day).cast("date")
-    labelled = F.when(on_day, F.col(OPERATION)).otherwise(F.lit(untouched))
-    return frame.withColumn(OPERATION, labelled).drop(OPERATION_DATE)
+    labelled = F.when(on_day, F.col(stored)).otherwise(F.lit(untouched)).alias(OPERATION)
+    return frame.select(*(labelled if name == stored else F.col(name) for name in frame.columns if name != OPERATION_DATE))
 
 
-def operation_as_of_sql(day: str, untouched: str, dialect: Dialect | str) -> str:
-    """:func:`label_as_of`'s operation in SQL (Spark or DuckDB): a merged state row's operation as of ``day``."""
+def operation_as_of_sql(day: str, untouched: str, dialect: Dialect | str, stored: str = LAST_OPERATION) -> str:
+    """:func:`label_as_of`'s operation in SQL (Spark, Trino or DuckDB): a merged state row's operation as of
+    ``day``, from its stored column ``stored`` (:meth:`MergedStates.operation_column`)."""
     if not untouched.isalpha():  # N or X: the one literal put in the SQL text, and the dialects escape quotes differently
         raise ValueError(f"the operation of an untouched row must be a letter such as N or X, not {untouched!r}")
     return (
         f"CASE WHEN {quote_identifier(OPERATION_DATE, dialect)} = {date_literal(day)} "
-        f"THEN {quote_identifier(OPERATION, dialect)} ELSE '{untouched}' END"
+        f"THEN {quote_identifier(stored, dialect)} ELSE '{untouched}' END"
     )
 
 
