@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from itertools import takewhile
 from typing import Any
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta, timezone
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
@@ -674,6 +674,20 @@ class LakeTables:
         return {} if loaded is None else renamed_columns(loaded)
 
     # -- reading ---------------------------------------------------------------------------------------
+    def preview(self, table: str, asset: str, business_date: str, limit: int) -> list:
+        """Up to ``limit`` rows of a stored date as Spark ``Row`` objects without ``business_date``, read by
+        pyiceberg at the snapshot :meth:`read` reads (no Spark job: the UI's preview is a metadata entry).
+        A timestamp reads as Spark shows it in its UTC session: UTC, without a zone."""
+        from pyspark.sql import Row
+
+        loaded = self.load(table, asset)
+        snapshot = self.head(loaded)
+        if snapshot is None:
+            return []
+        scanned = loaded.scan(row_filter=f"{BUSINESS_DATE} = '{business_date}'", snapshot_id=snapshot.snapshot_id, limit=limit).to_arrow()
+        names = [name for name in scanned.column_names if name != BUSINESS_DATE]
+        return [Row(**{name: _as_spark_shows(record[name]) for name in names}) for record in scanned.select(names).to_pylist()]
+
     def read(self, spark: SparkSession, table: str, asset: str, business_dates: list[str], schema: StructType) -> DataFrame:
         """The dates' rows as one DataFrame with a ``business_date`` column, at the snapshot committed now
         (pinned: a commit meanwhile changes nothing under the reader), with ``schema``'s columns."""
@@ -685,6 +699,13 @@ class LakeTables:
         frame = spark.read.option("snapshot-id", str(snapshot.snapshot_id)).table(table_identifier(table, asset))
         frame = frame.where(F.col(BUSINESS_DATE).isin(*[F.lit(day).cast("date") for day in business_dates]))
         return frame.select(*project_columns(frame, schema), F.col(BUSINESS_DATE))
+
+
+def _as_spark_shows(value):
+    """A value pyarrow read as Spark's ``collect`` gives it: a zoned timestamp as naive UTC (the session's zone)."""
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
 
 
 def staging_record(loaded, head) -> dict[str, str]:
