@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.model import settings
 from cdc_assets.model.file_modes import owner_only_folder
-from resources.storage.object_store import DEFAULT_REGION, ObjectStore, sql_text, is_object_store
+from resources.storage.object_store import DEFAULT_REGION, ObjectStore, is_object_store, sql_text
 
 # The name Spark and pyiceberg open the catalog under (also the key of its rows in the SQLite file).
 CATALOG_NAME = "lake"

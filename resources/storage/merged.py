@@ -182,7 +182,7 @@ class MergedStates:
 
         loaded = self.tables.load(table, asset)
         snapshot = self.tag_snapshot(table, asset, day)
-        stored = self.operation_column(table, asset)
+        stored = stored_operation_column(loaded.schema().column_names)
         rows = loaded.scan(snapshot_id=snapshot, selected_fields=(stored, OPERATION_DATE)).to_arrow()
         on_day = pc.equal(rows.column(OPERATION_DATE), pa.scalar(date.fromisoformat(day), pa.date32()))
         labelled = pc.if_else(pc.fill_null(on_day, False), rows.column(stored), pa.scalar(self.untouched(table, asset)))
@@ -193,8 +193,7 @@ class MergedStates:
         before that name, which keeps it (a rename would not reach its tags: Spark, Trino and pyiceberg
         read a tag with its snapshot's schema). A table not written yet gets ``last_operation``."""
         loaded = self.tables.load(table, asset)
-        names = set() if loaded is None else set(loaded.schema().column_names)
-        return OPERATION if OPERATION in names and LAST_OPERATION not in names else LAST_OPERATION
+        return stored_operation_column([] if loaded is None else loaded.schema().column_names)
 
     def _tags(self, table: str, asset: str) -> dict[str, int]:
         """The dates this run sees -> the snapshot of each date's state: the published dates (main's date
@@ -448,7 +447,7 @@ class MergedStates:
             raise KeyError(f"{table}/{asset}: no state of {day} is stored")
         metadata = "'" + loaded.metadata_location.replace("'", "''") + "'"
         duck = Dialect.duckdb
-        stored = self.operation_column(table, asset)
+        stored = stored_operation_column(loaded.schema().column_names)
         if stored not in loaded.schema().column_names:  # a state without operations of its own
             return f"SELECT * EXCLUDE ({quote_identifier(OPERATION_DATE, duck)}) FROM iceberg_scan({metadata}, snapshot_from_id => {snapshot})"
         labelled = f"{operation_as_of_sql(day, untouched, duck, stored)} AS {quote_identifier(OPERATION, duck)}"
@@ -514,12 +513,19 @@ def label_as_of(frame: DataFrame, day: str, untouched: str) -> DataFrame:
     """``frame`` (a merged state's rows) with the operations as of ``day`` as ``operation``, where its stored
     one (``last_operation``, or ``operation`` in an older table) was: the stored one on rows whose
     ``operation_date`` is ``day``, ``untouched`` on every other; without ``operation_date``."""
-    stored = LAST_OPERATION if LAST_OPERATION in frame.columns else OPERATION
+    stored = stored_operation_column(frame.columns)
     if stored not in frame.columns:  # a state without operations of its own
         return frame.drop(OPERATION_DATE)
     on_day = F.col(OPERATION_DATE) == F.lit(day).cast("date")
     labelled = F.when(on_day, F.col(stored)).otherwise(F.lit(untouched)).alias(OPERATION)
     return frame.select(*(labelled if name == stored else F.col(name) for name in frame.columns if name != OPERATION_DATE))
+
+
+def stored_operation_column(names: Collection[str]) -> str:
+    """Which of a merged state's columns ``names`` holds each row's stored operation: ``operation`` in a
+    table written before ``last_operation`` was its name, else ``last_operation`` (also for a table not
+    written yet, and for a state with no operations of its own, which has neither)."""
+    return OPERATION if OPERATION in names and LAST_OPERATION not in names else LAST_OPERATION
 
 
 def operation_as_of_sql(day: str, untouched: str, dialect: Dialect | str, stored: str = LAST_OPERATION) -> str:
