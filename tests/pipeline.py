@@ -52,6 +52,21 @@ def run_dates(
     return [job.execute_in_process(partition_key=day, instance=instance, raise_on_error=raise_on_error, tags=tags) for day in dates]
 
 
+def failed_checks(result) -> list[str]:
+    """The names of the blocking checks that failed in a run; when nothing but checks failed. A run that
+    failed otherwise (an error in a step) raises here with each failed step's message, so a test that
+    expects a check to stop the run says what stopped it instead."""
+    checks = sorted({evaluation.check_name for evaluation in result.get_asset_check_evaluations() if not evaluation.passed})
+    errors = [
+        f"{event.step_key}: {event.step_failure_data.error.message.strip() if event.step_failure_data.error else event.message}"
+        for event in result.get_step_failure_events()
+        if not any(name in (event.message or "") or (event.step_failure_data.error and name in event.step_failure_data.error.message) for name in checks)
+    ]
+    if errors or not checks:
+        raise AssertionError("the run failed, and not (only) on a blocking check: " + ("; ".join(errors) or "no step failed"))
+    return checks
+
+
 def add_backfill(defs: Definitions, dates: list[str], instance: DagsterInstance) -> str:
     """Record in ``instance`` an asset backfill of every asset of ``defs`` for ``dates`` (what the UI's
     *Launch backfill* records); returns its id, for the runs of it (:func:`run_dates`)."""

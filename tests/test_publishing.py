@@ -27,7 +27,7 @@ from cdc_assets.usecases.publishing import publish_run
 from cdc_assets.usecases.readers import current_duckdb_sql
 from resources.storage import WarehouseStorage
 from resources.storage.tables import STAGING_PREFIX, WRITTEN_DATES, ConcurrentWriteError
-from tests.pipeline import definitions_for, run_dates
+from tests.pipeline import definitions_for, failed_checks, run_dates
 
 REPO = Path(__file__).resolve().parent.parent
 DAY1, DAY2, DAY3 = "2024-01-01", "2024-01-02", "2024-01-03"
@@ -124,7 +124,7 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
     good = _bad_extract(extract)
     # DuckDB's current state is the newest date published: date 3's would hold more than MAX_ROWS.
     failed, polled = _run_polling(defs, DAY3, instance, lambda: (_main_dates(root), _duckdb_current_rows(root)))
-    assert not failed.success
+    assert not failed.success and failed_checks(failed) == ["state_size"]
     assert len(polled) > 5
     assert all(DAY3 not in days for snapshot, _ in polled for days in snapshot.values())
     assert max(rows for _, rows in polled) < MAX_ROWS, polled
@@ -218,10 +218,11 @@ def test_an_incremental_state_is_staged_and_each_date_is_tagged_at_its_own_commi
     extract = tmp_path / "data" / "samples" / "orders" / f"{DAY3}.csv"
     good = _bad_extract(extract)
     failed, seen = _run_polling(defs, DAY3, instance, state)
-    assert not failed.success
+    assert not failed.success and failed_checks(failed) == ["state_size"]
     assert len(seen) > 5 and all(polled == (head, tags) for polled in seen), seen[-1]
     assert state() == (head, tags)
     branch = f"{STAGING_PREFIX}{failed.run_id}"
+    assert set(WarehouseStorage(root).staging_branches("orders")) == {branch}
     sql = WarehouseStorage(root).tables.session_for(spark).sql
     staged = sql(f"SELECT count(*) FROM lake.orders.current_table VERSION AS OF '{branch}'").collect()[0][0]
     published = sql("SELECT count(*) FROM lake.orders.current_table").collect()[0][0]
