@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,19 @@ def orders_warehouse(spark, tmp_path_factory):
         patch.setenv("CDC_DATA_ROOT", str(REPO))
         patch.setenv("CDC_WAREHOUSE", str(root))
         instance = DagsterInstance.ephemeral()
-        results = run_dates(_defs(), [DAY1, DAY2], instance)
+        # What Dagster's executor logs of the steps (not run events: Python logging), for the gating test below.
+        executor_log = logging.getLogger("dagster._core.execution.plan.active")
+        warnings: list[str] = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+        executor_log.addHandler(handler)
+        try:
+            results = run_dates(_defs(), [DAY1, DAY2], instance)
+        finally:
+            executor_log.removeHandler(handler)
     evaluations = [e.event_specific_data for r in results for e in r.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-    return root, instance, evaluations
+    outputs = [(e.step_key, e.event_specific_data.step_output_handle.output_name) for r in results for e in r.all_events if e.event_type_value == "STEP_OUTPUT"]
+    return root, instance, evaluations, outputs, warnings
 
 
 def _defs():
@@ -62,10 +73,22 @@ def _defs():
 
 
 def test_every_check_passes_on_good_data(orders_warehouse):
-    _, _, evaluations = orders_warehouse
+    _, _, evaluations, _, _ = orders_warehouse
     seen = {(e.asset_key.path[1], e.check_name, e.partition) for e in evaluations if e.passed}
     assert seen == {(asset, name, day) for asset, name in ALL_CHECKS for day in (DAY1, DAY2)}
     assert all(e.passed for e in evaluations)
+
+
+def test_each_check_step_tells_dagster_each_check_ran_so_no_blocking_check_is_said_ungated(orders_warehouse):
+    """Dagster gates the steps after a blocking check on the check's output: a check step that yields only
+    its evaluations (one per date) left Dagster warning, at every run, that each blocking check "emitted no
+    result" and the next step "will proceed without gating on it". Each check's output is yielded once."""
+    _, _, _, outputs, warnings = orders_warehouse
+    checks = {f"orders__{asset}_{name}" for asset, name in ALL_CHECKS}
+    told = [(step, output) for step, output in outputs if output in checks]
+    assert sorted(output for _, output in told) == sorted([*checks, *checks])  # each check, once a run, two runs
+    assert {step for step, _ in told} == {"orders__intake_checks", "orders__cdc_checks"}
+    assert not [message for message in warnings if "emitted no result" in message], warnings
 
 
 def _duplicate_a_row(frame):
@@ -135,7 +158,7 @@ def _current_snapshots(storage: WarehouseStorage) -> dict[str, int]:
 def warehouse(spark, orders_warehouse, monkeypatch):
     """The good warehouse, to break; afterwards each asset is set back to the snapshot it had (the Iceberg
     tables' locations are absolute paths in their metadata: a copied warehouse would still write into this one)."""
-    good, _, _ = orders_warehouse
+    good, *_ = orders_warehouse
     monkeypatch.setenv("CDC_WAREHOUSE", str(good))
     storage = WarehouseStorage(str(good))
     before = _current_snapshots(storage)
@@ -149,7 +172,7 @@ def warehouse(spark, orders_warehouse, monkeypatch):
 
 @pytest.mark.parametrize("asset, day, how, failing", BREAKAGES, ids=[f"{b[0]}-{b[1]}-{b[2].__name__}" for b in BREAKAGES])
 def test_check_fails_on_a_broken_partition(spark, orders_warehouse, warehouse, asset, day, how, failing):
-    _, instance, _ = orders_warehouse
+    _, instance, *_ = orders_warehouse
     _break(spark, warehouse, asset, day, how)
 
     result = _defs().resolve_job_def("checks_only").execute_in_process(tags={"dagster/partition": DAY2}, instance=instance, raise_on_error=False)
@@ -166,7 +189,7 @@ def test_check_fails_on_a_broken_partition(spark, orders_warehouse, warehouse, a
 
 
 def test_failed_blocking_intake_check_stops_the_cdc_step(spark, orders_warehouse, warehouse):
-    _, instance, _ = orders_warehouse
+    _, instance, *_ = orders_warehouse
     _break(spark, warehouse, "hashed_incoming", DAY2, _duplicate_a_row)
     current = WarehouseStorage(str(warehouse)).tables
     before = current.load("orders", "current_table").current_snapshot().snapshot_id

@@ -26,6 +26,7 @@ from dagster import (
     DagsterInstance,
     DailyPartitionsDefinition,
     MetadataValue,
+    Output,
     ResourceParam,
     multi_asset_check,
 )
@@ -189,17 +190,26 @@ def say_not_published(context, config: TableConfig, days: list[str], unpassed: d
 def _told_if_blocking(
     context: AssetCheckExecutionContext, config: TableConfig, io_manager: PartitionedParquetIOManager,
     evaluations: Iterable[AssetCheckEvaluation],
-) -> Iterator[AssetCheckEvaluation]:
+) -> Iterator[AssetCheckEvaluation | Output]:
     """Yield each evaluation; then, if a blocking one failed in a run that staged the table's dates,
     :func:`say_not_published` for each date of the step: Dagster then skips the ``published`` step, which
     would have said it."""
     failed: dict[str, list[str]] = {}
+    # A check's evaluations are yielded per date (a range run has several), which Dagster logs but does not
+    # count as the check's output: it then warns, at every run, that the blocking check "emitted no result"
+    # and the next step "will proceed without gating on it". The output, once per check, says it did. The
+    # gating itself is the step's: it fails when a blocking evaluation failed, and the steps after it skip.
+    assets_def = context.op_execution_context.assets_def
+    told: set[AssetCheckKey] = set()
     for result in evaluations:
         if result.blocking and not result.passed and result.partition is not None:
             failed.setdefault(result.partition, []).append(
                 f"{result.asset_key.to_user_string()}:{result.check_name} {result.partition} (failed)"
             )
         yield result
+        if result.asset_check_key not in told and result.asset_check_key in assets_def.check_keys:
+            told.add(result.asset_check_key)
+            yield Output(None, output_name=assets_def.get_output_name_for_asset_check_key(result.asset_check_key))
     storage = io_manager.storage
     staged = storage.staged_assets(config.name) if failed else []
     if staged:

@@ -588,6 +588,11 @@ class LakeTables:
             summary.update(staging_record(loaded, loaded.snapshot_by_name(self.branch)))
             identifier = f"{identifier}.`branch_{self.branch}`"
         writer = frame.writeTo(identifier).option("mergeSchema", "true").option("isolation-level", "serializable")
+        if len(business_dates) == 1:
+            # One date is one partition: the rows need no shuffle to cluster them by it (Iceberg's default
+            # `hash` distribution adds one: a Spark job and a full exchange of the rows per write). A range
+            # run's write of several dates keeps it, so that no task holds a file open per date.
+            writer = writer.option("distribution-mode", "none")
         if read_snapshot is not None:
             writer = writer.option("validate-from-snapshot-id", str(read_snapshot))
         for key, value in summary.items():
