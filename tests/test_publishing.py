@@ -223,9 +223,16 @@ def test_an_incremental_state_is_staged_and_each_date_is_tagged_at_its_own_commi
     assert state() == (head, tags)
     branch = f"{STAGING_PREFIX}{failed.run_id}"
     assert set(WarehouseStorage(root).staging_branches("orders")) == {branch}
-    sql = WarehouseStorage(root).tables.session_for(spark).sql
-    staged = sql(f"SELECT count(*) FROM lake.orders.current_table VERSION AS OF '{branch}'").collect()[0][0]
-    published = sql("SELECT count(*) FROM lake.orders.current_table").collect()[0][0]
+
+    def rows(ref: str = "main") -> int:
+        """The state's rows at ``ref`` (its MERGE's position deletes applied), as pyiceberg reads them afresh.
+        Not through the test session's Spark: in the full suite's second session (Spark serving many
+        warehouses before this one), `lake` twice failed here to find the branch the warehouse on disk
+        held (its metadata, read afterwards, had it). The cause is not found; the runs wrote correctly."""
+        loaded = WarehouseStorage(root).tables.load("orders", "current_table")
+        return loaded.scan(snapshot_id=loaded.snapshot_by_name(ref).snapshot_id).count()
+
+    staged, published = rows(branch), rows()
     assert staged > MAX_ROWS >= published
 
     extract.write_text(good)
@@ -235,8 +242,7 @@ def test_an_incremental_state_is_staged_and_each_date_is_tagged_at_its_own_commi
     assert retagged == {**tags, DAY3: head}
     storage = WarehouseStorage(root)
     assert storage.stored_dates("orders", "current_table") == [DAY1, DAY2, DAY3]
-    rows = sql("SELECT count(*) FROM lake.orders.current_table").collect()[0][0]
-    assert storage.row_counts("orders", "current_table", [DAY3]) == {DAY3: rows} and rows < MAX_ROWS
+    assert storage.row_counts("orders", "current_table", [DAY3]) == {DAY3: rows()} and rows() < MAX_ROWS
     # The failed run's branch is kept (keep_failed_days); this run's is gone.
     assert set(storage.staging_branches("orders")) == {branch}
 
