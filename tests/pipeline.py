@@ -53,9 +53,9 @@ def run_dates(
 
 
 def failed_checks(result) -> list[str]:
-    """The names of the blocking checks that failed in a run; when nothing but checks failed. A run that
-    failed otherwise (an error in a step) raises here with each failed step's message, so a test that
-    expects a check to stop the run says what stopped it instead."""
+    """The names of the checks that did not pass in ``result``, a run that failed on them. A run that
+    failed otherwise (a step's error that names no failed check) raises here with each such step's error,
+    so a test expecting a check to stop the run says what stopped it instead."""
     checks = sorted({evaluation.check_name for evaluation in result.get_asset_check_evaluations() if not evaluation.passed})
     errors = [
         f"{event.step_key}: {event.step_failure_data.error.message.strip() if event.step_failure_data.error else event.message}"
