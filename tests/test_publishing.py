@@ -190,6 +190,7 @@ def test_a_failed_check_publishes_nothing_and_the_fixed_rerun_publishes(spark, t
 
 
 @pytest.mark.slow  # a chain of its own, in the other layout
+@pytest.mark.in_process  # its runs are in this process, on the session's Spark: `make test`'s first session
 def test_an_incremental_state_is_staged_and_each_date_is_tagged_at_its_own_commit_when_published(spark, tmp_path, monkeypatch):
     """``storage: {current: incremental}`` (one table, a tag per date: docs/incremental-state.md) stages each
     date's MERGE on the run's branch like any output: a failed check publishes no state and no tag; the
