@@ -227,9 +227,9 @@ def test_an_incremental_state_is_staged_and_each_date_is_tagged_at_its_own_commi
 
     def rows(ref: str = "main") -> int:
         """The state's rows at ``ref`` (its MERGE's position deletes applied), as pyiceberg reads them afresh.
-        Not through the test session's Spark: in the full suite's second session (Spark serving many
-        warehouses before this one), `lake` twice failed here to find the branch the warehouse on disk
-        held (its metadata, read afterwards, had it). The cause is not found; the runs wrote correctly."""
+        Not through the test session's Spark: read here through it, in a session that had served other
+        warehouses first, `lake` once missed the branch the warehouse held, and once the next run's first
+        commit then failed (docs/testing.md). The cause is not found; the runs before wrote correctly."""
         loaded = WarehouseStorage(root).tables.load("orders", "current_table")
         return loaded.scan(snapshot_id=loaded.snapshot_by_name(ref).snapshot_id).count()
 
