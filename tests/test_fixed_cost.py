@@ -3,8 +3,9 @@ runs stay at or below stated counts (issue 50, point 6). Counts, not seconds: th
 the machine is, and a change that adds a job or a load per output shows here at once.
 
 The counts are what the pipeline ran when they were set (2026-12-07, after previews were read by pyiceberg,
-a table's layout read once per run, and the writes' shuffle dropped); lower them when a change cuts one. A real run of each layout's
-first and second date (20% deleted, 40% updated, 20% new), in this process on the session's Spark; a 1,000-row table of the demo's shape.
+a table's layout read once per run, and the writes' shuffle dropped); lower them when a change cuts one. A
+real run of each layout's first and second date (20% deleted, 40% updated, 20% new), in this process on the
+session's Spark; a 1,000-row table of the demo's shape.
 """
 
 from __future__ import annotations
