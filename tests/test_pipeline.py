@@ -180,7 +180,9 @@ def _writers(spark, warehouse: Path, asset: str, day: str) -> set[tuple[str, str
     return {(row[0], row[1]) for row in frame.select("operation", "process_id").distinct().collect()}
 
 
-def test_range_in_one_run_equals_day_by_day(spark, tmp_path, day_by_day, monkeypatch):
+def test_range_in_one_run_equals_day_by_day(spark, tmp_path, day_by_day, monkeypatch, generated_code):
+    """The range runs with generated code, as the product does; the day-by-day chain (the suite's default)
+    interpreted: the two must write the same rows (tests/conftest.py, ``INTERPRETED_EXPRESSIONS``)."""
     config = day_by_day.config
     by_day, by_range = day_by_day.warehouse, tmp_path / "by_range"
     monkeypatch.setenv("CDC_WAREHOUSE", str(by_range))
