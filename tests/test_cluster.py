@@ -146,33 +146,6 @@ def _wait_until_finished(cluster, app_ids: set[str], timeout: float = 60) -> dic
         time.sleep(0.5)
 
 
-def test_the_seed_scenario_on_the_cluster_equals_local_spark(spark, tables, local_warehouse, cluster, tmp_path):
-    configs, _, _ = tables
-    assert len(registered_workers(cluster)) == 2
-    before = set(_applications(cluster))
-    env = _environment(tmp_path, configs, CDC_SPARK_MASTER=cluster.master_url, CDC_SPARK_CONF=RUN_CONF)
-    for names, dates in RUNS:
-        _materialize(env, ",".join(f"group:{name}" for name in names), *dates)
-
-    warehouse = Path(env["CDC_WAREHOUSE"])
-    for table in ("synthetic", "orders"):
-        assert _outputs(spark, warehouse, table) == _outputs(spark, local_warehouse, table), table
-    # Not vacuous: the seed's changes on day 2, and rows a delta did not supply kept as X.
-    assert operation_counts(spark, partition_dir(warehouse, "synthetic", "history_partition", DAYS[1])) == {"I": 200, "U": 400, "D": 200}
-    assert "X" in operation_counts(spark, stored_asset(warehouse, "orders", "current_table"))
-
-    # One application per run, each with an executor on both workers that ran its tasks.
-    run_apps = set(_applications(cluster)) - before
-    assert len(run_apps) == len(RUNS)
-    apps = _wait_until_finished(cluster, run_apps)
-    for app_id in run_apps:
-        assert apps[app_id]["state"] == "FINISHED", apps[app_id]
-        finished = _tasks_finished_by_executors(cluster, app_id)
-        assert sorted(finished) == ["worker-1", "worker-2"], finished
-        assert sum(finished.values()) > 0, finished
-    assert running_cluster(cluster.state_dir) is not None
-
-
 def test_a_run_through_a_connect_server_on_the_cluster_equals_local_spark(spark, tables, local_warehouse, cluster, tmp_path, monkeypatch):
     configs, _, _ = tables
     server_dir = tmp_path / "spark-server"
@@ -215,8 +188,12 @@ def test_the_daemons_listen_on_loopback_only_and_their_uis_cannot_kill(cluster):
 
 @pytest.mark.lake
 def test_the_same_runs_on_the_cluster_against_the_lake_equal_local_spark(spark, tables, local_warehouse, cluster, tmp_path, monkeypatch, lake):
-    """The extracts, the warehouse's records and the tables (a REST catalog) all in a lake (SeaweedFS on
-    loopback): the executors read and write the buckets themselves, with the keys of their own environment."""
+    """Both shapes of run (``RUNS``) on the cluster, by configuration alone (``CDC_SPARK_MASTER``), each an
+    application whose executors on both workers ran its tasks. The extracts, the warehouse's records and the
+    tables (a REST catalog) all in a lake (SeaweedFS on loopback): the executors read and write the buckets
+    themselves, with the keys of their own environment. (A cluster writing a local folder: the Connect test
+    above. The same runs on a local folder were a test of their own until 2026-12-07: the lake's runs assert
+    all it did.)"""
     from resources.storage import WarehouseStorage
     from tests.lake import lake_variables, pointed_at, upload
 
@@ -232,9 +209,23 @@ def test_the_same_runs_on_the_cluster_against_the_lake_equal_local_spark(spark, 
     orders_doc["source"]["path"] = "orders/{date}.csv"
     (lake_configs / "orders.yaml").write_text(yaml.safe_dump(orders_doc))
     env = {**_environment(tmp_path, lake_configs, CDC_SPARK_MASTER=cluster.master_url, CDC_SPARK_CONF=RUN_CONF), **variables}
+    assert len(registered_workers(cluster)) == 2
+    before = set(_applications(cluster))
     for names, dates in RUNS:
         _materialize(env, ",".join(f"group:{name}" for name in names), *dates)
     assert not (tmp_path / "warehouse").exists(), "nothing of the runs is a local file"
+
+    # One application per run, each with an executor on both workers that ran its tasks.
+    run_apps = set(_applications(cluster)) - before
+    assert len(run_apps) == len(RUNS)
+    apps = _wait_until_finished(cluster, run_apps)
+    for app_id in run_apps:
+        assert apps[app_id]["state"] == "FINISHED", apps[app_id]
+        finished = _tasks_finished_by_executors(cluster, app_id)
+        assert sorted(finished) == ["worker-1", "worker-2"], finished
+        assert sum(finished.values()) > 0, finished
+    assert running_cluster(cluster.state_dir) is not None
+
     local = WarehouseStorage(str(local_warehouse))
     with pointed_at(monkeypatch, variables):
         on_lake = WarehouseStorage(variables["CDC_WAREHOUSE"])
@@ -244,6 +235,9 @@ def test_the_same_runs_on_the_cluster_against_the_lake_equal_local_spark(spark, 
                 assert on_lake.stored_dates(table, asset) == days, (table, asset)
                 rows = [sorted_rows(spark, partition_dir(local_warehouse, table, asset, day)) for day in days]
                 assert [_lake_rows(spark, on_lake, table, asset, day) for day in days] == rows, (table, asset)
+    # Not vacuous: the seed's changes on day 2, and rows a delta did not supply kept as X.
+    assert operation_counts(spark, partition_dir(local_warehouse, "synthetic", "history_partition", DAYS[1])) == {"I": 200, "U": 400, "D": 200}
+    assert "X" in operation_counts(spark, stored_asset(local_warehouse, "orders", "current_table"))
 
 
 def _lake_rows(spark, storage, table: str, asset: str, day: str) -> list[tuple]:

@@ -17,12 +17,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 import pytest
 from dagster import DagsterInstance
 
+from cdc_assets.model.config import TableConfig
 from cdc_assets.usecases.readers import changes_between, current_duckdb_sql, current_state, scd2_view
 from cdc_assets.model.names import CURRENT, HASHED_INCOMING, HISTORY
 from resources.storage import WarehouseStorage
@@ -101,13 +104,41 @@ def _config(folder: Path, load_type: str):
     )
 
 
-def _extracts_in_the_lake(tmp_path: Path, lake, load_type: str):
-    """The load type's extracts, written locally and uploaded to the lake; the table's config; the lake's variables."""
-    extracts = tmp_path / "extracts"
-    _write_extracts(extracts, load_type)
-    config = _config(tmp_path / "configs", load_type)
-    upload(extracts, lake)
-    return extracts, config, lake_variables(lake)
+class LocalDefault(NamedTuple):
+    """A load type's five dates run as one range on the local default: its extracts, its config (and the
+    folder of it) and the warehouse the run wrote."""
+
+    extracts: Path
+    configs: Path
+    config: TableConfig
+    warehouse: Path
+
+
+@pytest.fixture(scope="module")
+def on_the_local_default(spark, tmp_path_factory) -> Callable[[str], LocalDefault]:
+    """``on_the_local_default(load_type)``: that load type's :class:`LocalDefault`, run once for the module
+    (each run costs seconds) and read only; the lake's runs of the same extracts must equal it. A date's
+    outputs do not depend on later dates, so it is also the reference of a run of the first dates only."""
+    made: dict[str, LocalDefault] = {}
+
+    def reference(load_type: str) -> LocalDefault:
+        if load_type not in made:
+            root = tmp_path_factory.mktemp(f"local_{load_type}")
+            extracts, configs, warehouse = root / "extracts", root / "configs", root / "warehouse"
+            _write_extracts(extracts, load_type)
+            config = _config(configs, load_type)
+            with pytest.MonkeyPatch.context() as patch, pointed_at(patch, {"CDC_WAREHOUSE": str(warehouse), "CDC_DATA_ROOT": str(extracts)}):
+                assert run_range(definitions_for(config), DAYS[0], DAYS[-1]).success
+            made[load_type] = LocalDefault(extracts, configs, config, warehouse)
+        return made[load_type]
+
+    return reference
+
+
+def _extracts_in_the_lake(local: LocalDefault, lake) -> dict[str, str]:
+    """The local default's extracts uploaded to the lake; the lake's variables."""
+    upload(local.extracts, lake)
+    return lake_variables(lake)
 
 
 def _rows(storage: WarehouseStorage, spark, table: str, asset: str, day: str) -> list[tuple]:
@@ -132,13 +163,11 @@ def _readers(spark, config) -> tuple[list, list, list, list]:
 
 
 @pytest.mark.parametrize("load_type", ["full", "delta", "changeset"])
-def test_five_dates_on_the_lake_equal_the_same_dates_on_the_local_default(spark, tmp_path, monkeypatch, load_type, lake):
-    extracts, config, variables = _extracts_in_the_lake(tmp_path, lake, load_type)
-    local_root = tmp_path / "warehouse"
-
-    with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
-        run_range(definitions_for(config), DAYS[0], DAYS[-1])
-        local = WarehouseStorage(str(local_root))
+def test_five_dates_on_the_lake_equal_the_same_dates_on_the_local_default(spark, monkeypatch, load_type, lake, on_the_local_default):
+    reference = on_the_local_default(load_type)
+    config, local_root = reference.config, reference.warehouse
+    variables = _extracts_in_the_lake(reference, lake)
+    local = WarehouseStorage(str(local_root))
     with pointed_at(monkeypatch, variables):
         # Day by day for a change set, as one range run for the others (the suite's time: each run costs seconds).
         if load_type == "changeset":
@@ -162,7 +191,7 @@ def test_five_dates_on_the_lake_equal_the_same_dates_on_the_local_default(spark,
         assert on_the_lake == _readers(spark, config)
     lake_current, _, lake_changes, _ = on_the_lake
     if load_type == "delta":  # the SQL endpoint's spark-sql on the lake (once: a JVM or two of its own)
-        _sql_endpoint_reads_the_lake(config, tmp_path / "configs", variables, on_lake)
+        _sql_endpoint_reads_the_lake(config, reference.configs, variables, on_lake)
     # 30 keys, 4 inserted a date; a delta never deletes (a key it does not name is not supplied).
     assert len(lake_current) == 30 + 4 * 4 - (0 if load_type == "delta" else 3 * 4)
     assert lake_changes, "keys changed between the second date and the last"
@@ -256,16 +285,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_and_run_again_equals_an_uninterrupted_run(
-    spark, tmp_path, monkeypatch, lake
+    spark, tmp_path, monkeypatch, lake, on_the_local_default
 ):
     """A run of the second date (its own process and JVM) is paused before current_table's commit, after its
     intake's outputs are staged through the REST catalog, and killed with ``kill -9``. Nothing of it is
     published; the date run again writes what one uninterrupted run writes, on the lake as on the local default."""
-    extracts, config, variables = _extracts_in_the_lake(tmp_path, lake, "full")
-    local_root = tmp_path / "warehouse"
-    with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
-        run_range(definitions_for(config), DAYS[0], DAYS[1])
-        local = WarehouseStorage(str(local_root))
+    reference = on_the_local_default("full")
+    config = reference.config
+    variables = _extracts_in_the_lake(reference, lake)
+    with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(reference.warehouse)}):
+        local = WarehouseStorage(str(reference.warehouse))
         uninterrupted = {asset: {day: _rows(local, spark, config.name, asset, day) for day in DAYS[:2]} for asset in local.stored_assets(config.name)}
     with pointed_at(monkeypatch, variables):
         assert run_dates(definitions_for(config), DAYS[:1])[0].success
@@ -277,7 +306,7 @@ def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_an
         }  # fmt: skip
         with log.open("w") as output:
             run = subprocess.Popen(
-                [sys.executable, "-c", RUN_ONE_DATE, str(tmp_path / "configs" / f"{config.name}.yaml"), DAYS[1]],
+                [sys.executable, "-c", RUN_ONE_DATE, str(reference.configs / f"{config.name}.yaml"), DAYS[1]],
                 env=env, cwd=tmp_path, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         try:
@@ -364,16 +393,14 @@ def test_columns_added_renamed_and_dropped_on_the_lake_read_as_on_the_local_defa
 
 
 def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_the_server_shows_no_secret(
-    spark, tmp_path, monkeypatch, connect_server, lake
+    spark, tmp_path, monkeypatch, connect_server, lake, on_the_local_default
 ):
     """The dagster CLI through the suite's Connect server (started without the lake's settings): each session
     reaches the lake with session conf, the keys come from the server's environment."""
     secret = os.environ["AWS_SECRET_ACCESS_KEY"]
-    extracts, configs = tmp_path / "extracts", tmp_path / "configs"
-    _write_extracts(extracts, "changeset")
-    config = _config(configs, "changeset")
-    variables = lake_variables(lake)
-    upload(extracts, lake)
+    reference = on_the_local_default("changeset")
+    config, configs = reference.config, reference.configs
+    variables = _extracts_in_the_lake(reference, lake)
     home = tmp_path / "dagster_home"
     home.mkdir()
     env = {
@@ -387,10 +414,7 @@ def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_
     output = done.stdout + done.stderr
     assert "Spark for this run" in output and f"SPARK_REMOTE=sc://localhost:{connect_server.port}/;token=<redacted>" in output, output[-6000:]
     assert connect_server.token not in output  # the server's token is in no log
-    local_root = tmp_path / "warehouse"
-    with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(local_root), "CDC_DATA_ROOT": str(extracts)}):
-        assert run_range(definitions_for(config), DAYS[0], DAYS[-1]).success
-        local = WarehouseStorage(str(local_root))
+    local = WarehouseStorage(str(reference.warehouse))
     with pointed_at(monkeypatch, variables):
         on_lake = WarehouseStorage(variables["CDC_WAREHOUSE"])
         for day in DAYS:
