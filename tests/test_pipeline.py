@@ -201,12 +201,16 @@ def test_range_in_one_run_equals_day_by_day(spark, tmp_path, day_by_day, monkeyp
         assert preview.count("\n") == 1 + 5
         assert day in preview and not any(other in preview for other in {DAY1, DAY2, DAY3} - {day}), day
 
-    # A range that starts from the state an earlier, separate run stored, not from nothing.
+
+def test_a_range_starts_from_the_state_an_earlier_separate_run_stored(spark, tmp_path, day_by_day, monkeypatch):
+    """Not from nothing: DAY1 alone, then DAY2..DAY3 as one range, equal the day-by-day chain."""
+    config = day_by_day.config
+    instance = DagsterInstance.ephemeral()
     after_day1 = tmp_path / "after_day1"
     monkeypatch.setenv("CDC_WAREHOUSE", str(after_day1))
     run_dates(definitions_for(config), [DAY1], instance)
     assert run_range(definitions_for(config), DAY2, DAY3, instance).success
-    assert _snapshot(spark, after_day1, "synthetic") == _snapshot(spark, by_day, "synthetic")
+    assert _snapshot(spark, after_day1, "synthetic") == _snapshot(spark, day_by_day.warehouse, "synthetic")
 
 
 def test_third_day_and_rerunning_a_middle_day_is_idempotent(spark, day_by_day, monkeypatch):
