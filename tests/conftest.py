@@ -10,6 +10,8 @@ import tempfile
 
 import pytest
 
+from tests.codegen import INTERPRETED_EXPRESSIONS, generated_code as _generated_code
+
 # Dagster and Spark must not write into the repository or the user's home while tests run.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Runs find the project's Spark Connect server without being told (resources/session/spark_target.py). Tests
@@ -36,12 +38,8 @@ os.environ.pop("AWS_PROFILE", None)
 # cores. tests/test_bad_values.py alone: 127 CPU-seconds -> 90, wall 198 s -> 160 (docs/testing.md). The JIT and
 # the collector change no result. Not the product's default: a cold run of a big date wants C2.
 #
-# Spark in those JVMs interprets expressions instead of generating and compiling Java for each query (a
-# Spark conf, read from the JVM's system properties by every SparkConf it makes): on the suite's tiny frames
-# compiling costs more than it saves. tests/test_bad_values.py: 61-74 JVM CPU-seconds -> 46 (docs/testing.md).
-# Spark tests its interpreted and generated paths against each other; here tests/test_pipeline.py's range
-# runs with generated code and must equal the interpreted day-by-day chain, row for row.
-INTERPRETED_EXPRESSIONS = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+# Spark in those JVMs interprets expressions instead of generating Java for each query: tests/codegen.py says
+# why, and how a test runs generated code.
 os.environ["JDK_JAVA_OPTIONS"] = " ".join(
     part
     for part in (
@@ -71,19 +69,9 @@ def spark():
 
 @pytest.fixture()
 def generated_code(spark):
-    """Whole-stage code generation and generated expressions on in the session (``spark``) for one test, as
-    the product runs them; the suite's default is interpreted expressions (``INTERPRETED_EXPRESSIONS``)."""
-    for key in INTERPRETED_EXPRESSIONS:
-        spark.conf.unset(key)
-    spark.conf.set("spark.sql.codegen.wholeStage", "true")
-    spark.conf.set("spark.sql.codegen.factoryMode", "FALLBACK")
-    plan = spark.sql("EXPLAIN SELECT id + 1 FROM range(3)").first()[0]
-    assert "*(1)" in plan, plan  # a whole-stage-codegen operator: generated code is on
-    try:
+    """Generated code in the session (``spark``) for one test, as the product runs it (tests/codegen.py)."""
+    with _generated_code(spark):
         yield
-    finally:
-        for key, value in INTERPRETED_EXPRESSIONS.items():
-            spark.conf.set(key, value)
 
 
 @pytest.fixture()

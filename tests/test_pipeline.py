@@ -182,7 +182,7 @@ def _writers(spark, warehouse: Path, asset: str, day: str) -> set[tuple[str, str
 
 def test_range_in_one_run_equals_day_by_day(spark, tmp_path, day_by_day, monkeypatch, generated_code):
     """The range runs with generated code, as the product does; the day-by-day chain (the suite's default)
-    interpreted: the two must write the same rows (tests/conftest.py, ``INTERPRETED_EXPRESSIONS``)."""
+    interpreted: the two must write the same rows (tests/codegen.py)."""
     config = day_by_day.config
     by_day, by_range = day_by_day.warehouse, tmp_path / "by_range"
     monkeypatch.setenv("CDC_WAREHOUSE", str(by_range))
