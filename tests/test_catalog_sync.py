@@ -81,8 +81,9 @@ def test_a_sync_in_place_alters_the_views_for_a_gained_column_and_a_commit_needs
     assert report.errors == []
     # listTables also lists the session's temporary views (other tests' scd2 views): only the database's own.
     # Listed with generated code: Spark 4.0 cannot decode its catalog.Table rows with interpreted expressions,
-    # the suite's default (EXPRESSION_DECODING_FAILED; tests/codegen.py).
-    with generated_code(session):
+    # the suite's default (EXPRESSION_DECODING_FAILED; tests/codegen.py). Both sessions: the decoding reads
+    # the conf of the thread's active session, which may be ``spark`` when ``session`` is another.
+    with generated_code(spark), generated_code(session):
         stored = {table.name: table.tableType for table in session.catalog.listTables(database) if not table.isTemporary}
     assert stored == {name: "VIEW" for name in OBJECTS}  # views only: no table over the data folders
     created = _created(session, database)

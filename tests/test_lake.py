@@ -135,7 +135,16 @@ def on_the_local_default(spark, tmp_path_factory) -> Callable[[str], LocalDefaul
     return reference
 
 
-def _extracts_in_the_lake(local: LocalDefault, lake) -> dict[str, str]:
+def _extracts_in_the_lake(tmp_path: Path, lake, load_type: str):
+    """The load type's extracts, written locally and uploaded to the lake; the table's config; the lake's variables."""
+    extracts = tmp_path / "extracts"
+    _write_extracts(extracts, load_type)
+    config = _config(tmp_path / "configs", load_type)
+    upload(extracts, lake)
+    return extracts, config, lake_variables(lake)
+
+
+def _uploaded(local: LocalDefault, lake) -> dict[str, str]:
     """The local default's extracts uploaded to the lake; the lake's variables."""
     upload(local.extracts, lake)
     return lake_variables(lake)
@@ -166,7 +175,7 @@ def _readers(spark, config) -> tuple[list, list, list, list]:
 def test_five_dates_on_the_lake_equal_the_same_dates_on_the_local_default(spark, monkeypatch, load_type, lake, on_the_local_default):
     reference = on_the_local_default(load_type)
     config, local_root = reference.config, reference.warehouse
-    variables = _extracts_in_the_lake(reference, lake)
+    variables = _uploaded(reference, lake)
     local = WarehouseStorage(str(local_root))
     with pointed_at(monkeypatch, variables):
         # Day by day for a change set, as one range run for the others (the suite's time: each run costs seconds).
@@ -292,7 +301,7 @@ def test_a_run_killed_with_kill_9_halfway_through_a_dates_commits_on_the_lake_an
     published; the date run again writes what one uninterrupted run writes, on the lake as on the local default."""
     reference = on_the_local_default("full")
     config = reference.config
-    variables = _extracts_in_the_lake(reference, lake)
+    variables = _uploaded(reference, lake)
     with pointed_at(monkeypatch, {"CDC_WAREHOUSE": str(reference.warehouse)}):
         local = WarehouseStorage(str(reference.warehouse))
         uninterrupted = {asset: {day: _rows(local, spark, config.name, asset, day) for day in DAYS[:2]} for asset in local.stored_assets(config.name)}
@@ -400,7 +409,7 @@ def test_a_range_through_spark_connect_on_the_lake_equals_the_local_default_and_
     secret = os.environ["AWS_SECRET_ACCESS_KEY"]
     reference = on_the_local_default("changeset")
     config, configs = reference.config, reference.configs
-    variables = _extracts_in_the_lake(reference, lake)
+    variables = _uploaded(reference, lake)
     home = tmp_path / "dagster_home"
     home.mkdir()
     env = {
