@@ -11,9 +11,12 @@ import os
 import uuid
 from contextlib import nullcontext
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from dagster import (
+    AssetKey,
     AssetMaterialization,
     ConfigurableIOManager,
     InitResourceContext,
@@ -34,6 +37,7 @@ from cdc_assets.model.config import CHANGESET_COLUMNS, LoadType, Retention, rese
 from cdc_assets.model.masking import ValueMask
 from cdc_assets.core.columns import BUSINESS_DATE
 from resources.fields import env_or_default, resolved_field, seconds_field
+from resources.session.spark_session import side_by_side
 from resources.storage.state import read_state
 from resources.storage.writes import DatedRows, StateRows
 from resources.storage import (
@@ -103,6 +107,17 @@ class LazyPartitions(Mapping[str, DataFrame]):
     def read_all(self) -> DataFrame:
         """Every date's rows in one DataFrame with a ``business_date`` column, read in one scan."""
         return self._manager.read_partitions(self._table, self._asset, self._dates)
+
+
+@dataclass(frozen=True)
+class StoredOutput:
+    """What :meth:`PartitionedParquetIOManager.store` stored of one output: each date's metadata (the run's
+    dates, then any a correction carried forward) and what to say in the run's log. A step that stored its
+    outputs itself yields this as an output's value; ``handle_output`` then only describes it."""
+
+    run_dates: list[str]
+    metadata: dict[str, dict[str, Any]]
+    said: list[str]
 
 
 def _describe_date(context: OutputContext, run_dates: list[str], day: str, metadata: dict[str, Any]) -> None:
@@ -282,32 +297,84 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         return LazyPartitions(self, table, asset, dates, LoadType(_plain(load_type)) if load_type else None)
 
     # -- writing -------------------------------------------------------------------------------
-    def handle_output(self, context: OutputContext, obj: DataFrame | DatedRows) -> None:
-        with server_loss_explained(self.pyspark):
-            self._store_output(context, obj)
+    def handle_output(self, context: OutputContext, obj: DataFrame | DatedRows | StateRows | StoredOutput) -> None:
+        if not isinstance(obj, StoredOutput):  # a step that stored its outputs side by side hands over what it stored
+            with server_loss_explained(self.pyspark):
+                obj = self.store(context.asset_key, sorted(context.asset_partition_keys), context.definition_metadata or {}, obj)
+        for line in obj.said:
+            context.log.info(line)
+        for business_date, metadata in obj.metadata.items():
+            _describe_date(context, obj.run_dates, business_date, metadata)
 
-    def _store_output(self, context: OutputContext, obj: DataFrame | DatedRows | StateRows) -> None:
-        table, asset = _table_and_asset(context.asset_key.path)
-        dates = sorted(context.asset_partition_keys)
+    def store_side_by_side(self, outputs: Sequence[tuple[AssetKey, list[str], Mapping[str, Any], DatedRows]]) -> list[StoredOutput]:
+        """Store several outputs at once, each ``(asset key, run dates, definition metadata, rows)``, each its
+        own table and commit; what each stored, in argument order (the step yields it as the output's value).
+
+        A small date's write is mostly fixed cost (planning, the commit, the catalog), which overlaps across
+        tables (``side_by_side``). A failed write is raised once every other has finished: those commit as
+        they would have one after another (to the run's staging branch, when it stages). The tables' writer
+        locks are taken first, one after another: a lock is the process's, not a thread's.
+
+        When a write changes its table's columns (adds, renames or drops one: a config's schema change), the
+        outputs are stored one after another, in argument order: a Spark Connect plan is analyzed again when
+        it runs, so a plan reading that table must run before the change, not beside it."""
+        for table in dict.fromkeys(_table_and_asset(key.path)[0] for key, *_ in outputs):
+            self.storage.hold_writer_lock(table)
+        with server_loss_explained(self.pyspark):
+            columns = [self._column_changes(key, definition, rows) for key, _, definition, rows in outputs]
+            writes = [
+                partial(self.store, key, dates, definition, rows, dropped_columns=dropped)
+                for (key, dates, definition, rows), (_, dropped) in zip(outputs, columns)
+            ]
+            if any(added or dropped for added, dropped in columns):
+                return [write() for write in writes]
+            return side_by_side(*writes)
+
+    def _column_changes(self, asset_key: AssetKey, definition: Mapping[str, Any], obj: DataFrame | DatedRows) -> tuple[bool, list[str]]:
+        """Whether writing ``obj`` adds a column to its asset's table (or renames one: the table has its former
+        name), and the columns it drops (:meth:`_dropped_from_config`)."""
+        table, asset = _table_and_asset(asset_key.path)
+        loaded = self.storage.tables.load(table, asset)
+        if loaded is None:  # a new table: nothing reads it yet
+            return False, []
+        frame = obj.frame if isinstance(obj, DatedRows) else obj
+        stored = {field.name.lower() for field in loaded.schema().fields}
+        configured = json.loads(_plain(definition[CONFIGURED_COLUMNS])) if CONFIGURED_COLUMNS in definition else None
+        dropped = self._dropped_from_config(loaded, frame.columns, configured) if configured is not None else []
+        return any(name.lower() not in stored for name in frame.columns), dropped
+
+    def store(
+        self, asset_key: AssetKey, dates: list[str], definition: Mapping[str, Any], obj: DataFrame | DatedRows | StateRows,
+        dropped_columns: list[str] | None = None,
+    ) -> StoredOutput:
+        """Write one output's rows for the run's ``dates`` (``definition``: its asset's definition metadata);
+        what it stored. ``dropped_columns``: the table's columns the config dropped, when the caller found
+        them already (None: found here). No Dagster context: a step may store several outputs at once
+        (:meth:`store_side_by_side`)."""
+        table, asset = _table_and_asset(asset_key.path)
         if isinstance(obj, StateRows):
-            self._store_state(context, table, asset, dates, obj)
-            return
+            return self._store_state(table, asset, dates, obj)
         frame = obj.frame if isinstance(obj, DatedRows) else obj
         if not isinstance(frame, DataFrame) or (not isinstance(obj, DatedRows) and len(dates) != 1):
             raise ValueError(
                 f"{table}/{asset}: expected DatedRows for the partitions {dates} (or a DataFrame for a single "
                 f"partition), got {type(obj).__name__}"
             )
+        said = []
         later = self._later_dates(table, asset, obj.drop_stored_after if isinstance(obj, DatedRows) else None)
         if later:
-            context.log.info(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
-        definition = context.definition_metadata or {}
+            said.append(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
         renamed = json.loads(_plain(definition[RENAMED_COLUMNS])) if RENAMED_COLUMNS in definition else None
         configured = json.loads(_plain(definition[CONFIGURED_COLUMNS])) if CONFIGURED_COLUMNS in definition else None
-        drop = self._dropped_from_config(table, asset, frame.columns, configured) if configured is not None else ()
+        drop: list[str] = []
+        if dropped_columns is not None:
+            drop = dropped_columns
+        elif configured is not None:
+            loaded = self.storage.tables.load(table, asset)
+            drop = self._dropped_from_config(loaded, frame.columns, configured) if loaded is not None else []
         carried = list(obj.carried) if isinstance(obj, DatedRows) else []
         if carried:
-            context.log.info(f"{table}/{asset}: this correction also writes {', '.join(carried)}, recomputed from it")
+            said.append(f"{table}/{asset}: this correction also writes {', '.join(carried)}, recomputed from it")
         # A date published by this write (not staged) is tagged with its name for retention.snapshot_days.
         tag_days = obj.retention_snapshot_days if isinstance(obj, DatedRows) else Retention().snapshot_days
         rows_written = self.storage.write(
@@ -316,30 +383,31 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         stored_schema = as_stored(frame.drop(BUSINESS_DATE).schema)
         mask = ValueMask.for_columns(json.loads(_plain(definition[SHOWN_COLUMNS])) if SHOWN_COLUMNS in definition else ())
         previews = self._previews(table, asset, rows_written) if mask.shows_rows else {day: [] for day in rows_written}
-        retention = self._apply_retention(context, table, asset, obj)
+        retention = self._apply_retention(said, table, asset, obj)
+        described = {}
         for business_date in dates + carried:
             path = self.partition_path(table, asset, business_date)
             metadata = describe_partition(stored_schema, path, rows_written[business_date], previews[business_date], mask)
             metadata.update(retention)
             if isinstance(obj, DatedRows):
                 metadata.update(obj.carried_metadata.get(business_date, {}))
-            _describe_date(context, dates, business_date, metadata)
+            described[business_date] = metadata
+        return StoredOutput(dates, described, said)
 
-    def _dropped_from_config(self, table: str, asset: str, written: list[str], configured: list[str]) -> list[str]:
-        """The asset's stored columns the config no longer names (nor as a former name), that the write
-        lacks and that are none of the pipeline's own: columns the config dropped."""
-        loaded = self.storage.tables.load(table, asset)
-        if loaded is None:
-            return []
+    @staticmethod
+    def _dropped_from_config(loaded, written: list[str], configured: list[str]) -> list[str]:
+        """The stored columns of ``loaded`` (the asset's table) the config no longer names (nor as a former
+        name), that the write lacks and that are none of the pipeline's own: columns the config dropped."""
         kept = {name.lower() for name in (*written, *configured)} | CHANGESET_COLUMNS
         return [f.name for f in loaded.schema().fields if f.name.lower() not in kept and reserved_name_problem(f.name) is None]
 
-    def _store_state(self, context: OutputContext, table: str, asset: str, dates: list[str], obj: StateRows) -> None:
+    def _store_state(self, table: str, asset: str, dates: list[str], obj: StateRows) -> StoredOutput:
         """Write each date of a merged state, oldest first: its whole state or its changes, each date a
-        commit and a tag; then describe it."""
+        commit and a tag; what it stored."""
+        said = []
         later = self._later_dates(table, asset, obj.drop_stored_after)
         if later:
-            context.log.info(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
+            said.append(f"{table}/{asset}: this re-run drops {', '.join(later)}, computed from the state it replaces")
         described = {}
         run_dates, dates = dates, dates + list(obj.carried)
         for day in dates:
@@ -363,7 +431,7 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
         retention = {}
         if obj.retention_current_days is not None:
             dropped = self.storage.drop_outside_retention(table, asset, obj.retention_current_days)
-            context.log.info(
+            said.append(
                 f"{table}/{asset}: retention.current_days={obj.retention_current_days} dropped "
                 + (f"the states of {len(dropped)} date(s): {', '.join(dropped)}" if dropped else "nothing")
             )
@@ -371,11 +439,11 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
                 "retention_current_days": MetadataValue.int(obj.retention_current_days),
                 "dropped_current_partitions": MetadataValue.json(dropped),
             }
-        retention.update(self._expire_snapshots(context, table, [asset], obj.retention_snapshot_days))
+        retention.update(self._expire_snapshots(said, table, [asset], obj.retention_snapshot_days))
         for day in dates:
-            metadata: dict[str, Any] = {**described[day], **retention, **obj.metadata.get(day, {})}
-            metadata["stored_as"] = MetadataValue.text("full copy" if day in obj.full_dates else "changes")
-            _describe_date(context, run_dates, day, metadata)
+            described[day] = {**described[day], **retention, **obj.metadata.get(day, {})}
+            described[day]["stored_as"] = MetadataValue.text("full copy" if day in obj.full_dates else "changes")
+        return StoredOutput(run_dates, described, said)
 
     def _later_dates(self, table: str, asset: str, after: str | None) -> list[str]:
         """The asset's stored dates after ``after`` (none when ``after`` is None)."""
@@ -383,9 +451,10 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             return []
         return [day for day in self.storage.stored_dates(table, asset) if day > after]
 
-    def _apply_retention(self, context: OutputContext, table: str, asset: str, obj: DataFrame | DatedRows) -> dict:
+    def _apply_retention(self, said: list[str], table: str, asset: str, obj: DataFrame | DatedRows) -> dict:
         """Drop what ``retention.current_days`` or ``retention.staging_days`` no longer keeps; metadata for
-        each date this run wrote (``retention_<setting>``, ``dropped_<current|staging>_partitions``)."""
+        each date this run wrote (``retention_<setting>``, ``dropped_<current|staging>_partitions``), and
+        what to say of it in ``said``."""
         if not isinstance(obj, DatedRows):
             return {}
         metadata = {}
@@ -396,15 +465,15 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             if days is None:
                 continue
             dropped = self.storage.drop_outside_retention(table, asset, days, setting)
-            context.log.info(
+            said.append(
                 f"{table}/{asset}: retention.{setting}={days} dropped "
                 + (f"{len(dropped)} partition(s): {', '.join(dropped)}" if dropped else "nothing")
             )
             metadata.update({f"retention_{setting}": MetadataValue.int(days), dropped_key: MetadataValue.json(dropped)})
-        metadata.update(self._expire_snapshots(context, table, [asset], obj.retention_snapshot_days))
+        metadata.update(self._expire_snapshots(said, table, [asset], obj.retention_snapshot_days))
         return metadata
 
-    def _expire_snapshots(self, context: OutputContext, table: str, assets: list[str], days: int | None) -> dict:
+    def _expire_snapshots(self, said: list[str], table: str, assets: list[str], days: int | None) -> dict:
         """``retention.snapshot_days``: expire the assets' table versions older than ``days`` days. A staged write
         leaves it to the run's publication (cdc_assets/usecases/publishing.py): until then the version readers
         see is one the run replaces, and the staging branch keeps it from expiring."""
@@ -419,9 +488,9 @@ class PartitionedParquetIOManager(ConfigurableIOManager):
             if expired_here:
                 removed += len(self.storage.remove_unreferenced_files(table, asset))
         if expired:
-            context.log.info(f"{table}/{', '.join(assets)}: retention.snapshot_days={days} expired {expired} table version(s)")
+            said.append(f"{table}/{', '.join(assets)}: retention.snapshot_days={days} expired {expired} table version(s)")
         if removed:
-            context.log.info(f"{table}/{', '.join(assets)}: removed {removed} file(s) no table version names (left by killed writes)")
+            said.append(f"{table}/{', '.join(assets)}: removed {removed} file(s) no table version names (left by killed writes)")
         return {
             "retention_snapshot_days": MetadataValue.int(days),
             "expired_snapshots": MetadataValue.int(expired),

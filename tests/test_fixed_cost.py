@@ -10,11 +10,16 @@ session's Spark; a 1,000-row table of the demo's shape.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from dagster import DagsterInstance
 from pyiceberg.catalog.sql import SqlCatalog
 
 from cdc_assets.cli.generate import generate
+from cdc_assets.model.names import cdc_outputs
+from resources.storage.tables import LakeTables
 from tests.pipeline import definitions_for, run_dates, write_table_config
 
 DAYS = ["2019-06-18", "2019-06-19"]
@@ -53,3 +58,29 @@ def test_a_dates_spark_jobs_and_catalog_loads_stay_at_or_below_their_counts(spar
         if jobs > (first if day == DAYS[0] else later)[0] or table_loads > (first if day == DAYS[0] else later)[1]
     }
     assert not over, f"{layout}: more Spark jobs or catalog loads than {CEILINGS[layout]} (jobs, loads): {measured}"
+
+
+def test_a_steps_outputs_are_written_side_by_side_each_its_own_commit(spark, warehouse, tmp_path, monkeypatch):
+    """The CDC step's dated outputs (and the intake's two) are written at once, not one after another: a
+    small date's write is mostly fixed cost that overlaps. Each is still one commit of its own table."""
+    extracts = tmp_path / "extracts"
+    generate(1000, 1000, 5, 10, 0.2, 0.4, 0.4, extracts / DAYS[0], extracts / DAYS[1], seed=42)
+    config = write_table_config(tmp_path / "configs", "synthetic", f"{extracts}/{{date}}/")
+    spans: dict[str, tuple[float, float]] = {}
+    threads: set[str] = set()
+    write = LakeTables.write
+
+    def timed_write(tables, frame, table, asset, *args, **kwargs):
+        started = time.monotonic()
+        committed = write(tables, frame, table, asset, *args, **kwargs)
+        spans[asset] = (started, time.monotonic())
+        threads.add(threading.current_thread().name)
+        return committed
+
+    monkeypatch.setattr(LakeTables, "write", timed_write)
+    assert run_dates(definitions_for(config), DAYS[:1])[0].success
+    written = cdc_outputs(config)
+    assert set(written) <= set(spans), spans  # every output written, each by one write (one commit)
+    overlapping = {a for a in written for b in written if a != b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]}
+    assert len(overlapping) >= 2, f"the CDC step's writes ran one after another: {spans}"
+    assert len(threads) > 1, threads

@@ -21,7 +21,7 @@ and turns what it returns into metadata, tags and outputs.
 
 import json
 from typing import Any
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -85,6 +85,7 @@ from resources.parquet_io_manager import (
     PartitionedParquetIOManager,
     server_loss_explained,
 )
+from resources.storage.writes import DatedRows, StateRows
 
 IO_MANAGER_KEY = "parquet_io_manager"
 BACKFILL_TAG = "dagster/backfill"  # Dagster's tag on every run a backfill launches: the backfill's id
@@ -195,11 +196,33 @@ def _intake_outputs(
                 context.add_asset_metadata(counts, asset_key=key, partition_key=day)
         _staged_metadata(context, io_manager, keys.values(), intake.days)
         context.log.info(intake.summary())
-        for name, rows in intake.outputs().items():
-            with clock.timed(f"write {name}"):
-                yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
+        yield from _stored_outputs(context, io_manager, clock, keys, intake.outputs().items())
     finally:
         intake.release()
+
+
+def _stored_outputs(
+    context: AssetExecutionContext, io_manager: PartitionedParquetIOManager, clock: StageClock, keys: dict[str, AssetKey],
+    outputs: Iterable[tuple[str, DatedRows | StateRows]],
+) -> Iterator[Output]:
+    """Each of a step's outputs, stored first: its dated rows side by side (each output its own table and
+    commit; a small date's writes are mostly fixed cost, which overlaps), then each merged state in turn
+    (an incremental current_table's MERGE, a change set's sequences after it), as the IO manager stores them."""
+    outputs = list(outputs)
+    dated = [(name, rows) for name, rows in outputs if not isinstance(rows, StateRows)]
+    days = sorted(context.partition_keys)
+    with clock.timed(f"write {', '.join(name for name, _ in dated)}"):
+        stored = io_manager.store_side_by_side(
+            [(keys[name], days, context.assets_def.specs_by_key[keys[name]].metadata, rows) for name, rows in dated]
+        )
+    stored_by_name = dict(zip((name for name, _ in dated), stored))
+    for name, rows in outputs:
+        output_name = context.assets_def.get_output_name_for_asset_key(keys[name])
+        if name in stored_by_name:
+            yield Output(stored_by_name[name], output_name=output_name)
+        else:
+            with clock.timed(f"write {name}"):
+                yield Output(rows, output_name=output_name)
 
 
 def _stage_if_published(context: AssetExecutionContext, table: TableConfig, io_manager: PartitionedParquetIOManager) -> None:
@@ -345,9 +368,7 @@ def _apply_changes(
                 context.add_asset_metadata({"schema_change": MetadataValue.json(schema_change)}, asset_key=keys[name], partition_key=days[0])
             logged.schema_change = {days[0]: json.dumps(schema_change, sort_keys=True)}
         _staged_metadata(context, io_manager, keys.values(), days)
-        for name, rows in capture.outputs():
-            with clock.timed(f"write {name}"):
-                yield Output(rows, output_name=context.assets_def.get_output_name_for_asset_key(keys[name]))
+        yield from _stored_outputs(context, io_manager, clock, keys, capture.outputs())
         if capture.carried:
             _check_carried_dates(context, table, io_manager, capture.carried)
     finally:

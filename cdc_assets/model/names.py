@@ -24,7 +24,7 @@ PUBLISHED = "published"
 
 
 def cdc_outputs(config: TableConfig) -> tuple[str, ...]:
-    """The assets a table's CDC step writes, in the order it writes them."""
+    """The assets a table's CDC step writes, in the order it yields them (it writes them side by side)."""
     return CDC_OUTPUTS + CHANGESET_OUTPUTS if config.changes is not None else CDC_OUTPUTS
 
 

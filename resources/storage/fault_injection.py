@@ -3,8 +3,8 @@
 A write calls :func:`pause_point`, which returns at once unless a test set, in the run's environment
 (the run usually being a child process the test kills):
 
-- ``CDC_PAUSE_BEFORE_COMMIT=<table>/<asset>``: before the asset's write starts (the tables written
-  before it in the run are committed, it and those after it are not);
+- ``CDC_PAUSE_BEFORE_COMMIT=<table>/<asset>``: before the asset's write starts (the outputs of the run's
+  earlier steps are committed, it is not; its own step's other outputs, written side by side with it, go on);
 - ``CDC_PAUSE_BEFORE_PUBLISH=<table>/<asset>``: before the run publishes the asset's staged snapshot (the
   outputs published before it are on main, it and those after it are still staged);
 - ``CDC_PAUSE_MARKER=<file>``: the paused run writes its pid there, so the test knows it is paused;

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -132,6 +133,8 @@ class LakeTables:
     # Sessions of this warehouse derived from sessions that opened another one (see :meth:`session_for`).
     _derived: dict[int, SparkSession] = field(default_factory=dict, repr=False)
     _catalog_ready: bool = field(default=False, repr=False)
+    # A step stores its outputs side by side (threads): opening the catalog or a session is done once.
+    _opening: threading.RLock = field(default_factory=threading.RLock, repr=False)
     # Write-audit-publish (docs/publishing.md): the run's staging branch. Every read of a table where the
     # branch exists reads it (the run's own staged dates over what main published); with ``stage_writes``,
     # every write goes to it, and main changes only when :meth:`publish` moves it there.
@@ -147,6 +150,10 @@ class LakeTables:
         """``spark``, with this warehouse's catalog opened in it; or, when ``spark`` opened another
         warehouse's catalog (a session keeps the first it opens: a test session serving many
         warehouses), a new session on the same Spark that opens this one."""
+        with self._opening:
+            return self._session_for(spark)
+
+    def _session_for(self, spark: SparkSession) -> SparkSession:
         if self.lake.opened_in(spark) is not False:
             self.lake.use(spark)
             session = spark
@@ -166,6 +173,10 @@ class LakeTables:
     @property
     def catalog(self):
         """pyiceberg's view of the catalog (opened once; every table load reads the catalog afresh)."""
+        with self._opening:
+            return self._opened_catalog()
+
+    def _opened_catalog(self):
         if self._catalog is None:
             from pyiceberg.catalog import load_catalog
 
@@ -846,13 +857,19 @@ def _conflict(table: str, asset: str, days: list[str], read_snapshot: int | None
 
 def create_table(spark: SparkSession, table: str, asset: str, frame: DataFrame, partitioning: str, properties: dict[str, str]) -> None:
     """Create the asset's Iceberg table (and its namespace) with ``frame``'s columns, unless it exists."""
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG_NAME}.`{table}`")
     columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in frame.schema.fields)
     listed = ", ".join(f"'{key}'='{value}'" for key, value in properties.items())
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {table_identifier(table, asset)} ({columns}) USING iceberg "
-        f"PARTITIONED BY ({partitioning}) TBLPROPERTIES ({listed})"
-    )
+    # A step writes its outputs side by side: "IF NOT EXISTS" is no guard against another thread creating
+    # the same namespace at the same moment (the catalog refuses the second insert of its row).
+    with _CREATING:
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG_NAME}.`{table}`")
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {table_identifier(table, asset)} ({columns}) USING iceberg "
+            f"PARTITIONED BY ({partitioning}) TBLPROPERTIES ({listed})"
+        )
+
+
+_CREATING = threading.Lock()
 
 
 def hand_over(frame: DataFrame, spark: SparkSession) -> tuple[DataFrame, str | None]:
