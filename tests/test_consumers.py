@@ -250,20 +250,26 @@ def test_cdc_changes_from_day_1_to_day_3(spark, chain, tmp_path, monkeypatch):
     assert cli.changes_main([TABLE, "--from", D3, "--to", D1]) == 2
 
 
-def test_runs_log_records_a_run_that_failed_storing_an_output(spark, tmp_path, monkeypatch):
-    """An output that fails in the IO manager fails outside the step's code: the step is told when Dagster closes it."""
+@pytest.mark.parametrize(("layout", "blocked", "said"), [
+    # The step stores its dated outputs itself (side by side): the failure is the step's own, named by its type.
+    ("snapshot", "history_partition", "Py4JJavaError"),
+    # A merged state is stored by the IO manager, outside the step's code: the step is told when Dagster closes it.
+    ("incremental", "current_table", "outputs were stored"),
+])
+def test_runs_log_records_a_run_that_failed_storing_an_output(spark, tmp_path, monkeypatch, layout, blocked, said):
     warehouse, source = tmp_path / "warehouse", tmp_path / "source"
     monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
     source.mkdir()
     (source / f"{D1}.csv").write_text("\n".join([HEADER, *DAYS[D1]]) + "\n")
-    config = write_members_config(tmp_path / "configs", source)
+    storage = {"storage": {"current": "incremental"}} if layout == "incremental" else {}
+    config = write_members_config(tmp_path / "configs", source, **storage)
     (warehouse / TABLE).mkdir(parents=True)
-    (warehouse / TABLE / "history_partition").write_text("a file where the asset's folder belongs")
+    (warehouse / TABLE / blocked).write_text("a file where the asset's folder belongs")
     (result,) = run_dates(definitions_for(config), [D1], DagsterInstance.ephemeral(), raise_on_error=False)
     assert not result.success
     runs = read_stored(spark, warehouse / "_runs").collect()
     assert [(r["run_id"], r["status"], r["step"], r["inserts"]) for r in runs] == [(result.run_id, "failed", "cdc", 4)]
-    assert "outputs were stored" in runs[0]["error"]
+    assert said in runs[0]["error"]
 
 
 # -- where --out may write (cdc-current, cdc-scd2 and cdc-changes share it) ------------------------------
