@@ -5,8 +5,8 @@ the machine is, and a change that adds a job or a load per output shows here at 
 The counts are what the pipeline ran when they were set (2026-12-07, after previews were read by pyiceberg,
 a table's layout read once per run, and the writes' shuffle dropped); lower them when a change cuts one. A
 real run of each layout's first and second date (20% deleted, 40% updated, 20% new), in this process on the
-session's Spark; a 1,000-row table of the demo's shape. And that a step's writes overlap, the cut that made a
-later date's six CDC writes take about half their time one after another.
+session's Spark; a 1,000-row table of the demo's shape. And that a step's writes overlap: a later date's six
+CDC writes took about 2.1 s one after another and about 1.1 s side by side.
 """
 
 from __future__ import annotations

@@ -855,6 +855,10 @@ def _conflict(table: str, asset: str, days: list[str], read_snapshot: int | None
     )
 
 
+# Held while a table (and its namespace) is created: see create_table.
+_CREATING = threading.Lock()
+
+
 def create_table(spark: SparkSession, table: str, asset: str, frame: DataFrame, partitioning: str, properties: dict[str, str]) -> None:
     """Create the asset's Iceberg table (and its namespace) with ``frame``'s columns, unless it exists."""
     columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in frame.schema.fields)
@@ -868,8 +872,6 @@ def create_table(spark: SparkSession, table: str, asset: str, frame: DataFrame, 
             f"PARTITIONED BY ({partitioning}) TBLPROPERTIES ({listed})"
         )
 
-
-_CREATING = threading.Lock()
 
 
 def hand_over(frame: DataFrame, spark: SparkSession) -> tuple[DataFrame, str | None]:
