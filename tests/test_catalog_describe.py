@@ -63,9 +63,8 @@ def test_describe_prints_what_pyiceberg_needs_to_read_every_date_of_every_asset(
     configs = tmp_path / "configs"
     configs.mkdir()
     shutil.copy(REPO / "table_configs" / "orders.yaml", configs / "orders.yaml")
-    if mode == "incremental":
-        fields = yaml.safe_load((configs / "orders.yaml").read_text())
-        (configs / "orders.yaml").write_text(yaml.safe_dump({**fields, "storage": {"current": "incremental"}}, sort_keys=False))
+    fields = yaml.safe_load((configs / "orders.yaml").read_text())
+    (configs / "orders.yaml").write_text(yaml.safe_dump({**fields, "storage": {"current": mode}}, sort_keys=False))
     config = load_table_config(configs / "orders.yaml")
     assert run_range(definitions_for(config), DATES[0], DATES[-1]).success
 

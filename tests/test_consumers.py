@@ -261,8 +261,7 @@ def test_runs_log_records_a_run_that_failed_storing_an_output(spark, tmp_path, m
     monkeypatch.setenv("CDC_WAREHOUSE", str(warehouse))
     source.mkdir()
     (source / f"{D1}.csv").write_text("\n".join([HEADER, *DAYS[D1]]) + "\n")
-    storage = {"storage": {"current": "incremental"}} if layout == "incremental" else {}
-    config = write_members_config(tmp_path / "configs", source, **storage)
+    config = write_members_config(tmp_path / "configs", source, storage={"current": layout})
     (warehouse / TABLE).mkdir(parents=True)
     (warehouse / TABLE / blocked).write_text("a file where the asset's folder belongs")
     (result,) = run_dates(definitions_for(config), [D1], DagsterInstance.ephemeral(), raise_on_error=False)
@@ -322,7 +321,7 @@ def test_out_refuses_the_current_directory_its_parents_and_the_warehouse_even_wi
         assert f"is {what}: an export replaces its folder and everything in it, so this one is refused, even with --overwrite" in err
     assert _tree(tmp_path) == before
     assert partition_dir(warehouse, TABLE, "current_table", D4).exists()
-    assert (warehouse / TABLE / "current_table" / "data" / f"business_date={D4}").is_dir()
+    assert (warehouse / TABLE / "current_table" / "data").is_dir()
 
 
 def test_out_replaces_an_earlier_export_of_the_same_command_and_table_only(spark, chain, tmp_path, capsys):

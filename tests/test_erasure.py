@@ -42,9 +42,11 @@ COLUMNS = {
 
 
 def _config(tmp_path: Path, **fields):
+    # Stored per date: which dates hold a key is each date's partition. An incremental state's erase (its
+    # data files, every tag) is tests/test_erasure_incremental.py's.
     return write_table_config(
         tmp_path / "configs", TABLE, str(tmp_path / "landing" / "{date}.csv"), load_type="changeset", start_date="2024-02-01",
-        **COLUMNS, **fields,
+        **COLUMNS, **{"storage": {"current": "snapshot"}, **fields},
     )
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import DagsterInstance
 
 from cdc_assets.model.config import load_table_config
@@ -42,9 +43,15 @@ def _snapshots(storage: WarehouseStorage) -> dict[str, int]:
 
 def test_a_kill_during_an_erase_then_the_same_command_again_completes_it(spark, warehouse, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CDC_DATA_ROOT", str(REPO))
-    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(REPO / "table_configs"))
+    # Stored per date: the erase rewrites each date's files of each table in turn, which the pause below
+    # splits. (An incremental state's erase is tests/test_erasure_incremental.py's.)
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    document = yaml.safe_load((REPO / "table_configs" / f"{TABLE}.yaml").read_text())
+    (configs / f"{TABLE}.yaml").write_text(yaml.safe_dump({**document, "storage": {"current": "snapshot"}}, sort_keys=False))
+    monkeypatch.setenv("CDC_TABLE_CONFIGS", str(configs))
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    config = load_table_config(REPO / "table_configs" / f"{TABLE}.yaml")
+    config = load_table_config(configs / f"{TABLE}.yaml")
     assert all(result.success for result in run_dates(definitions_for(config), DATES, DagsterInstance.ephemeral()))
     keys = tmp_path / "keys.csv"
     keys.write_text("order_id,store_code\n" + f"{KEY[1]},{KEY[0]}\n")

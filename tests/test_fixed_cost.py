@@ -36,8 +36,8 @@ CEILINGS = {
 def test_a_dates_spark_jobs_and_catalog_loads_stay_at_or_below_their_counts(spark, warehouse, tmp_path, monkeypatch, layout):
     extracts = tmp_path / "extracts"
     generate(1000, 1000, 5, 10, 0.2, 0.4, 0.4, extracts / DAYS[0], extracts / DAYS[1], seed=42)
-    storage = {"storage": {"current": "incremental", "compact_after_share": 2.0}} if layout == "incremental" else {}
-    defs = definitions_for(write_table_config(tmp_path / "configs", "synthetic", f"{extracts}/{{date}}/", **storage))
+    storage = {"current": layout, **({"compact_after_share": 2.0} if layout == "incremental" else {})}
+    defs = definitions_for(write_table_config(tmp_path / "configs", "synthetic", f"{extracts}/{{date}}/", storage=storage))
 
     loads = []
     load_table = SqlCatalog.load_table
@@ -66,7 +66,8 @@ def test_a_steps_outputs_are_written_side_by_side_each_its_own_commit(spark, war
     small date's write is mostly fixed cost that overlaps. Each is still one commit of its own table."""
     extracts = tmp_path / "extracts"
     generate(1000, 1000, 5, 10, 0.2, 0.4, 0.4, extracts / DAYS[0], extracts / DAYS[1], seed=42)
-    config = write_table_config(tmp_path / "configs", "synthetic", f"{extracts}/{{date}}/")
+    # Stored per date, so current_table is one of the dated writes (an incremental state's MERGE follows them).
+    config = write_table_config(tmp_path / "configs", "synthetic", f"{extracts}/{{date}}/", storage={"current": "snapshot"})
     spans: dict[str, tuple[float, float]] = {}
     threads: set[str] = set()
     write = LakeTables.write
@@ -93,7 +94,7 @@ def test_a_steps_outputs_are_written_side_by_side_each_its_own_commit(spark, war
         extract.write_text(header.replace('"nonkey_1"', '"nonkey_one"') + "\n" + rest)
     non_keys = [{"name": "nonkey_one", "type": "double", "renamed_from": ["nonkey_1"]}]
     non_keys += [{"name": f"nonkey_{i}", "type": "double"} for i in range(2, 11)]
-    renamed = write_table_config(tmp_path / "configs", "synthetic", f"{extracts}/{{date}}/", non_keys=non_keys)
+    renamed = write_table_config(tmp_path / "configs", "synthetic", f"{extracts}/{{date}}/", non_keys=non_keys, storage={"current": "snapshot"})
     spans.clear()
     assert run_dates(definitions_for(renamed), DAYS[1:], instance)[0].success
     assert set(written) <= set(spans), spans

@@ -42,8 +42,7 @@ def _configs(tmp_path: Path, monkeypatch, incremental: bool = False) -> Path:
     folder.mkdir()
     document = yaml.safe_load((REPO / "table_configs" / "orders.yaml").read_text())
     document["publish"] = {"keep_rolled_back_days": 2}
-    if incremental:
-        document["storage"] = {"current": "incremental"}
+    document["storage"] = {"current": "incremental" if incremental else "snapshot"}
     (folder / "orders.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
     monkeypatch.setenv("CDC_TABLE_CONFIGS", str(folder))
     monkeypatch.setenv("CDC_DATA_ROOT", str(REPO))

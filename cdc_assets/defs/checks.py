@@ -68,9 +68,9 @@ CHECK_DESCRIPTIONS = {
         "dates track, compared value by value with the stored previous state (renames and widenings applied)."
     ),
     (CURRENT, "stored_state_reconciles"): (
-        "An incremental state stores what the date's classification says: a full copy (the first date, a "
-        "compaction) of I + U + N + X rows, or the date's changes, I + U + D rows (and N for delta and change-set "
-        "loads)."
+        "current_table stores what the date's classification says: a whole state (a table stored per date, an "
+        "incremental state's first date or compaction) of I + U + N + X rows, or an incremental date's changes, "
+        "I + U + D rows (and N for delta and change-set loads)."
     ),
 }
 ERASED_KEYS_CHECK = (HASHED_INCOMING, "no_erased_keys_in_extract")
@@ -112,7 +112,9 @@ CHANGESET_CDC_CHECKS = [(CLASSIFICATION, "records_reconcile"), (CURRENT, "previo
 
 def _specs(config: TableConfig, partitions_def: DailyPartitionsDefinition, checks) -> list[AssetCheckSpec]:
     cdc = checks in (CDC_CHECKS, CHANGESET_CDC_CHECKS)
-    if config.storage.incremental and cdc:
+    # Defined wherever the state may be merged (storage.current incremental or unset); a date stored
+    # whole (per date, or a full copy) reconciles as a full copy.
+    if config.storage.may_be_incremental and cdc:
         checks = checks + STATE_CHECKS
     if config.load_type is LoadType.full and cdc:
         checks = checks + FULL_LOAD_CHECKS

@@ -50,7 +50,7 @@ from dagster_pyspark import LazyPySparkResource
 from cdc_assets.defs.automation import build_daily_schedule, build_landing_sensor, build_table_job
 from cdc_assets.defs.asset_descriptions import ASSET_DESCRIPTIONS
 from cdc_assets.defs.checks import build_table_checks, cdc_outcomes, evaluation, say_not_published, unpassed_blocking_checks
-from cdc_assets.model.config import Retention, TableConfig
+from cdc_assets.model.config import NEW_TABLE_STATE_FORM, Retention, TableConfig
 from cdc_assets.model.declared_checks import Severity
 from cdc_assets.usecases import declared_checks
 from cdc_assets.model.masking import shown_column_names
@@ -272,6 +272,13 @@ def _backfill_dates(context: AssetExecutionContext, table: TableConfig) -> set[s
     return set() if subset is None else set(subset.get_partition_keys())
 
 
+def _state_storage(config: TableConfig) -> str:
+    """How current_table is stored, as its definition's metadata says: the config's ``storage.current``, or
+    what unset means (the layout is then decided at the table's first run, cdc_assets/usecases/capture.py)."""
+    current = config.storage.current
+    return current.value if current is not None else f"{NEW_TABLE_STATE_FORM.value} for a new table, else as stored (storage.current unset)"
+
+
 def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinition) -> AssetsDefinition:
     common: dict[str, Any] = dict(group_name=config.name, kinds=KINDS, owners=config.owners, partitions_def=partitions_def)
     outputs = cdc_outputs(config)
@@ -288,7 +295,7 @@ def build_cdc_assets(config: TableConfig, partitions_def: DailyPartitionsDefinit
         if name in (CURRENT, APPLIED_SEQUENCES):
             deps.append(AssetDep(keys[name], partition_mapping=previous_day))
         is_state = name in (CURRENT, APPLIED_SEQUENCES)
-        metadata = {STATE_LOAD_TYPE: config.load_type.value, "cdc/state_storage": config.storage.current.value} if is_state else {}
+        metadata = {STATE_LOAD_TYPE: config.load_type.value, "cdc/state_storage": _state_storage(config)} if is_state else {}
         metadata.update(columns)
         specs.append(AssetSpec(keys[name], deps=deps, description=ASSET_DESCRIPTIONS[name], metadata=metadata, **common))
     specs = [spec.with_io_manager_key(IO_MANAGER_KEY) for spec in specs]

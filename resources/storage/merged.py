@@ -36,7 +36,9 @@ from cdc_assets.core.columns import BUSINESS_DATE
 from cdc_assets.core.hashing import KEY_HASH
 from cdc_assets.core.views.scd2 import Dialect, date_literal, quote_identifier
 from resources.storage.lake import CATALOG_NAME, table_identifier
-from resources.storage.tables import DROPPED_DATES, TABLE_PROPERTIES, LakeTables, create_table, hand_over, project_columns, release_hand_over, staging_record
+from resources.storage.tables import (
+    DROPPED_DATES, TABLE_PROPERTIES, VERSION_AS_OF, LakeTables, create_table, hand_over, project_columns, release_hand_over, staging_record,
+)
 
 # The business date whose run set a row's ``last_operation``.
 OPERATION_DATE = "operation_date"
@@ -86,10 +88,14 @@ class MergedStates:
     # -- what is stored ---------------------------------------------------------------------------------
     def holds(self, table: str, asset: str) -> bool:
         """Whether the asset is stored as a merged state (its table says so)."""
+        return bool(self.layout(table, asset))
+
+    def layout(self, table: str, asset: str) -> bool | None:
+        """Whether the asset's table is a merged state; None when there is no table yet (one catalog load)."""
         if (table, asset) not in self._layouts:
             loaded = self.tables.load(table, asset)
             if loaded is None:
-                return False
+                return None
             self._layouts[(table, asset)] = loaded.properties.get(LAYOUT_PROPERTY) == "merged"
         return self._layouts[(table, asset)]
 
@@ -281,7 +287,8 @@ class MergedStates:
                 dated = self._add_columns(spark, identifier, dated)
                 # A column the table has and the state lacks (one a later date added) is NULL in its rows.
                 missing = [f for f in spark.table(identifier).schema.fields if f.name not in dated.columns]
-                dated = dated.withColumns({f.name: F.lit(None).cast(f.dataType) for f in missing})
+                if missing:  # Spark Connect refuses withColumns of no column
+                    dated = dated.withColumns({f.name: F.lit(None).cast(f.dataType) for f in missing})
             self._describe_date(spark, identifier, day, sid, untouched)
             staging = self._staging(spark, table, asset)
             writer = dated.writeTo(self._target(table, asset, staging))
@@ -479,7 +486,7 @@ class MergedStates:
         snapshot = self.tag_snapshot(table, asset, day)
         if snapshot is None:
             raise KeyError(f"{table}/{asset}: no state of {day} is stored (stored: {', '.join(self.dates(table, asset)) or 'none'})")
-        frame = spark.read.option("snapshot-id", str(snapshot)).table(table_identifier(table, asset))
+        frame = spark.read.option(VERSION_AS_OF, str(snapshot)).table(table_identifier(table, asset))
         return label_as_of(frame, day, untouched)
 
 
@@ -499,7 +506,7 @@ class MergedStates:
         operation as ``operation``), with a ``business_date`` column: what a date's changes are once applied."""
         spark = self.tables.session_for(spark)
         snapshot = self.tag_snapshot(table, asset, day)
-        frame = spark.read.option("snapshot-id", str(snapshot)).table(table_identifier(table, asset))
+        frame = spark.read.option(VERSION_AS_OF, str(snapshot)).table(table_identifier(table, asset))
         frame = frame.where(F.col(OPERATION_DATE) == F.lit(day).cast("date")).drop(OPERATION_DATE)
         return frame.withColumnRenamed(self.operation_column(table, asset), OPERATION).withColumn(BUSINESS_DATE, F.lit(day).cast("date"))
 

@@ -23,6 +23,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from cdc_assets.core.columns import BUSINESS_DATE
+from cdc_assets.model.config import StateForm
+from cdc_assets.model.names import CURRENT
 from resources.storage import erasure, fault_injection, retention
 from resources.storage.files import files_for
 from resources.storage.lake import LakeCatalog
@@ -584,6 +586,12 @@ class WarehouseStorage:
             return schema
         loaded = self.tables.load(table, asset)
         return schema if loaded is None else as_read_now(schema, renamed_columns(loaded), [f.name for f in loaded.schema().fields])
+
+    def stored_state_form(self, table: str, asset: str = CURRENT) -> StateForm | None:
+        """The layout the asset's state is stored in: incremental (a merged state), snapshot (per date), or
+        None when the table has none yet. A table keeps it for life (:meth:`write`, :meth:`write_state`)."""
+        merged = self.merged.layout(table, asset)
+        return None if merged is None else StateForm.incremental if merged else StateForm.snapshot
 
     def state_layout(self, table: str, asset: str, as_of: str) -> StateLayout:
         """Where the state of ``as_of`` is stored: a table stored per date holds it as the date's
