@@ -331,7 +331,7 @@ def capture_changes(
     the run write them. :meth:`Capture.guard` (which
     :meth:`Capture.outputs` calls first) refuses a mass delete the run does not allow."""
     first_previous, clock, rules = day_before(days[0]), StageClock(log, table.name, days), change_set_rules(table)
-    if table.storage.current is None:  # incremental for a table with no state stored yet, else the layout it has
+    if table.storage.current is None:  # NEW_TABLE_STATE_FORM for a table with no state stored yet, else the layout it has
         table = table.with_state_stored(storage.stored_state_form(table.name))
     # A run that later stored dates were computed from: refused, or (inside a backfill that recomputes
     # them) each output drops them in the same commit as it writes the run's dates.
