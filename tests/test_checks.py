@@ -59,8 +59,8 @@ def orders_warehouse(spark, tmp_path_factory):
 def _defs():
     # Stored per date, pinned: a test breaks a date by writing its partition again (_break). The checks of
     # an incremental state run in tests/test_incremental_state.py and fail in tests/test_reconcile.py.
-    shipped = load_table_config(REPO / "table_configs" / "orders.yaml")
-    config = shipped.model_copy(update={"storage": shipped.storage.model_copy(update={"current": StateForm.snapshot})})
+    config = load_table_config(REPO / "table_configs" / "orders.yaml").with_state_stored(StateForm.snapshot)
+    assert config.storage.current is StateForm.snapshot  # the shipped config leaves it unset
     table = build_table_definitions(config)
     checks_only = define_asset_job(
         "checks_only", selection=AssetSelection.all_asset_checks(), partitions_def=table.partitions_def
